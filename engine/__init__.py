@@ -1,0 +1,1 @@
+"""mossvox: engine layer."""

@@ -1,0 +1,1 @@
+"""mossvox: profiles layer."""
