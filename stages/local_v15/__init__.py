@@ -1,0 +1,1 @@
+"""MOSS-TTS-Local-Transformer-v1.5: config, model, prompt processor, runner, loader."""
