@@ -1,0 +1,83 @@
+"""Coalescing window of the codec worker: when to dispatch a decode batch, and which streams go in.
+
+A stream is *ready* while it has at least one code chunk waiting. The codec decodes at most one
+chunk per stream per batch (streaming decode is sequential within a stream). Rules:
+
+- dispatch when at least `min_batch` streams are ready (a target, not a cap; `max_batch` caps);
+- or when `max_wait_s` has passed since the oldest ready chunk arrived;
+- policy `idle_wait` (default) also dispatches at once when no more streams could join
+  (every alive stream is ready, or fewer streams are alive than `min_batch`), and the worker sleeps
+  on its doorbells without a timeout while nothing is ready;
+- policy `fixed` keeps the window fixed: without `min_batch` ready streams it always waits the
+  full `max_wait_s` from the oldest ready chunk, whatever the number of alive streams.
+
+Pure logic: the caller passes the clock, so tests need no sleeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Policy = Literal["fixed", "idle_wait"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do now: decode these streams (oldest first), or wait up to `wait_s` (None = no limit)."""
+
+    dispatch: tuple[int, ...] = ()
+    wait_s: float | None = None
+
+
+@dataclass(slots=True)
+class Coalescer:
+    """Tracks ready streams and decides dispatches. One instance per codec worker."""
+
+    min_batch: int = 1
+    max_wait_s: float = 0.0
+    max_batch: int = 1 << 30
+    policy: Policy = "idle_wait"
+    _ready_since: dict[int, float] = field(default_factory=dict)  # rid -> arrival of oldest chunk
+
+    def __post_init__(self) -> None:
+        if self.min_batch < 1 or self.max_batch < self.min_batch:
+            raise ValueError(f"coalescing: need 1 <= min_batch <= max_batch, got "
+                             f"min_batch={self.min_batch} max_batch={self.max_batch}")
+        if self.max_wait_s < 0:
+            raise ValueError(f"coalescing: max_wait must be >= 0, got {self.max_wait_s}")
+        if self.policy not in ("fixed", "idle_wait"):
+            raise ValueError(f"coalescing: unknown policy {self.policy!r} (fixed | idle_wait)")
+
+    @property
+    def num_ready(self) -> int:
+        return len(self._ready_since)
+
+    def mark_ready(self, rid: int, since: float) -> None:
+        """Stream `rid` has a chunk waiting since `since` (no-op when it is already ready).
+
+        After a dispatch took its chunk, the caller marks it again with the arrival time of its
+        next waiting chunk, so a backlog is not held for another window.
+        """
+        self._ready_since.setdefault(rid, since)
+
+    def forget(self, rid: int) -> None:
+        """Stream `rid` has nothing waiting any more (dispatched, aborted or closed)."""
+        self._ready_since.pop(rid, None)
+
+    def decide(self, now: float, alive: int) -> Decision:
+        """Dispatch now or wait; `alive` counts open streams (ready or not)."""
+        ready = self._ready_since
+        if not ready:
+            return Decision()
+        oldest = min(ready.values())
+        waited = now - oldest
+        target = self.min_batch
+        if self.policy == "idle_wait":
+            target = max(1, min(target, alive))
+        if len(ready) >= target or waited >= self.max_wait_s:
+            order = sorted(ready, key=ready.__getitem__)[: self.max_batch]
+            for rid in order:
+                del ready[rid]
+            return Decision(dispatch=tuple(order))
+        return Decision(wait_s=self.max_wait_s - waited)
