@@ -1,0 +1,198 @@
+"""Every wire record of mossvox: tagged, frozen msgspec Structs, one union per receiving process.
+
+Definitions only. Control fields travel msgpack-encoded; bulk data (prompts, codes, PCM, reference
+waveforms) travels as the raw array payload of the same ring record, never inside the Struct.
+Every record is `array_like` (encoded as a positional array behind its tag: small and fast; a
+msgspec union cannot mix array-like and map-like Structs). Both ends import this one module, so
+field order is the schema: append new fields at the end, with defaults.
+
+Channels (all SPSC; `coord` = coordinator, `client` = one `EngineClient` per API process):
+
+    client → coord   : CoordinatorInbox  (Submit, Abort, EncodeRequest)
+    coord  → client  : ClientInbox       (Rejected, Failed)
+    coord  → talker  : TalkerInbox       (Submit, Abort, Shutdown)
+    talker → coord   : CoordinatorInbox  (Ready, Slots, StageError)
+    coord  → codec   : CodecInbox        (Abort, EncodeRequest, Shutdown)
+    talker → codec   : CodecInbox        (CodeChunk)
+    codec  → coord   : CoordinatorInbox  (Ready, Slots, ChunkDone, DecodeBatch, EncodeDone, StageError)
+    codec  → client  : ClientInbox       (PcmChunk, EncodeResult)
+
+Request ids (`rid`) and reference-encode job ids share one space, minted by the client:
+`client_index << 40 | counter`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+StageName = Literal["talker", "codec"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class Sampling(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Per-request sampling settings; field for field `stages.sampling.SamplingParams`."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    text_temperature: float
+    text_top_p: float
+    text_top_k: int
+    greedy: bool
+    seed: int
+    max_new_frames: int
+    forced_frames: int | None = None
+
+
+# --------------------------------------------------------------------------------------- requests
+
+
+class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """A speech request. Payload: the prompt `[S, 1 + n_vq]` int64 built by the variant's adapter.
+
+    Sent client → coordinator, then forwarded unchanged coordinator → talker.
+    """
+
+    rid: int
+    client: int                    # index of the API process whose ring receives the PCM
+    sampling: Sampling
+    initial_chunk_frames: int | None = None   # None: the profile's chunking.initial_frames
+    timeout_s: float | None = None             # None: the profile's engine.request_timeout_s
+
+
+class Abort(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Cancel request `rid` (client → coordinator → both workers). Unknown ids are ignored."""
+
+    rid: int
+
+
+class EncodeRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Encode a reference voice. Payload: waveform `[channels, samples]` float32 at the codec rate,
+    already prepared by the processor. Client → coordinator → codec."""
+
+    job: int
+    client: int
+
+
+class Shutdown(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Stop the worker: `drain` finishes running requests first, otherwise aborts them."""
+
+    drain: bool
+
+
+# ------------------------------------------------------------------------------------- data plane
+
+
+class CodeChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Talker → codec: the next `T` frames of request `rid`. Payload: codes `[T, n_vq]` int64.
+
+    `final` marks the request's last record (T may be 0: the terminal record); `finish_reason` is
+    set on it. An aborted request still gets its final record, with reason "abort".
+    """
+
+    rid: int
+    client: int
+    seq: int
+    final: bool
+    finish_reason: FinishReason | None = None
+
+
+class PcmChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Codec → client: audio of chunk `seq` of `rid`. Payload: PCM `[samples, channels]` float32.
+
+    The record with `final=True` ends the stream (its PCM may be empty)."""
+
+    rid: int
+    seq: int
+    final: bool
+    finish_reason: FinishReason | None = None
+
+
+class EncodeResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Codec → client: codes of reference job `job`. Payload: codes `[T, n_vq]` int64 (none on error)."""
+
+    job: int
+    error: str | None = None
+
+
+# ------------------------------------------------------------------------------------ worker events
+
+
+class Ready(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """A worker loaded its model and warmed up; `capacity` is its slot count."""
+
+    stage: StageName
+    pid: int
+    capacity: int
+
+
+class Slots(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """A worker's slots in use changed (talker: requests in the runner; codec: open decode slots)."""
+
+    stage: StageName
+    in_use: int
+
+
+class ChunkDone(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Codec → coordinator: chunk `seq` of `rid` went to its client (`samples` per channel).
+
+    `final=True` means the request's codec slot is closed and its stream has ended."""
+
+    rid: int
+    seq: int
+    samples: int
+    final: bool
+    finish_reason: FinishReason | None = None
+
+
+class DecodeBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Codec → coordinator: one coalesced decode dispatch (for batch statistics)."""
+
+    size: int          # streams decoded together
+    waited_s: float    # oldest chunk's wait in the coalescing window
+    decode_s: float    # model time of the batch
+
+
+class EncodeDone(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Codec → coordinator: reference job `job` answered (result or error went to the client)."""
+
+    job: int
+
+
+class StageError(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """A worker failed: for one request (`rid` set; the request fails) or fatally (`rid` None)."""
+
+    stage: StageName
+    message: str
+    rid: int | None = None
+
+
+# ------------------------------------------------------------------------------------ client control
+
+
+class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Coordinator → client: admission refused `rid`; retry after about `retry_after_s`."""
+
+    rid: int
+    reason: str
+    retry_after_s: float
+
+
+class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Coordinator → client: request or encode job `rid` failed (worker died, deadline, error)."""
+
+    rid: int
+    message: str
+
+
+# ------------------------------------------------------------------------------ unions per receiver
+
+CoordinatorInbox = (
+    Submit | Abort | EncodeRequest | Ready | Slots | ChunkDone | DecodeBatch | EncodeDone | StageError
+)
+TalkerInbox = Submit | Abort | Shutdown
+CodecInbox = CodeChunk | Abort | EncodeRequest | Shutdown
+ClientInbox = PcmChunk | EncodeResult | Rejected | Failed
