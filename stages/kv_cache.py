@@ -1,0 +1,132 @@
+"""Paged KV cache for continuous batching: a pool of fixed-size blocks shared by all requests.
+
+Every attention layer owns two pool tensors `[num_blocks, block_size, n_kv, head_dim]` (keys and
+values). A request holds a *block table*: the ids of the blocks that store its tokens, in order;
+token `i` of a request lives in block `table[i // block_size]`, row `i % block_size`, i.e. flat slot
+`table[i // block_size] * block_size + i % block_size` of the pool viewed as
+`[num_blocks * block_size, n_kv, head_dim]`.
+
+Blocks are taken from the free list only when a request's length crosses a block boundary and go
+back on `free`, so the KV memory in use follows what the running requests hold. The pool tensors
+themselves are allocated once (their size is the capacity the profile grants).
+
+This module is model-agnostic: the Qwen3 backbone of every variant uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class KVCacheExhausted(RuntimeError):
+    """No free block left for a request that needs one; admission should have prevented it."""
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Shape of a paged KV pool."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_blocks: int
+    block_size: int = 16
+
+    def bytes_per_block(self, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+
+class BlockAllocator:
+    """A free list of block ids. Lowest ids are handed out first (deterministic layouts)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() yields 0, 1, 2, ...
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise KVCacheExhausted(f"need {n} KV blocks, {len(self._free)} free of {self.num_blocks}")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+
+class PagedKVCache:
+    """The block pool of all layers plus the block table and length of every request (by id)."""
+
+    def __init__(self, spec: KVCacheSpec, *, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.spec = spec
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(spec.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(spec.num_layers)]
+        self.allocator = BlockAllocator(spec.num_blocks)
+        self._tables: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+
+    # ---- per-request bookkeeping (host side, no device work) ----
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._tables
+
+    def length(self, seq_id: int) -> int:
+        """Tokens of `seq_id` stored in the cache."""
+        return self._lengths.get(seq_id, 0)
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return self._tables.get(seq_id, [])
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.spec.num_blocks - self.allocator.num_free
+
+    def blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
+        """Extra blocks `seq_id` needs to append `num_new_tokens` tokens."""
+        have = len(self._tables.get(seq_id, ()))
+        return max(0, self.spec.blocks_for(self.length(seq_id) + num_new_tokens) - have)
+
+    def append_slots(self, seq_id: int, num_new_tokens: int) -> tuple[int, list[int]]:
+        """Grow `seq_id` by `num_new_tokens`; returns (tokens before, flat slots of the new tokens).
+
+        Blocks are allocated here, on demand. Raises `KVCacheExhausted` when the pool is empty.
+        """
+        extra = self.blocks_needed(seq_id, num_new_tokens)
+        new_blocks = self.allocator.allocate(extra) if extra else []
+        table = self._tables.setdefault(seq_id, [])
+        table.extend(new_blocks)
+        start = self._lengths.get(seq_id, 0)
+        bs = self.spec.block_size
+        slots = [table[i // bs] * bs + i % bs for i in range(start, start + num_new_tokens)]
+        self._lengths[seq_id] = start + num_new_tokens
+        return start, slots
+
+    def free(self, seq_id: int) -> None:
+        """Return all blocks of `seq_id` to the pool (no-op for an unknown id)."""
+        table = self._tables.pop(seq_id, None)
+        self._lengths.pop(seq_id, None)
+        if table:
+            self.allocator.free(table)
+
+    # ---- device side ----
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new keys/values `[N, n_kv, head_dim]` at flat slots `slot_mapping [N]`."""
+        flat_shape = (-1, self.spec.num_kv_heads, self.spec.head_dim)
+        self.keys[layer].view(flat_shape).index_copy_(0, slot_mapping, k.to(self.dtype))
+        self.values[layer].view(flat_shape).index_copy_(0, slot_mapping, v.to(self.dtype))

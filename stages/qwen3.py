@@ -1,0 +1,211 @@
+"""Qwen3 decoder backbone shared by every MOSS-TTS variant (models.md §1.3).
+
+Pre-norm RMSNorm (computed in fp32), GQA attention with per-head RMSNorm on q and k applied
+*before* NeoX (rotate-half) RoPE with θ from the config, SwiGLU MLP, final norm. Parameter names
+equal HF `Qwen3Model`: `embed_tokens`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
+`layers.{i}.self_attn.{q,k}_norm`, `layers.{i}.mlp.{gate,up,down}_proj`,
+`layers.{i}.{input,post_attention}_layernorm`, `norm`.
+
+Two entry points, one set of layers:
+* `forward(embeds [N, H], meta, cache)`: the serving path. N packed new tokens of many sequences
+  (prefill chunks and decode tokens mixed) attend over the paged KV cache (`stages.attention`).
+* `forward_dense(embeds [B, S, H], attention_mask [B, S])`: a whole batch at once without a cache
+  (teacher forcing, tests). Positions are `cumsum(attention_mask) - 1` and hidden states are
+  multiplied by the query mask at the input, after every layer and after the final norm, as
+  upstream `MossQwen3Model` does.
+Nothing variant-specific lives here: inputs are embeddings, outputs final-norm hidden states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.attention import AttentionBackend, AttentionMetadata, ReferenceAttention
+from stages.kv_cache import KVCacheSpec, PagedKVCache
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    """Backbone shape. `from_hf` reads an HF `Qwen3Config` dict (`language_config`/`qwen3_config`)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "Qwen3Config":
+        theta = cfg.get("rope_theta")
+        for key in ("rope_parameters", "rope_scaling"):
+            if theta is None and isinstance(cfg.get(key), dict):
+                theta = cfg[key].get("rope_theta")
+        heads = int(cfg["num_attention_heads"])
+        return cls(
+            hidden_size=int(cfg["hidden_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta if theta is not None else 1_000_000.0),
+        )
+
+    def kv_cache_spec(self, num_blocks: int, block_size: int = 16) -> KVCacheSpec:
+        return KVCacheSpec(self.num_layers, self.num_kv_heads, self.head_dim, num_blocks, block_size)
+
+
+class RMSNorm(nn.Module):
+    """y = weight * (x / rms(x)); the normalisation runs in fp32, the result in the input dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX RoPE tables for `positions [...]`: cos, sin `[..., head_dim]` (halves repeated)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [..., D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [..., D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x `[..., heads, D]`, cos/sin `[..., D]` (broadcast over heads)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
+
+
+# attend(q [..., Hq, D], k [..., Hkv, D], v [..., Hkv, D]) -> [..., Hq, D] for one layer
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        lead = x.shape[:-1]  # [N] or [B, S]
+        q = self.q_norm(self.q_proj(x).view(*lead, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+        return self.o_proj(attend(q, k, v).reshape(*lead, -1))
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.self_attn = Qwen3Attention(cfg)
+        self.mlp = Qwen3MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Model(nn.Module):
+    """Embedding table, decoder layers and final norm (no LM head: variants own their heads)."""
+
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [N, H] packed new tokens
+        meta: AttentionMetadata,
+        cache: PagedKVCache,
+        backend: AttentionBackend | None = None,
+    ) -> torch.Tensor:  # [N, H] final-norm hidden states
+        """Serving path: write this step's K/V into the paged cache, attend over each sequence."""
+        backend = backend or ReferenceAttention()
+        cos, sin = self._rope(meta.positions, embeds.dtype)  # [N, D]
+        x = embeds
+        for i, layer in enumerate(self.layers):
+
+            def attend(q, k, v, i=i, scale=layer.self_attn.scale):
+                cache.write(i, meta.slot_mapping, k, v)
+                return backend(q, cache.keys[i], cache.values[i], meta, scale)
+
+            x = layer(x, cos, sin, attend)
+        return self.norm(x)
+
+    def forward_dense(
+        self,
+        embeds: torch.Tensor,  # [B, S, H]
+        attention_mask: torch.Tensor | None = None,  # [B, S] bool, False on (left) padding
+    ) -> torch.Tensor:  # [B, S, H]
+        """Whole sequences, no cache: upstream `MossQwen3Model.forward` semantics."""
+        B, S, _ = embeds.shape
+        if attention_mask is None:
+            attention_mask = torch.ones(B, S, dtype=torch.bool, device=embeds.device)
+        mask = attention_mask.bool()
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)  # [B, S]
+        cos, sin = self._rope(positions, embeds.dtype)
+        causal = torch.ones(S, S, dtype=torch.bool, device=embeds.device).tril()
+        allowed = causal[None, None] & mask[:, None, None, :]  # [B, 1, S, S]
+        # additive mask with finfo.min (not -inf): fully padded query rows stay finite, as upstream
+        bias = torch.zeros(allowed.shape, dtype=embeds.dtype, device=embeds.device)
+        bias.masked_fill_(~allowed, torch.finfo(embeds.dtype).min)
+        keep = mask.unsqueeze(-1).to(embeds.dtype)  # [B, S, 1]
+
+        def attend(q, k, v):  # [B, S, H*, D]
+            rep = q.shape[2] // k.shape[2]
+            q, k, v = (t.transpose(1, 2) for t in (q, k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)))
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.config.head_dim**-0.5)
+            return o.transpose(1, 2)
+
+        x = embeds * keep
+        for layer in self.layers:
+            x = layer(x, cos, sin, attend) * keep
+        return self.norm(x) * keep
