@@ -1,0 +1,161 @@
+"""Configuration of the Delay talker (`model_type: moss_tts_delay`, models.md §2.1).
+
+`DelayConfig` is the typed view of a checkpoint's `config.json`; `tiny_config()` and
+`full_size_config()` return `config.json` dicts for random-weight checkpoints (the real
+checkpoints' configs were never read; the full-size shapes are models.md §1.3/§2.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Special ids of the real Qwen3-based checkpoints (models.md §1.1).
+REAL_SPECIAL_IDS = {
+    "pad_token_id": 151643,
+    "im_start_token_id": 151644,
+    "im_end_token_id": 151645,
+    "audio_start_token_id": 151652,
+    "audio_end_token_id": 151653,
+    "audio_user_slot_token_id": 151654,
+    "audio_assistant_gen_slot_token_id": 151656,
+    "audio_assistant_delay_slot_token_id": 151662,
+}
+
+# Special ids of the golden tiny tokenizer (golden README, "Tokenizer"): tiny checkpoints pair with it.
+TINY_SPECIAL_IDS = {
+    "pad_token_id": 605,
+    "im_start_token_id": 606,
+    "im_end_token_id": 607,
+    "audio_start_token_id": 608,
+    "audio_end_token_id": 609,
+    "audio_user_slot_token_id": 610,
+    "audio_assistant_gen_slot_token_id": 611,
+    "audio_assistant_delay_slot_token_id": 612,
+}
+
+# The Delay variants: n_vq per released checkpoint (models.md §0.1).
+VARIANT_N_VQ = {"moss-tts": 32, "ttsd": 16, "sound-effect": 16, "voice-generator": 16}
+
+
+@dataclass(frozen=True)
+class DelayConfig:
+    """Typed `config.json` of a Delay checkpoint. `language` is the Qwen3 backbone's dict."""
+
+    language: dict[str, Any]
+    n_vq: int
+    audio_vocab_size: int
+    audio_pad_code: int
+    pad_token_id: int
+    im_start: int
+    im_end: int
+    audio_start: int
+    audio_end: int
+    user_slot: int
+    gen_slot: int
+    delay_slot: int
+    sampling_rate: int = 24000
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.language["hidden_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.language["vocab_size"])
+
+    @property
+    def audio_rows(self) -> int:
+        """Rows of every audio table and head: the codes plus the learned pad row."""
+        return self.audio_vocab_size + 1
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> DelayConfig:
+        if config.get("model_type") != "moss_tts_delay":
+            raise ValueError(f"not a Delay config: model_type={config.get('model_type')!r}")
+        if "local_num_layers" in config:
+            raise ValueError("this is a MOSS-TTS-Local v1 config (has local_num_layers), not a Delay config")
+        audio_vocab = int(config.get("audio_vocab_size", 1024))
+        return cls(
+            language=dict(config["language_config"]),
+            n_vq=int(config.get("n_vq", 32)),
+            audio_vocab_size=audio_vocab,
+            audio_pad_code=int(config.get("audio_pad_code", audio_vocab)),
+            pad_token_id=int(config.get("pad_token_id", REAL_SPECIAL_IDS["pad_token_id"])),
+            im_start=int(config.get("im_start_token_id", REAL_SPECIAL_IDS["im_start_token_id"])),
+            im_end=int(config.get("im_end_token_id", REAL_SPECIAL_IDS["im_end_token_id"])),
+            audio_start=int(config.get("audio_start_token_id", REAL_SPECIAL_IDS["audio_start_token_id"])),
+            audio_end=int(config.get("audio_end_token_id", REAL_SPECIAL_IDS["audio_end_token_id"])),
+            user_slot=int(config.get("audio_user_slot_token_id", REAL_SPECIAL_IDS["audio_user_slot_token_id"])),
+            gen_slot=int(config.get("audio_assistant_gen_slot_token_id",
+                                    REAL_SPECIAL_IDS["audio_assistant_gen_slot_token_id"])),
+            delay_slot=int(config.get("audio_assistant_delay_slot_token_id",
+                                      REAL_SPECIAL_IDS["audio_assistant_delay_slot_token_id"])),
+            sampling_rate=int(config.get("sampling_rate", 24000)),
+        )
+
+
+def qwen3_language_config(
+    *, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
+    pad_token_id: int, max_positions: int = 40960,
+) -> dict[str, Any]:
+    """A Qwen3 `language_config` dict in the layout upstream's config classes write."""
+    return {
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": ffn,
+        "vocab_size": vocab,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "max_position_embeddings": max_positions,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "pad_token_id": pad_token_id,
+    }
+
+
+def _delay_config(language: dict[str, Any], n_vq: int, audio_vocab: int, ids: dict[str, int]) -> dict[str, Any]:
+    return {
+        "architectures": ["MossTTSDelayModel"],
+        "model_type": "moss_tts_delay",
+        "language_config": language,
+        "n_vq": n_vq,
+        "audio_vocab_size": audio_vocab,
+        "audio_pad_code": audio_vocab,
+        "sampling_rate": 24000,
+        "hidden_size": language["hidden_size"],
+        "vocab_size": language["vocab_size"],
+        "tie_word_embeddings": False,
+        **ids,
+    }
+
+
+def tiny_config(n_vq: int = 4) -> dict[str, Any]:
+    """A CPU-test Delay config that pairs with the golden tiny tokenizer (vocab 615).
+
+    The audio vocabulary stays at the real 1024 so the v1 codec (1024 codes) can decode it.
+    """
+    language = qwen3_language_config(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=128,
+                                     vocab=615, pad_token_id=TINY_SPECIAL_IDS["pad_token_id"], max_positions=4096)
+    return _delay_config(language, n_vq, 1024, TINY_SPECIAL_IDS)
+
+
+def full_size_config(variant: str = "moss-tts") -> dict[str, Any]:
+    """Real shapes: `moss-tts` (8B, n_vq 32), `ttsd` / `sound-effect` (8B, n_vq 16),
+    `voice-generator` (1.7B, n_vq 16). Vocabulary 155648 for the 8B models (pinned by the v1.5
+    index size, models.md §0); 151936 (Qwen3-1.7B) for VoiceGenerator, which is unconfirmed."""
+    if variant not in VARIANT_N_VQ:
+        raise ValueError(f"unknown Delay variant {variant!r}; choose one of {sorted(VARIANT_N_VQ)}")
+    pad = REAL_SPECIAL_IDS["pad_token_id"]
+    if variant == "voice-generator":
+        language = qwen3_language_config(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144,
+                                         vocab=151936, pad_token_id=pad)
+    else:
+        language = qwen3_language_config(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+                                         vocab=155648, pad_token_id=pad)
+    return _delay_config(language, VARIANT_N_VQ[variant], 1024, REAL_SPECIAL_IDS)
