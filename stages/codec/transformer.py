@@ -1,0 +1,199 @@
+"""The codec's causal windowed transformer (models.md §6.1), channel-last `[B, T, D]` throughout.
+
+Layer: `x += ls1 * attn(LN1(x))`; `x += ls2 * linear2(gelu_erf(linear1(LN2(x))))`; LayerNorm eps 1e-5
+with bias, bias-free linears, fused `in_projs.0` ([3D, D], q|k|v blocks, head-major) and
+`out_projs.0`. RoPE is GPT-J interleaved (pairs (2i, 2i+1)), computed in fp32 at absolute positions.
+Key j is visible to query i iff `0 <= i - j < context`.
+
+Attention runs in one of two modes:
+* whole sequence: positions 0..T-1, no cache;
+* streaming: a `LayerCache` holds a per-slot ring of keys/values with capacity
+  `context + headroom` (headroom >= the largest chunk in positions), so a chunk's earliest query
+  still finds every key of its window and chunked decoding equals the whole decode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.codec.config import TransformerStage
+
+
+@dataclass
+class LayerCache:
+    """One attention layer's streaming ring for a pool of slots.
+
+    keys/values: [S, H, C, Dh]; slot s holds the keys of its positions p at ring index p % C.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, max_period: float) -> torch.Tensor:
+    """positions [B, T] (long) -> angles [B, 1, T, Dh/2] in fp32, as upstream computes them."""
+    ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
+    freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))  # [Dh/2]
+    return (positions.float()[:, None, :, None] * freqs)  # [B, 1, T, Dh/2]
+
+
+def apply_interleaved_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (2i, 2i+1) of x [B, H, T, Dh] by angles [B, 1, T, Dh/2]; math in fp32."""
+    pairs = x.unflatten(-1, (-1, 2))  # [B, H, T, Dh/2, 2]
+    re, im = pairs[..., 0].float(), pairs[..., 1].float()
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    out = torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], dim=-1)
+    return out.flatten(-2)
+
+
+class CausalWindowAttention(nn.Module):
+    """Multi-head self-attention, causal within `context` positions, interleaved RoPE on q and k."""
+
+    def __init__(self, d_model: int, num_heads: int, context: int, max_period: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.context = context
+        self.max_period = max_period
+        self.in_projs = nn.ModuleList([nn.Linear(d_model, 3 * d_model, bias=False)])
+        self.out_projs = nn.ModuleList([nn.Linear(d_model, d_model, bias=False)])
+
+    def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        B, T, _ = x.shape
+        qkv = self.in_projs[0](x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        angles = rope_angles(positions, self.head_dim, self.max_period)
+        q = apply_interleaved_rope(qkv[0], angles)  # [B, H, T, Dh]
+        k = apply_interleaved_rope(qkv[1], angles)  # [B, H, T, Dh]
+        return q, k, qkv[2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Whole sequence: x [B, T, D] at positions 0..T-1 -> [B, T, D]."""
+        B, T, D = x.shape
+        pos = torch.arange(T, device=x.device)
+        q, k, v = self._qkv(x, pos.expand(B, T))
+        delta = pos[:, None] - pos[None, :]  # [T, T] query - key
+        mask = (delta >= 0) & (delta < self.context)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, Dh]
+        return self.out_projs[0](out.transpose(1, 2).reshape(B, T, D))
+
+    def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, cache: LayerCache,
+                          slots: torch.Tensor) -> torch.Tensor:
+        """A chunk x [B, T, D] of slots [B] whose first position is start [B] -> [B, T, D].
+
+        Writes the chunk's keys/values into the slots' rings, then attends over the ring with
+        the window mask. Needs `T <= cache.capacity - context + 1` (the headroom).
+        """
+        B, T, D = x.shape
+        C = cache.capacity
+        steps = torch.arange(T, device=x.device)
+        pos_q = start[:, None] + steps  # [B, T]
+        q, k, v = self._qkv(x, pos_q)
+        ring_index = pos_q % C  # [B, T]
+        cache.keys[slots[:, None], :, ring_index] = k.transpose(1, 2)  # [B, T, H, Dh] into [S, H, C, Dh]
+        cache.values[slots[:, None], :, ring_index] = v.transpose(1, 2)
+        keys, values = cache.keys[slots], cache.values[slots]  # [B, H, C, Dh]
+        last = pos_q[:, -1:]  # [B, 1] newest position written
+        ring = torch.arange(C, device=x.device)
+        pos_k = last - (last - ring) % C  # [B, C] absolute position held at each ring index
+        delta = pos_q[:, :, None] - pos_k[:, None, :]  # [B, T, C]
+        mask = (pos_k[:, None, :] >= 0) & (delta >= 0) & (delta < self.context)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])  # [B, H, T, Dh]
+        return self.out_projs[0](out.transpose(1, 2).reshape(B, T, D))
+
+
+class LayerScale(nn.Module):
+    """Per-channel residual gain (`scale`, [D])."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), 0.01))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class TransformerLayer(nn.Module):
+    """Pre-LN block: windowed attention then erf-GELU FFN, each behind a LayerScale."""
+
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, context: int, max_period: float):
+        super().__init__()
+        self.self_attn = CausalWindowAttention(d_model, num_heads, context, max_period)
+        self.norm1 = nn.LayerNorm(d_model, eps=1e-5)
+        self.norm2 = nn.LayerNorm(d_model, eps=1e-5)
+        self.linear1 = nn.Linear(d_model, dim_feedforward, bias=False)
+        self.linear2 = nn.Linear(dim_feedforward, d_model, bias=False)
+        self.layer_scale_1 = LayerScale(d_model)
+        self.layer_scale_2 = LayerScale(d_model)
+
+    def _ffn(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn(self.norm1(x)))
+        return self._ffn(x)
+
+    def forward_streaming(self, x, start, cache: LayerCache, slots) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn.forward_streaming(self.norm1(x), start, cache, slots))
+        return self._ffn(x)
+
+
+class Transformer(nn.Module):
+    """A stack of `TransformerLayer`s (checkpoint names `layers.{i}.*`)."""
+
+    def __init__(self, stage: TransformerStage):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            TransformerLayer(stage.d_model, stage.num_heads, stage.dim_feedforward, stage.context, stage.max_period)
+            for _ in range(stage.num_layers)
+        )
+
+
+class ProjectedTransformer(nn.Module):
+    """input_proj -> Transformer -> output_proj, on channel-last x [B, T, in] -> [B, T, out].
+
+    A projection is Identity when its dims are equal, unless `stage.project_always` (v2).
+    """
+
+    def __init__(self, stage: TransformerStage):
+        super().__init__()
+        self.stage = stage
+        keep_in = stage.project_always or stage.input_dim != stage.d_model
+        keep_out = stage.project_always or stage.output_dim != stage.d_model
+        self.input_proj = nn.Linear(stage.input_dim, stage.d_model, bias=False) if keep_in else nn.Identity()
+        self.transformer = Transformer(stage)
+        self.output_proj = nn.Linear(stage.d_model, stage.output_dim, bias=False) if keep_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.input_proj(x)
+        for layer in self.transformer.layers:
+            x = layer(x)
+        return self.output_proj(x)
+
+    def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
+                          slots: torch.Tensor) -> torch.Tensor:
+        """A chunk of slots [B] starting at positions start [B]; caches: one per layer."""
+        x = self.input_proj(x)
+        for layer, cache in zip(self.transformer.layers, caches, strict=True):
+            x = layer.forward_streaming(x, start, cache, slots)
+        return self.output_proj(x)
+
+
+def patch_down(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """[B, L*p, D] -> [B, L, D*p], channel d*p + j <- time l*p + j (upstream's conv-layout order)."""
+    B, T, D = x.shape
+    return x.view(B, T // patch, patch, D).transpose(2, 3).reshape(B, T // patch, D * patch)
+
+
+def patch_up(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """[B, L, D*p] -> [B, L*p, D], the exact inverse of `patch_down`."""
+    B, L, DP = x.shape
+    return x.view(B, L, DP // patch, patch).transpose(2, 3).reshape(B, L * patch, DP // patch)
