@@ -1,0 +1,275 @@
+"""Streaming audio encoders: float32 PCM chunks in, the bytes of ONE continuous file out.
+
+Every response format is produced incrementally from one encoder per request: raw s16le PCM, WAV
+with a streaming header (sizes 0xFFFFFFFF), and mp3 / opus-in-Ogg / aac-ADTS / flac muxed by
+PyAV (FFmpeg) into one container whose bytes are handed out as packets are written. ``speed``
+other than 1 is applied with FFmpeg's ``atempo`` filter, streaming as well.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from abc import ABC, abstractmethod
+
+import av
+import av.filter
+import numpy as np
+
+CONTENT_TYPES = {
+    "pcm": "audio/pcm",
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+}
+
+# response_format -> (FFmpeg muxer, encoder, bit rate per channel or None)
+_CONTAINERS = {
+    "mp3": ("mp3", "libmp3lame", 64_000),
+    "opus": ("ogg", "libopus", 48_000),
+    "aac": ("adts", "aac", 64_000),
+    "flac": ("flac", "flac", None),
+}
+
+
+def _layout(channels: int) -> str:
+    if channels == 1:
+        return "mono"
+    if channels == 2:
+        return "stereo"
+    raise ValueError(f"{channels} audio channels are not supported (1 or 2)")
+
+
+def float_to_s16le(pcm: np.ndarray) -> bytes:
+    """[S, C] float32 in [-1, 1] -> interleaved little-endian int16 bytes (clipped)."""
+    scaled = np.clip(pcm, -1.0, 1.0) * 32767.0  # [S, C]
+    return np.rint(scaled).astype("<i2").tobytes()
+
+
+class AudioEncoder(ABC):
+    """One request's encoder. ``encode`` may return b"" while the codec buffers."""
+
+    content_type: str
+
+    @abstractmethod
+    def encode(self, pcm: np.ndarray) -> bytes:
+        """Append ``pcm`` ([samples, channels] float32); return the bytes now ready."""
+
+    @abstractmethod
+    def finish(self) -> bytes:
+        """Flush the codec and close the container; return the remaining bytes."""
+
+
+class PcmEncoder(AudioEncoder):
+    content_type = CONTENT_TYPES["pcm"]
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        return float_to_s16le(pcm)
+
+    def finish(self) -> bytes:
+        return b""
+
+
+def wav_header(sample_rate: int, channels: int, data_bytes: int | None) -> bytes:
+    """44-byte RIFF/WAVE header for 16-bit PCM; ``None`` = unknown length (streaming)."""
+    data_size = 0xFFFFFFFF if data_bytes is None else data_bytes
+    riff_size = 0xFFFFFFFF if data_bytes is None else 36 + data_bytes
+    block_align = 2 * channels
+    return (
+        b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
+        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block_align,
+                                block_align, 16)
+        + b"data" + struct.pack("<I", data_size)
+    )
+
+
+class WavEncoder(AudioEncoder):
+    """Streaming: header with unknown sizes first. Whole file: exact sizes, bytes at finish."""
+
+    content_type = CONTENT_TYPES["wav"]
+
+    def __init__(self, sample_rate: int, channels: int, *, streaming: bool) -> None:
+        self.sample_rate = sample_rate
+        self.channels = channels
+        self.streaming = streaming
+        self._header_sent = False
+        self._held: list[bytes] = []
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        data = float_to_s16le(pcm)
+        if not self.streaming:
+            self._held.append(data)
+            return b""
+        if not self._header_sent:
+            self._header_sent = True
+            return wav_header(self.sample_rate, self.channels, None) + data
+        return data
+
+    def finish(self) -> bytes:
+        if self.streaming:
+            return b"" if self._header_sent else wav_header(self.sample_rate, self.channels, None)
+        data = b"".join(self._held)
+        self._held.clear()
+        return wav_header(self.sample_rate, self.channels, len(data)) + data
+
+
+class _ByteSink:
+    """Write-only file for PyAV: collects what the muxer writes until ``drain``.
+
+    It has no ``seek``, so muxers write straight through (the flac muxer then leaves STREAMINFO's
+    total-sample count at 0 = unknown, which decoders accept)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def write(self, data: bytes) -> int:
+        self._buf += data
+        return len(data)
+
+    def drain(self) -> bytes:
+        out = bytes(self._buf)
+        self._buf.clear()
+        return out
+
+
+class ContainerEncoder(AudioEncoder):
+    """mp3 / opus (Ogg) / aac (ADTS) / flac through one PyAV encoder and muxer per request."""
+
+    def __init__(self, fmt: str, sample_rate: int, channels: int, *, streaming: bool) -> None:
+        muxer, codec, bit_rate = _CONTAINERS[fmt]
+        self.content_type = CONTENT_TYPES[fmt]
+        self.streaming = streaming
+        self._layout = _layout(channels)
+        self._in_rate = sample_rate
+        self._sink: _ByteSink | io.BytesIO = _ByteSink() if streaming else io.BytesIO()
+        options = {"page_duration": "20000"} if muxer == "ogg" else {}  # one Ogg page per ~20 ms
+        self._container = av.open(self._sink, mode="w", format=muxer, options=options,
+                                  container_options={"flush_packets": "1"}, buffer_size=4096)
+        rates = av.codec.Codec(codec, "w").audio_rates
+        out_rate = sample_rate if not rates or sample_rate in rates else (48000 if 48000 in rates else max(rates))
+        self._stream = self._container.add_stream(codec, rate=out_rate, layout=self._layout)
+        if bit_rate:
+            self._stream.codec_context.bit_rate = bit_rate * channels
+        self._pts = 0
+        self._closed = False
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        if pcm.shape[0] == 0:
+            return b""
+        planar = np.ascontiguousarray(pcm.T, dtype=np.float32)  # [C, S]
+        frame = av.AudioFrame.from_ndarray(planar, format="fltp", layout=self._layout)
+        frame.sample_rate = self._in_rate
+        frame.pts = self._pts
+        self._pts += pcm.shape[0]
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+        return self._take()
+
+    def finish(self) -> bytes:
+        if self._closed:
+            return b""
+        self._closed = True
+        for packet in self._stream.encode(None):
+            self._container.mux(packet)
+        self._container.close()
+        if isinstance(self._sink, io.BytesIO):
+            return self._sink.getvalue()
+        return self._sink.drain()
+
+    def _take(self) -> bytes:
+        return self._sink.drain() if isinstance(self._sink, _ByteSink) else b""
+
+
+class SpeedChange:
+    """Streaming tempo change without pitch change (FFmpeg ``atempo``), PCM in, PCM out."""
+
+    def __init__(self, speed: float, sample_rate: int, channels: int) -> None:
+        self.channels = channels
+        self._layout = _layout(channels)
+        self._rate = sample_rate
+        self._graph = av.filter.Graph()
+        src = self._graph.add_abuffer(format="flt", sample_rate=sample_rate, layout=self._layout,
+                                      time_base=f"1/{sample_rate}")
+        last = src
+        for factor in _atempo_factors(speed):
+            node = self._graph.add("atempo", f"{factor:.6f}")
+            last.link_to(node)
+            last = node
+        sink = self._graph.add("abuffersink")
+        last.link_to(sink)
+        self._graph.configure()
+        self._pts = 0
+
+    def process(self, pcm: np.ndarray) -> np.ndarray:
+        """[S, C] float32 -> [S', C] float32 (whatever the filter has ready)."""
+        interleaved = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)  # [1, S*C]
+        frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=self._layout)
+        frame.sample_rate = self._rate
+        frame.pts = self._pts
+        self._pts += pcm.shape[0]
+        self._graph.push(frame)
+        return self._pull()
+
+    def flush(self) -> np.ndarray:
+        self._graph.push(None)
+        return self._pull()
+
+    def _pull(self) -> np.ndarray:
+        parts = []
+        while True:
+            try:
+                frame = self._graph.pull()
+            except (av.error.BlockingIOError, av.error.EOFError):
+                break
+            parts.append(frame.to_ndarray().reshape(-1, self.channels))  # [S, C]
+        if not parts:
+            return np.zeros((0, self.channels), np.float32)
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+
+def _atempo_factors(speed: float) -> list[float]:
+    """Split ``speed`` into atempo stages each within [0.5, 2.0]."""
+    factors = []
+    while speed < 0.5:
+        factors.append(0.5)
+        speed /= 0.5
+    while speed > 2.0:
+        factors.append(2.0)
+        speed /= 2.0
+    factors.append(speed)
+    return factors
+
+
+class SpeedAdjustedEncoder(AudioEncoder):
+    def __init__(self, inner: AudioEncoder, speed: SpeedChange) -> None:
+        self.inner = inner
+        self.speed = speed
+        self.content_type = inner.content_type
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        out = self.speed.process(pcm)
+        return self.inner.encode(out) if out.shape[0] else b""
+
+    def finish(self) -> bytes:
+        tail = self.speed.flush()
+        head = self.inner.encode(tail) if tail.shape[0] else b""
+        return head + self.inner.finish()
+
+
+def make_encoder(fmt: str, sample_rate: int, channels: int, *, streaming: bool,
+                 speed: float = 1.0) -> AudioEncoder:
+    """The encoder for ``response_format`` ``fmt`` (one of ``CONTENT_TYPES``)."""
+    _layout(channels)
+    if fmt == "pcm":
+        encoder: AudioEncoder = PcmEncoder()
+    elif fmt == "wav":
+        encoder = WavEncoder(sample_rate, channels, streaming=streaming)
+    elif fmt in _CONTAINERS:
+        encoder = ContainerEncoder(fmt, sample_rate, channels, streaming=streaming)
+    else:
+        raise ValueError(f"unknown response_format {fmt!r}")
+    if speed != 1.0:
+        encoder = SpeedAdjustedEncoder(encoder, SpeedChange(speed, sample_rate, channels))
+    return encoder

@@ -1,0 +1,95 @@
+"""Errors in the OpenAI envelope: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure a client can see leaves the server through :class:`ApiError` (or one of the
+Starlette exception handlers below, which wrap framework errors in the same envelope), so clients
+written for the OpenAI API parse our errors unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+log = logging.getLogger("mossvox.api")
+
+# HTTP status -> OpenAI error ``type``.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    """A client-visible error; rendered as the OpenAI envelope with ``status``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        """The envelope as a JSON-ready dict."""
+        return error_body(self.status, self.message, param=self.param, code=self.code)
+
+
+def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+async def api_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    if exc.status >= 500:
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404:
+        message = f"No route {request.method} {request.url.path}"
+    return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code,
+                        headers=dict(exc.headers or {}))
+
+
+async def unhandled_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse(error_body(500, f"Internal server error: {type(exc).__name__}"), status_code=500)
+
+
+EXCEPTION_HANDLERS = {
+    ApiError: api_error_handler,
+    HTTPException: http_error_handler,
+    Exception: unhandled_error_handler,
+}

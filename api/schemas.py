@@ -1,0 +1,219 @@
+"""Request and response records of the HTTP API.
+
+The same msgspec Structs validate request bodies (``decode_body``) and generate the
+``/openapi.json`` document (``openapi_document``), so the published schema is exactly what the
+server enforces.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from api.errors import ApiError, bad_request
+
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+StreamFormat = Literal["audio", "sse"]
+Probability = Annotated[float, Meta(gt=0.0, le=1.0)]
+
+
+class VoiceObject(Struct, forbid_unknown_fields=True):
+    """``voice`` given as an object, as newer OpenAI clients send it."""
+
+    id: str
+
+
+class ExtraParams(Struct, forbid_unknown_fields=True):
+    """Sampling values accepted inside ``extra_params`` (vLLM-Omni style); top-level fields win."""
+
+    temperature: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+
+
+class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of ``POST /v1/audio/speech`` (OpenAI fields first, then MOSS / vLLM-Omni fields)."""
+
+    input: Annotated[str, Meta(description="Text to speak.")]
+    model: str | None = None
+    voice: Annotated[
+        str | VoiceObject | None,
+        Meta(description="A registered voice name, {\"id\": name}, or 'default' / an OpenAI "
+                         "built-in name for the model's own voice."),
+    ] = None
+    instructions: str | None = None
+    response_format: ResponseFormat = "mp3"
+    speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
+    stream_format: StreamFormat | None = None
+    stream: bool | None = None
+    ref_audio: Annotated[
+        str | None,
+        Meta(description="Reference audio: data: URL, bare base64, file:// or a path under an "
+                         "allowed directory, or http(s) when the server allows remote fetch."),
+    ] = None
+    ref_text: str | None = None
+    language: str | None = None
+    task_type: str | None = None
+    max_new_tokens: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    extra_params: ExtraParams | None = None
+    initial_codec_chunk_frames: Annotated[int, Meta(ge=1, le=1000)] | None = None
+    sample_rate: Annotated[
+        Annotated[int, Meta(gt=0)] | None, Meta(description="Must equal the model's rate if given (no resampling).")
+    ] = None
+    forced_frames: Annotated[
+        Annotated[int, Meta(ge=1, le=100_000)] | None,
+        Meta(description="Benchmark feature for random-weight checkpoints: generate exactly this "
+                         "many frames (random weights never stop by themselves)."),
+    ] = None
+
+
+class ModelCard(Struct):
+    id: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "mossvox"
+    sample_rate: int = 0
+    channels: int = 0
+
+
+class ModelList(Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class VoiceUploadForm(Struct, kw_only=True):
+    """Multipart form of ``POST /v1/audio/voices`` (``audio`` is the file part)."""
+
+    audio: Annotated[bytes, Meta(description="Reference audio file (any common format).")]
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    consent: Annotated[str, Meta(description="Consent statement or id from the voice owner.")]
+    ref_text: str | None = None
+
+
+class VoiceInfo(Struct, kw_only=True):
+    """A registered voice as listed by the API (codes stay on the server)."""
+
+    name: str
+    consent: str
+    created_at: float
+    duration_s: float
+    frames: int
+    ref_text: str | None = None
+
+
+class VoiceList(Struct):
+    voices: list[str]
+    uploaded_voices: list[VoiceInfo]
+
+
+class VoiceCreated(Struct):
+    success: bool
+    voice: VoiceInfo
+
+
+class VoiceDeleted(Struct):
+    success: bool
+    name: str
+
+
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(Struct):
+    error: ErrorDetail
+
+
+_PATH_RE = re.compile(r"at `\$\.?([^`]*)`")
+_UNKNOWN_RE = re.compile(r"unknown field `([^`]*)`")
+_speech_decoder = msgspec.json.Decoder(SpeechRequest)
+
+
+def decode_speech_request(body: bytes) -> SpeechRequest:
+    """Validate a JSON body; any schema error becomes a 400 naming the field."""
+    try:
+        return _speech_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc) from None
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"Request body is not valid JSON: {exc}") from None
+
+
+def _validation_error(exc: msgspec.ValidationError) -> ApiError:
+    text = str(exc)
+    match = _PATH_RE.search(text) or _UNKNOWN_RE.search(text)
+    param = match.group(1) if match else None
+    return bad_request(text, param=param or None)
+
+
+# --------------------------------------------------------------------------- OpenAPI
+
+
+def _json_body(name: str) -> dict:
+    return {"required": True, "content": {"application/json": {"schema": {"$ref": _ref(name)}}}}
+
+
+def _ref(name: str) -> str:
+    return f"#/components/schemas/{name}"
+
+
+def _json_response(name: str, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": _ref(name)}}}}
+
+
+def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
+    """The OpenAPI 3.1 document, built from the Structs above."""
+    _, components = msgspec.json.schema_components(
+        [SpeechRequest, VoiceUploadForm, ModelList, VoiceList, VoiceCreated, VoiceDeleted, ErrorEnvelope],
+        ref_template="#/components/schemas/{name}",
+    )
+    audio_types = ["audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm",
+                   "text/event-stream"]
+    errors = {str(s): _json_response("ErrorEnvelope", d) for s, d in [
+        (400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown model or voice"),
+        (413, "Body too large"), (429, "Admission rejected; see Retry-After"),
+        (503, "Not ready or overloaded; see Retry-After")]}
+    paths = {
+        "/v1/audio/speech": {"post": {
+            "operationId": "createSpeech", "requestBody": _json_body("SpeechRequest"),
+            "responses": {"200": {"description": "Audio (streamed while generated when "
+                                                 "stream_format is set)",
+                                  "content": {t: {} for t in audio_types}}, **errors}}},
+        "/v1/audio/voices": {
+            "get": {"operationId": "listVoices", "responses": {"200": _json_response("VoiceList", "Voices")}},
+            "post": {"operationId": "createVoice",
+                     "requestBody": {"required": True, "content": {"multipart/form-data": {
+                         "schema": {"$ref": _ref("VoiceUploadForm")}}}},
+                     "responses": {"200": _json_response("VoiceCreated", "Registered"), **errors}}},
+        "/v1/audio/voices/{name}": {
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "get": {"operationId": "getVoice", "responses": {"200": {"description": "Voice", "content": {
+                "application/json": {"schema": {"$ref": _ref("VoiceInfo")}}}}, **errors}},
+            "delete": {"operationId": "deleteVoice",
+                       "responses": {"200": _json_response("VoiceDeleted", "Deleted"), **errors}}},
+        "/v1/models": {"get": {"operationId": "listModels",
+                               "responses": {"200": _json_response("ModelList", "Models")}}},
+        "/health": {"get": {"operationId": "health", "responses": {"200": {"description": "Alive"}}}},
+        "/ready": {"get": {"operationId": "ready", "responses": {
+            "200": {"description": "Models loaded and warmed up"}, "503": {"description": "Not ready"}}}},
+        "/metrics": {"get": {"operationId": "metrics", "responses": {"200": {"description": "Prometheus"}}}},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }

@@ -1,0 +1,88 @@
+"""Each response format, streamed chunk by chunk, decodes to the audio that went in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from api.audio_encoding import CONTENT_TYPES, make_encoder, wav_header
+from tests.api.audio_decode import decode_audio, dominant_hz
+
+FORMATS = ["pcm", "wav", "mp3", "opus", "aac", "flac"]
+
+
+def sine_chunks(sample_rate: int, channels: int, seconds: float, hz: float = 440.0):
+    """The engine's chunk schedule: 1 frame (80 ms), then 15-frame chunks, last partial."""
+    total = int(seconds * sample_rate)
+    t = np.arange(total) / sample_rate
+    wave = (0.4 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+    pcm = np.repeat(wave[:, None], channels, axis=1)  # [S, C]
+    frame = sample_rate * 2 // 25
+    bounds = [0, frame] + list(range(frame + 15 * frame, total, 15 * frame)) + [total]
+    return [pcm[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rate,channels", [(48000, 2), (24000, 1)])
+def test_streamed_file_decodes_to_input(fmt, rate, channels):
+    encoder = make_encoder(fmt, rate, channels, streaming=True)
+    assert encoder.content_type == CONTENT_TYPES[fmt]
+    pieces = [encoder.encode(chunk) for chunk in sine_chunks(rate, channels, 2.0)]
+    bytes_before_finish = sum(len(p) for p in pieces)
+    pieces.append(encoder.finish())
+    body = b"".join(pieces)
+    # Streams while generating: most of the file exists before the encoder is closed.
+    assert bytes_before_finish > 0.5 * len(body)
+    pcm, got_rate = decode_audio(body, fmt, sample_rate=rate, channels=channels)
+    # Opus decoders always output 48 kHz (the input rate is only advisory in OpusHead).
+    assert got_rate == (48000 if fmt == "opus" else rate)
+    assert pcm.shape[1] == channels
+    assert abs(pcm.shape[0] / got_rate - 2.0) < 0.1, pcm.shape[0] / got_rate
+    assert abs(dominant_hz(pcm, got_rate) - 440.0) < 5.0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_whole_file_matches_streamed_content(fmt):
+    encoder = make_encoder(fmt, 48000, 2, streaming=False)
+    pieces = [encoder.encode(chunk) for chunk in sine_chunks(48000, 2, 1.5)]
+    body = b"".join(pieces) + encoder.finish()
+    pcm, rate = decode_audio(body, fmt, sample_rate=48000, channels=2)
+    assert rate == 48000 and pcm.shape[1] == 2
+    assert abs(pcm.shape[0] / rate - 1.5) < 0.1
+
+
+def test_streaming_wav_header_has_unknown_sizes_and_whole_wav_exact_sizes():
+    header = wav_header(48000, 2, None)
+    assert len(header) == 44 and header[4:8] == b"\xff\xff\xff\xff" and header[40:44] == b"\xff\xff\xff\xff"
+    encoder = make_encoder("wav", 24000, 1, streaming=False)
+    encoder.encode(np.zeros((2400, 1), np.float32))
+    body = encoder.finish()
+    assert int.from_bytes(body[40:44], "little") == 4800 == len(body) - 44
+
+
+def test_first_chunk_of_mp3_and_opus_yields_bytes_at_once():
+    """Time to first audio: one 80 ms chunk already produces container bytes."""
+    for fmt in ("mp3", "opus", "aac"):
+        encoder = make_encoder(fmt, 48000, 2, streaming=True)
+        first = encoder.encode(sine_chunks(48000, 2, 1.0)[0])
+        assert len(first) > 0, fmt
+
+
+def test_pcm_clips_out_of_range_samples():
+    out = make_encoder("pcm", 24000, 1, streaming=True).encode(np.array([[2.0], [-3.0], [0.5]], np.float32))
+    assert np.frombuffer(out, "<i2").tolist() == [32767, -32767, 16384]
+
+
+@pytest.mark.parametrize("speed", [0.5, 2.0, 4.0])
+@pytest.mark.parametrize("fmt", ["pcm", "mp3"])
+def test_speed_changes_duration_not_pitch(fmt, speed):
+    encoder = make_encoder(fmt, 24000, 1, streaming=True, speed=speed)
+    body = b"".join(encoder.encode(c) for c in sine_chunks(24000, 1, 3.0)) + encoder.finish()
+    pcm, rate = decode_audio(body, fmt, sample_rate=24000, channels=1)
+    assert abs(pcm.shape[0] / rate - 3.0 / speed) < 0.15
+    assert abs(dominant_hz(pcm, rate) - 440.0) < 10.0
+
+
+def test_more_than_two_channels_refused():
+    with pytest.raises(ValueError):
+        make_encoder("mp3", 48000, 6, streaming=True)
