@@ -1,0 +1,288 @@
+"""The deploy profile: one frozen, strict msgspec tree.
+
+Every section is a frozen Struct that rejects unknown fields; every field carries its constraint
+and a description (`msgspec.Meta`) that says what it does and which issue reads it. The schema
+defaults ARE the `default` profile (GPU-oriented); `profiles/*.yaml` only state differences.
+
+Lists are tuples so the whole tree is immutable. Per-process copies come from
+`msgspec.structs.replace`, which re-runs the cross-field checks in `Profile.__post_init__`.
+
+Adding a field: one line in its section with `Annotated[type, doc("what; issue N", ...)]` and a
+default; `tests/profiles/test_schema.py` fails if the description is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Literal
+
+import msgspec
+import yaml
+
+
+def doc(description: str, **constraints: object) -> msgspec.Meta:
+    """A field's description plus its msgspec constraints (ge, gt, le, min_length, ...)."""
+    return msgspec.Meta(description=description, **constraints)
+
+
+class ProfileError(Exception):
+    """A profile that cannot be loaded; the message names the key path and the file(s)."""
+
+    def __init__(self, message: str, *, key_path: str = "", sources: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.key_path = key_path
+        self.sources = sources
+
+
+class CrossFieldError(ProfileError):
+    """Two or more fields that are valid alone but not together; `paths` names all of them.
+
+    Not a ValueError on purpose: msgspec would fold a ValueError raised in `__post_init__` into a
+    ValidationError and lose `paths`, which the loader needs to name the files.
+    """
+
+    def __init__(self, message: str, paths: tuple[str, ...]):
+        super().__init__(message, key_path=paths[0])
+        self.paths = paths
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every profile section: immutable, keyword-only, strict."""
+
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Bytes = Annotated[int, msgspec.Meta(ge=4096)]
+
+
+class ModelConfig(_Section):
+    """Which checkpoint to serve and how to run it."""
+
+    path: Annotated[str | None, doc(
+        "checkpoint directory (config.json, *.safetensors, tokenizer files); null = the embedded "
+        "tiny random-weight demo model, created on first use; issues 3, 5")] = None
+    codec_path: Annotated[str | None, doc(
+        "audio tokenizer checkpoint directory; null = <model.path>/audio_tokenizer; issue 3")] = None
+    device: Annotated[Literal["auto", "cpu", "cuda"], doc(
+        "where the talker and codec run; auto = cuda when available, else cpu; issue 4")] = "auto"
+    dtype: Annotated[Literal["auto", "float32", "bfloat16"], doc(
+        "weight and activation dtype; auto = bfloat16 on cuda, float32 on cpu; issue 3")] = "auto"
+    served_name: Annotated[str, doc(
+        "model name accepted in requests and listed by /v1/models; issue 5", min_length=1)] = "mossvox"
+    force_length_from_text: Annotated[bool, doc(
+        "force each request's frame count from its text (frames_per_char); random weights never "
+        "stop by themselves; a benchmark/demo feature, logged when on; issues 3, 4, 7")] = False
+    frames_per_char: Annotated[float, doc(
+        "frames (80 ms) per input character when the length is forced; issues 3, 7", gt=0)] = 0.87
+    max_new_frames: Annotated[int, doc(
+        "runaway guard: a request stops with finish_reason=length after this many frames; "
+        "issue 4", ge=1)] = 4096
+    demo_cache_dir: Annotated[str, doc(
+        "where the embedded demo checkpoint is written on first use (~ expanded); issue 3",
+        min_length=1)] = "~/.cache/mossvox"
+
+
+class TalkerConfig(_Section):
+    """The talker worker: continuous batching, KV cache, graphs."""
+
+    max_running: Annotated[int, doc(
+        "streams decoded together at most (the talker's batch capacity); issues 4, 7", ge=1)] = 256
+    kv_block_size: Annotated[int, doc("tokens per KV-cache block; issues 4, 7", ge=1)] = 16
+    kv_blocks: Annotated[PositiveInt | None, doc(
+        "KV-cache blocks to allocate; null = derive from kv_memory_fraction; issues 4, 7")] = None
+    kv_memory_fraction: Annotated[float, doc(
+        "share of free device memory given to the KV cache when kv_blocks is null; issue 7",
+        gt=0, le=1)] = 0.5
+    prefill_chunk_tokens: Annotated[int, doc(
+        "a long prompt is prefilled in chunks of at most this many tokens so running streams "
+        "keep their cadence; issue 4", ge=1)] = 512
+    max_prefill_tokens_per_step: Annotated[int, doc(
+        "prompt tokens prefilled per scheduler step across all new requests; issues 4, 7",
+        ge=1)] = 2048
+    cuda_graphs: Annotated[bool, doc(
+        "capture the decode step in CUDA graphs per batch bucket; issue 7")] = True
+    torch_threads: Annotated[PositiveInt | None, doc(
+        "torch intra-op threads in the talker process; null = torch's default; issue 4")] = None
+
+
+class CodecConfig(_Section):
+    """The codec worker: streaming decode slots and reference encoding."""
+
+    max_slots: Annotated[int, doc(
+        "streaming-decode slots (one per live request); issues 4, 7", ge=1)] = 256
+    cuda_graphs: Annotated[bool, doc(
+        "capture decode in CUDA graphs per (batch bucket, chunk length); issue 7")] = True
+    encode_batch: Annotated[int, doc(
+        "reference-encoding jobs batched together at most; issues 4, 5", ge=1)] = 8
+    torch_threads: Annotated[PositiveInt | None, doc(
+        "torch intra-op threads in the codec process; null = torch's default; issue 4")] = None
+
+
+class ChunkingConfig(_Section):
+    """When the talker hands frames to the codec: first chunk, ramp, steady chunks."""
+
+    initial_chunk_frames: Annotated[int, doc(
+        "frames in a request's first chunk (first audio); a request may override it; issue 4",
+        ge=1)] = 1
+    ramp: Annotated[tuple[PositiveInt, ...], doc(
+        "frames of the chunks after the first, before the steady size; issue 4")] = ()
+    chunk_frames: Annotated[int, doc(
+        "frames per steady-state chunk (15 frames = 1.2 s); issue 4", ge=1)] = 15
+
+
+class CoalescingConfig(_Section):
+    """How the codec worker groups ready streams into one decode batch."""
+
+    min_batch: Annotated[int, doc(
+        "wait for at least this many streams with a chunk ready (or max_wait_ms); issue 4",
+        ge=1)] = 1
+    max_wait_ms: Annotated[float, doc(
+        "longest wait since the oldest ready chunk before dispatching anyway; issue 4",
+        ge=0)] = 0.0
+    max_batch: Annotated[int, doc(
+        "streams decoded in one codec call at most; issues 4, 7", ge=1)] = 256
+    policy: Annotated[Literal["fixed", "idle_wait"], doc(
+        "fixed = always honour the window; idle_wait = sleep on the doorbell when nothing is "
+        "runnable; issue 4")] = "idle_wait"
+
+
+class AdmissionConfig(_Section):
+    """The coordinator's admission control and deadlines."""
+
+    max_running: Annotated[int, doc(
+        "requests admitted to the talker at once; issue 4", ge=1)] = 256
+    max_queued: Annotated[int, doc(
+        "requests waiting for admission; beyond it a typed rejection (429/503); issues 4, 5",
+        ge=0)] = 1024
+    request_timeout_s: Annotated[float, doc(
+        "deadline of one request from submission; issue 4", gt=0)] = 600.0
+    retry_after_s: Annotated[float, doc(
+        "Retry-After hint sent with a rejection when no better estimate exists; issues 4, 5",
+        ge=0)] = 1.0
+
+
+class ApiConfig(_Section):
+    """The HTTP front end."""
+
+    host: Annotated[str, doc("address the server binds; issue 5", min_length=1)] = "127.0.0.1"
+    port: Annotated[int, doc("TCP port; issue 5", ge=1, le=65535)] = 8000
+    api_servers: Annotated[int, doc(
+        "API processes sharing one port, one coordinator and one pair of workers; issue 5",
+        ge=1)] = 1
+    keys: Annotated[tuple[str, ...], doc(
+        "accepted bearer keys for /v1/*; empty = no authentication; issue 5")] = ()
+    max_input_chars: Annotated[int, doc("longest `input` text accepted; issue 5", ge=1)] = 4096
+    max_body_bytes: Annotated[int, doc(
+        "largest request body accepted (413 beyond); issue 5", ge=1024)] = 32 * 1024 * 1024
+    min_ref_seconds: Annotated[float, doc(
+        "shortest reference audio accepted; issue 5", ge=0)] = 1.0
+    max_ref_seconds: Annotated[float, doc(
+        "longest reference audio accepted; issue 5", gt=0)] = 30.0
+    max_ref_bytes: Annotated[int, doc(
+        "largest encoded reference audio accepted; issue 5", ge=1024)] = 16 * 1024 * 1024
+    max_voices: Annotated[int, doc("registered voices kept at most; issue 5", ge=0)] = 1000
+    allow_remote_ref_audio: Annotated[bool, doc(
+        "allow http(s) URLs as ref_audio (the server fetches them); issue 5")] = False
+    allowed_local_paths: Annotated[tuple[str, ...], doc(
+        "directories under which file:// or plain-path ref_audio may be read; issue 5")] = ()
+    data_dir: Annotated[str, doc(
+        "reference-code cache and registered voices, shared by API processes (~ expanded); "
+        "issue 5", min_length=1)] = "~/.cache/mossvox/data"
+
+
+class IpcConfig(_Section):
+    """Shared-memory ring sizes and peer liveness checks."""
+
+    control_ring_bytes: Annotated[int, doc(
+        "bytes of each control-record ring (submit, abort, finished, stats); issues 2, 4",
+        ge=4096)] = 1024 * 1024
+    codes_ring_bytes: Annotated[int, doc(
+        "bytes of the talker -> codec code-chunk ring; issues 2, 4", ge=4096)] = 4 * 1024 * 1024
+    pcm_ring_bytes: Annotated[int, doc(
+        "bytes of each codec -> API-process PCM ring; issues 2, 4", ge=4096)] = 64 * 1024 * 1024
+    peer_check_s: Annotated[float, doc(
+        "a blocked channel checks that its peer is alive this often; issue 2", gt=0)] = 0.5
+
+
+class EngineConfig(_Section):
+    """Process lifecycle: start-up, shutdown, logging."""
+
+    shutdown: Annotated[Literal["drain", "abort"], doc(
+        "on stop: finish running requests (drain) or abort them; issue 4")] = "drain"
+    drain_timeout_s: Annotated[float, doc(
+        "longest drain before the remaining requests are aborted; issue 4", ge=0)] = 30.0
+    ready_timeout_s: Annotated[float, doc(
+        "longest wait for a worker's Ready record (model load and warm-up); issue 4",
+        gt=0)] = 600.0
+    mps: Annotated[bool, doc(
+        "on cuda, start a private MPS daemon so talker and codec run concurrently; issues 4, 7"
+    )] = True
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], doc(
+        "log level of every mossvox process; issues 4, 5")] = "info"
+
+
+def _section(cls: type[_Section]) -> object:
+    return msgspec.field(default_factory=cls)
+
+
+class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A resolved deploy profile. Build it with `profiles.load_profile`, not by hand."""
+
+    model: ModelConfig = _section(ModelConfig)
+    talker: TalkerConfig = _section(TalkerConfig)
+    codec: CodecConfig = _section(CodecConfig)
+    chunking: ChunkingConfig = _section(ChunkingConfig)
+    coalescing: CoalescingConfig = _section(CoalescingConfig)
+    admission: AdmissionConfig = _section(AdmissionConfig)
+    api: ApiConfig = _section(ApiConfig)
+    ipc: IpcConfig = _section(IpcConfig)
+    engine: EngineConfig = _section(EngineConfig)
+
+    def __post_init__(self) -> None:
+        for message, paths in _cross_field_violations(self):
+            raise CrossFieldError(message, paths)
+
+    def to_dict(self) -> dict:
+        """The tree as plain dicts, lists and scalars (JSON/YAML-ready)."""
+        return msgspec.json.decode(msgspec.json.encode(self))
+
+    def sha256(self) -> str:
+        """Hex SHA-256 of the canonical JSON (sorted keys) of the resolved tree."""
+        return hashlib.sha256(msgspec.json.encode(self, order="sorted")).hexdigest()
+
+    def to_yaml(self) -> str:
+        """The tree as YAML in schema order; loading it back yields an equal profile."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
+    """Constraints between fields, each as (message, the key paths involved)."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+
+    def at_most(a: str, av: float, b: str, bv: float, why: str) -> None:
+        if av > bv:
+            out.append((f"{a} ({av}) must be <= {b} ({bv}): {why}", (a, b)))
+
+    c = p.chunking
+    at_most("chunking.initial_chunk_frames", c.initial_chunk_frames, "chunking.chunk_frames",
+            c.chunk_frames, "the first chunk is never larger than a steady chunk")
+    for i, frames in enumerate(c.ramp):
+        at_most(f"chunking.ramp[{i}]", frames, "chunking.chunk_frames", c.chunk_frames,
+                "the ramp grows towards the steady chunk size")
+    at_most("coalescing.min_batch", p.coalescing.min_batch, "coalescing.max_batch",
+            p.coalescing.max_batch, "the window cannot wait for more streams than a batch holds")
+    at_most("coalescing.max_batch", p.coalescing.max_batch, "codec.max_slots",
+            p.codec.max_slots, "a codec batch holds at most one chunk per slot")
+    at_most("admission.max_running", p.admission.max_running, "talker.max_running",
+            p.talker.max_running, "the coordinator never admits more than the talker can run")
+    at_most("talker.prefill_chunk_tokens", p.talker.prefill_chunk_tokens,
+            "talker.max_prefill_tokens_per_step", p.talker.max_prefill_tokens_per_step,
+            "one prefill chunk must fit in one step's prefill budget")
+    at_most("api.min_ref_seconds", p.api.min_ref_seconds, "api.max_ref_seconds",
+            p.api.max_ref_seconds, "the accepted reference duration range would be empty")
+    if p.model.device == "cpu":
+        for key, on in (("talker.cuda_graphs", p.talker.cuda_graphs),
+                        ("codec.cuda_graphs", p.codec.cuda_graphs), ("engine.mps", p.engine.mps)):
+            if on:
+                out.append((f"{key} is true but model.device is 'cpu': it needs cuda",
+                            (key, "model.device")))
+    return out
