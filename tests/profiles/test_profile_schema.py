@@ -1,0 +1,54 @@
+"""The schema itself: documented fields and the cross-field checks."""
+
+import msgspec
+import pytest
+
+from profiles import CrossFieldError, Profile, ProfileError, load_profile
+
+
+def test_every_field_has_a_description():
+    defs = msgspec.json.schema(Profile)["$defs"]
+    sections = defs["Profile"]["properties"]
+    assert set(sections) == {"model", "talker", "codec", "chunking", "coalescing", "admission",
+                             "api", "ipc", "engine"}
+    undocumented = [
+        f"{section}.{name}"
+        for section, ref in sections.items()
+        for name, spec in defs[ref["$ref"].rsplit("/", 1)[1]]["properties"].items()
+        if len(spec.get("description", "")) < 10
+    ]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize("overrides, paths", [
+    (["chunking.initial_chunk_frames=20"], ("chunking.initial_chunk_frames", "chunking.chunk_frames")),
+    (["chunking.ramp=[2, 30]"], ("chunking.ramp[1]", "chunking.chunk_frames")),
+    (["coalescing.min_batch=20"], ("coalescing.min_batch", "coalescing.max_batch")),
+    (["coalescing.max_batch=32"], ("coalescing.max_batch", "codec.max_slots")),
+    (["admission.max_running=32"], ("admission.max_running", "talker.max_running")),
+    (["talker.prefill_chunk_tokens=4096"], ("talker.prefill_chunk_tokens",
+                                             "talker.max_prefill_tokens_per_step")),
+    (["api.min_ref_seconds=40"], ("api.min_ref_seconds", "api.max_ref_seconds")),
+    (["talker.cuda_graphs=true"], ("talker.cuda_graphs", "model.device")),
+    (["engine.mps=true"], ("engine.mps", "model.device")),
+])
+def test_cross_field_checks_name_both_fields(overrides, paths):
+    with pytest.raises(ProfileError) as info:
+        load_profile("cpu", overrides)
+    message = str(info.value)
+    assert all(path in message for path in paths), message
+
+
+def test_cross_field_checks_pass_at_the_boundary():
+    p = load_profile("cpu", ["chunking.initial_chunk_frames=15", "chunking.ramp=[15]",
+                             "coalescing.min_batch=16", "api.min_ref_seconds=30"])
+    assert p.chunking.initial_chunk_frames == p.chunking.chunk_frames
+
+
+def test_replace_reruns_the_cross_field_checks():
+    p = load_profile("cpu")
+    narrower = msgspec.structs.replace(p, codec=msgspec.structs.replace(p.codec, max_slots=16))
+    assert narrower == p
+    with pytest.raises(CrossFieldError) as info:
+        msgspec.structs.replace(p, codec=msgspec.structs.replace(p.codec, max_slots=4))
+    assert info.value.paths == ("coalescing.max_batch", "codec.max_slots")
