@@ -1,0 +1,129 @@
+"""The `mossvox` console script: help, lazy commands, passthrough, `profile show`."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from api.cli import COMMANDS, Command, Group, Passthrough, _available, main
+from profiles import load_profile
+
+MOSSVOX = Path(sys.executable).parent / "mossvox"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def mossvox(*args):
+    return subprocess.run([str(MOSSVOX), *args], capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+
+
+def test_help_lists_every_registered_command():
+    result = mossvox("--help")
+    assert result.returncode == 0, result.stderr
+    for entry in COMMANDS:
+        assert entry.name in result.stdout
+    bench = mossvox("bench", "--help")
+    assert bench.returncode == 0 and all(w in bench.stdout for w in ("ipc", "engine", "serve"))
+
+
+def test_help_imports_neither_torch_nor_any_command_module():
+    code = textwrap.dedent("""
+        import sys
+        from api.cli import main
+        assert main(["--help"]) == 0
+        heavy = [m for m in sys.modules if m == "torch" or m.startswith("api.commands.")
+                 or m in ("msgspec", "yaml", "numpy")]
+        print("HEAVY", heavy)
+        """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
+
+
+def test_profile_show_prints_loadable_yaml_and_its_sha256(tmp_path):
+    result = mossvox("profile", "show", "--profile", "low-latency",
+                     "--set", "coalescing.max_wait_ms=2", "--set", "api.port=9001")
+    assert result.returncode == 0, result.stderr
+    expected = load_profile("low-latency", ["coalescing.max_wait_ms=2", "api.port=9001"])
+    assert f"# sha256: {expected.sha256()}" in result.stdout.splitlines()
+    assert yaml.safe_load(result.stdout)["api"]["port"] == 9001
+    dump = tmp_path / "shown.yaml"
+    dump.write_text(result.stdout)
+    assert load_profile(str(dump)).sha256() == expected.sha256()
+
+
+def test_profile_show_defaults_to_the_default_profile():
+    result = mossvox("profile", "show")
+    assert f"# sha256: {load_profile('default').sha256()}" in result.stdout
+
+
+def test_profile_error_is_one_line_and_exit_status_2():
+    result = mossvox("profile", "show", "--profile", "cpu", "--set", "talker.max_runing=3")
+    assert result.returncode == 2
+    assert "talker.max_runing" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_profile_list_names_the_shipped_profiles():
+    result = mossvox("profile", "list")
+    assert result.stdout.split() == ["cpu", "default", "high-concurrency", "low-latency"]
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main([]) == 2
+    assert main(["no-such-command"]) == 2
+    assert main(["profile", "show", "--no-such-flag"]) == 2
+
+
+def test_unbuilt_command_says_not_available_with_its_issue(capsys):
+    table = (Command("later", "arrives later", "api.commands.no_such_module", issue=42),)
+    assert main(["later", "--anything"], commands=table) == 2
+    assert "'later' is not available yet (it arrives with issue 42)" in capsys.readouterr().err
+    assert main(["--help"], commands=table) == 0
+    assert "(not available yet)" in capsys.readouterr().out
+
+
+def test_unbuilt_registered_commands_fail_cleanly(capsys):
+    for entry in COMMANDS:
+        leaves = entry.children if isinstance(entry, Group) else (entry,)
+        for leaf in leaves:
+            argv = [entry.name, leaf.name] if isinstance(entry, Group) else [entry.name]
+            if leaf.name != "profile" and not _available(leaf):
+                assert main(argv) == 2
+                assert "not available yet" in capsys.readouterr().err
+
+
+def test_command_module_gets_profile_options(tmp_path, monkeypatch, capsys):
+    (tmp_path / "probe_cmd.py").write_text(textwrap.dedent("""
+        from api.commands import profile_from_args
+        def add_arguments(parser):
+            parser.add_argument("--times", type=int, default=1)
+        def run(args):
+            p = profile_from_args(args)
+            print(p.talker.max_running, args.times)
+            return 5
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = (Command("probe", "probe", "probe_cmd"),)
+    assert main(["probe", "--profile", "cpu", "--set", "talker.max_running=20",
+                 "--set", "admission.max_running=20", "--times", "3"], commands=table) == 5
+    assert capsys.readouterr().out.split() == ["20", "3"]
+    assert main(["probe", "--set", "talker.nope=1"], commands=table) == 2
+    assert "talker.nope" in capsys.readouterr().err
+
+
+def test_passthrough_hands_over_the_rest_of_argv(tmp_path, monkeypatch):
+    (tmp_path / "probe_bench.py").write_text(textwrap.dedent("""
+        SEEN = []
+        def main(argv):
+            SEEN.append(list(argv))
+            return 3
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = (Group("bench", "benchmarks", (Passthrough("ipc", "rings", "probe_bench"),)),)
+    assert main(["bench", "ipc", "--quick", "--help", "x"], commands=table) == 3
+    import probe_bench
+
+    assert probe_bench.SEEN == [["--quick", "--help", "x"]]
