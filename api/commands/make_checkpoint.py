@@ -1,0 +1,50 @@
+"""`mossvox make-checkpoint`: write a random-weight checkpoint directory of a variant.
+
+    mossvox make-checkpoint --variant local-v1.5 --size tiny|full --out DIR [--seed N]
+                            [--dtype float32|bfloat16] [--max-shard-gb G]
+
+The weights are seeded random numbers (no real weights can be fetched here): the model loads and
+runs at the real size and speed, but its audio is noise-like and it never stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "fp32": "float32", "bf16": "bfloat16"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--variant", default="local-v1.5", choices=["local-v1.5"], help="model variant")
+    parser.add_argument("--size", default="tiny", choices=["tiny", "full"],
+                        help="tiny (CPU tests) or full (the real shapes, for GPU benchmarks)")
+    parser.add_argument("--out", required=True, type=Path, help="output directory (must be empty or absent)")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (per-tensor generators)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="stored dtype; default float32 for tiny, bfloat16 for full")
+    parser.add_argument("--max-shard-gb", type=float, default=None,
+                        help="largest safetensors shard in GiB (default 2)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from stages.make_checkpoint import make_checkpoint
+
+    out: Path = args.out
+    if out.exists() and any(out.iterdir()):
+        print(f"mossvox: {out} exists and is not empty", file=sys.stderr)
+        return 2
+    dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
+    shard = int(args.max_shard_gb * (1 << 30)) if args.max_shard_gb else None
+    start = time.perf_counter()
+    summary = make_checkpoint(out, variant=args.variant, size=args.size, seed=args.seed,
+                              dtype=dtype, max_shard_bytes=shard)
+    took = time.perf_counter() - start
+    for label, w in (("talker", summary.talker), ("codec", summary.codec)):
+        print(f"{label}: {w.num_params:,} parameters, {w.total_bytes / 1e9:.3f} GB in {len(w.files)} file(s)")
+    print(f"wrote {out} in {took:.1f} s (random weights: noise-like audio, no stop decision)")
+    return 0

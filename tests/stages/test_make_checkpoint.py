@@ -1,0 +1,119 @@
+"""Random-weight checkpoints: seeded per-tensor weights, sharding + index, loadable by the loaders,
+a tokenizer whose special ids match the config, and the embedded demo model."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from stages.checkpoint import INDEX_FILE, read_state_dict
+from stages.codec.loader import load_codec
+from stages.local_v15.processor import LocalV15Processor
+from stages.make_checkpoint import codec_config, write_codec
+from stages.random_weights import TensorSpec, plan_shards, random_tensor, tensor_seed
+from stages.tokenizer import TextTokenizer
+from stages.tokenizer_builder import build_tokenizer, write_tokenizer_files
+
+GOLDEN_V15 = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"
+QWEN_IDS = dict(
+    pad_token_id=151643, im_start_token_id=151644, im_end_token_id=151645,
+    audio_start_token_id=151669, audio_end_token_id=151670, audio_user_slot_token_id=151654,
+    audio_assistant_slot_token_id=151656, audio_assistant_gen_slot_token_id=151656, n_vq=12,
+    audio_pad_token_id=1024,
+)
+
+
+def test_tensor_values_depend_only_on_seed_and_name():
+    spec = TensorSpec("a.weight", (4, 8), "matrix")
+    a = random_tensor(spec, 7, "talker", torch.float32)
+    assert torch.equal(a, random_tensor(spec, 7, "talker", torch.float32))
+    assert not torch.equal(a, random_tensor(spec, 8, "talker", torch.float32))
+    assert not torch.equal(a, random_tensor(TensorSpec("b.weight", (4, 8), "matrix"), 7, "talker", torch.float32))
+    assert tensor_seed(7, "a.weight") == int(hashlib.sha256(b"7:a.weight").hexdigest()[:8], 16)
+
+
+def test_init_rules():
+    big = (512, 256)
+    norm = random_tensor(TensorSpec("n.weight", (4096,), "norm_weight"), 0, "talker", torch.float32)
+    assert abs(norm.mean() - 1) < 0.01 and abs(norm.std() - 0.1) < 0.01
+    codec_w = random_tensor(TensorSpec("l.weight", big, "matrix"), 0, "codec", torch.float32)
+    assert abs(codec_w.std() - 256 ** -0.5) < 0.003
+    talker_w = random_tensor(TensorSpec("t.weight", (64, 32), "matrix"), 0, "talker", torch.float32)
+    assert abs(talker_w.std() - 0.1) < 0.01  # tiny: the golden N(0, 0.1^2)
+    g = random_tensor(TensorSpec("c.parametrizations.weight.original0", (64, 1, 1), "wn_g"), 0, "codec", torch.float32)
+    assert (g > 0).all()
+    bf = random_tensor(TensorSpec("t.weight", (64, 32), "matrix"), 0, "talker", torch.bfloat16)
+    assert bf.dtype == torch.bfloat16 and torch.equal(bf, talker_w.to(torch.bfloat16))
+
+
+def test_plan_shards_respects_the_limit_and_keeps_order():
+    specs = [TensorSpec(f"t{i}", (100,), "bias") for i in range(10)]  # 400 bytes each in fp32
+    shards = plan_shards(specs, torch.float32, 1000)
+    assert [len(s) for s in shards] == [2, 2, 2, 2, 2]
+    assert [s.name for shard in shards for s in shard] == [s.name for s in specs]
+    one_big = plan_shards([TensorSpec("big", (1000,), "bias")], torch.float32, 10)
+    assert len(one_big) == 1  # a tensor larger than the limit gets a shard of its own
+
+
+@pytest.fixture(scope="module")
+def codec_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("codec")
+    cfg = codec_config("tiny")
+    single = write_codec(root / "single", cfg, seed=3, dtype=torch.float32, max_shard_bytes=1 << 30)
+    sharded = write_codec(root / "sharded", cfg, seed=3, dtype=torch.float32, max_shard_bytes=300_000)
+    return root, single, sharded
+
+
+def test_codec_shards_and_index(codec_dirs):
+    root, single, sharded = codec_dirs
+    assert single.files == ("model.safetensors",)
+    assert len(sharded.files) > 2 and sharded.files[0] == f"model-00001-of-{len(sharded.files):05d}.safetensors"
+    assert not (root / "single" / INDEX_FILE).exists()
+    index = json.loads((root / "sharded" / INDEX_FILE).read_text())
+    assert sorted(set(index["weight_map"].values())) == list(sharded.files)
+    assert index["metadata"]["total_size"] == sharded.total_bytes == single.total_bytes
+    for name, file in list(index["weight_map"].items())[:20]:
+        with safe_open(str(root / "sharded" / file), framework="pt") as f:
+            assert name in f.keys()
+
+
+def test_codec_loads_strictly_and_sharding_does_not_change_values(codec_dirs):
+    root, _, _ = codec_dirs
+    raw = read_state_dict(root / "single")
+    names = list(safe_open(str(root / "single" / "model.safetensors"), framework="pt").keys())
+    assert any(n.endswith("parametrizations.weight.original0") for n in names)  # weight-normed 1x1 convs
+    a, b = load_codec(root / "single"), load_codec(root / "sharded")
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+    assert set(a.state_dict()) == set(raw)
+    cfg = json.loads((root / "single" / "config.json").read_text())
+    assert cfg["number_channels"] == 2 and cfg["sampling_rate"] == 48000 and cfg["codec_weight_dtype"] == "fp32"
+    codes = a.encode(torch.randn(1, 2, 3840 * 3)).codes  # [nq, B, T]
+    assert codes.shape[-1] == 3 and torch.isfinite(a.decode(codes[:12])).all()
+
+
+def test_tokenizer_for_full_size_ids():
+    tok = build_tokenizer(QWEN_IDS)
+    assert tok.get_vocab_size() == 151671
+    assert tok.token_to_id("<|audio_start|>") == 151669 and tok.token_to_id("<|im_end|>") == 151645
+    assert tok.id_to_token(151654) == "<|audio_user_slot|>" and tok.id_to_token(151652) == "<|vision_start|>"
+    text = "Hello world, [pause 1.5s] ünïcode!"
+    ids = tok.encode(text).ids
+    assert max(ids) < 2000 and tok.decode(ids) == text
+    assert tok.encode("\n").ids == [198]
+
+
+def test_tokenizer_files_drive_the_processor(tmp_path):
+    golden_cfg = json.loads((GOLDEN_V15 / "config.json").read_text())
+    write_tokenizer_files(golden_cfg, tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(golden_cfg))
+    tok = TextTokenizer.from_dir(tmp_path)
+    assert tok.vocab_size <= golden_cfg["vocab_size"]
+    prompt = LocalV15Processor.from_dir(tmp_path).build_prompt("Hello there.", language="English")
+    assert prompt[0, 0] == golden_cfg["im_start_token_id"] and prompt[-1, 0] == golden_cfg["audio_start_token_id"]
+    assert tok.decode(prompt[:, 0].tolist()).count("<|im_start|>") == 2
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
+    assert build_tokenizer(golden_cfg).to_str() == build_tokenizer(golden_cfg).to_str()  # deterministic
