@@ -1,0 +1,135 @@
+"""The MOSS-TTS-Local-Transformer-v1.5 variant: runners, prompt adapter, sampling defaults.
+
+The request adapter (`build_request`) runs in the API process: it turns an engine-level speech job
+into the prompt `[S, 1 + n_vq]` and the resolved `Sampling`, so the engine never tokenizes.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from ipc.messages import Sampling
+from profiles import Profile
+from stages.checkpoint import read_config
+from stages.codec.config import CodecConfig
+from stages.local_v15.processor import LocalV15Processor
+from stages.registry import SpeechJobLike
+from stages.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+CODEC_SUBDIR = "audio_tokenizer"
+# Keys a request may override in `SpeechJob.sampling` (the HTTP body's sampling fields).
+OVERRIDABLE = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_new_frames",
+               "greedy")
+
+
+def to_wire(params: SamplingParams) -> Sampling:
+    """The wire record of a `SamplingParams` (same fields)."""
+    return Sampling(**msgspec.structs.asdict(params))
+
+
+def from_wire(sampling: Sampling) -> SamplingParams:
+    """The runner's `SamplingParams` of a wire record."""
+    return SamplingParams(**msgspec.structs.asdict(sampling))
+
+
+_FIELD_TYPES = {f.name: f.type for f in msgspec.structs.fields(Sampling)}
+
+
+def _checked(key: str, value: Any) -> Any:
+    """`value` converted to the type of Sampling field `key`; ValueError naming the key."""
+    try:
+        return msgspec.convert(value, _FIELD_TYPES[key])
+    except msgspec.ValidationError as e:
+        raise ValueError(f"sampling field {key!r}: {e}") from None
+
+
+class LocalV15Variant:
+    """MOSS-TTS-Local-Transformer-v1.5 with MOSS-Audio-Tokenizer-v2 (48 kHz stereo at full size)."""
+
+    name = "moss-tts-local-v1.5"
+
+    def __init__(self, model_dir: Path, profile: Profile, config: dict | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        self.profile = profile
+        self.config = config if config is not None else read_config(model_dir)
+        self.codec_dir = Path(profile.model.codec_path or self.model_dir / CODEC_SUBDIR)
+        codec_cfg = CodecConfig.from_json(read_config(self.codec_dir))
+        self.n_vq = int(self.config["n_vq"])
+        self.sample_rate = codec_cfg.sampling_rate
+        self.channels = codec_cfg.channels
+        self.frame_rate = codec_cfg.frame_rate
+        self.samples_per_frame = codec_cfg.downsample_rate
+        self.sampling_defaults = to_wire(SamplingParams(max_new_frames=profile.model.max_new_frames))
+        self._processor: LocalV15Processor | None = None
+        self._forced_logged = False
+
+    @property
+    def processor(self) -> LocalV15Processor:
+        if self._processor is None:
+            self._processor = LocalV15Processor.from_dir(self.model_dir)
+        return self._processor
+
+    # ---- the request adapter -------------------------------------------------------------------
+
+    def build_request(self, job: SpeechJobLike) -> tuple[np.ndarray, Sampling]:
+        """Prompt `[S, 1 + n_vq]` int64 and sampling for `job`; ValueError on a bad field."""
+        return self.build_prompt(job), self.resolve_sampling(job)
+
+    def build_prompt(self, job: SpeechJobLike) -> np.ndarray:
+        common = dict(language=job.language, instruction=job.instructions)
+        if job.ref_codes is not None and job.ref_text:
+            return self.processor.build_prompt(job.text, prompt_codes=job.ref_codes,
+                                               prompt_text=job.ref_text, **common)
+        if job.ref_codes is not None:
+            return self.processor.build_prompt(job.text, reference=[job.ref_codes], **common)
+        if job.ref_text:
+            raise ValueError("ref_text needs reference audio (ref_codes)")
+        return self.processor.build_prompt(job.text, **common)
+
+    def resolve_sampling(self, job: SpeechJobLike) -> Sampling:
+        overrides = dict(job.sampling or {})
+        unknown = sorted(set(overrides) - set(OVERRIDABLE))
+        if unknown:
+            raise ValueError(f"unknown sampling fields {unknown}; allowed: {list(OVERRIDABLE)}")
+        overrides = {k: _checked(k, v) for k, v in overrides.items() if v is not None}
+        cap = self.profile.model.max_new_frames
+        max_new = min(int(overrides.pop("max_new_frames", cap)), cap)
+        if max_new < 1:
+            raise ValueError(f"max_new_frames must be >= 1, got {max_new}")
+        seed = int(overrides.pop("seed", secrets.randbelow(2**31)))
+        forced = self._forced_frames(job, max_new)
+        return msgspec.structs.replace(self.sampling_defaults, **overrides, seed=seed,
+                                       max_new_frames=max_new, forced_frames=forced)
+
+    def _forced_frames(self, job: SpeechJobLike, max_new: int) -> int | None:
+        if job.forced_frames is not None:
+            return max(1, min(int(job.forced_frames), max_new))
+        model = self.profile.model
+        if not model.force_length_from_text:
+            return None
+        if not self._forced_logged:
+            log.info("model.force_length_from_text is on: each request's length is forced to "
+                     "%.2f frames per character (random weights never stop by themselves)",
+                     model.frames_per_char)
+            self._forced_logged = True
+        return max(1, min(round(model.frames_per_char * len(job.text)), max_new))
+
+    # ---- runners (worker processes) ------------------------------------------------------------
+
+    def make_talker_runner(self, device: str) -> Any:
+        from stages.local_v15.loader import load_talker_runner
+
+        return load_talker_runner(self.model_dir, self.profile, device)
+
+    def make_codec_runner(self, device: str) -> Any:
+        from stages.codec_runner import load_codec_runner
+
+        return load_codec_runner(self.codec_dir, self.profile, device)

@@ -1,0 +1,89 @@
+"""Variant registry: the one door from `engine/` and `api/` into model-specific code.
+
+`load_variant(model_dir, profile)` reads `config.json` and returns the `Variant` that serves it.
+A `Variant` is cheap to build (config, tokenizer, prompt processor; no weights): every API process
+holds one to build prompts, and each worker process builds one to make its runner.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ipc.messages import Sampling
+from profiles import Profile
+from stages.checkpoint import read_config
+
+
+class SpeechJobLike(Protocol):
+    """What a request adapter reads from an engine-level speech job (`engine.client.SpeechJob`)."""
+
+    text: str
+    language: str | None
+    instructions: str | None
+    ref_codes: np.ndarray | None      # [T, n_vq] int64
+    ref_text: str | None
+    sampling: dict[str, Any]
+    forced_frames: int | None
+
+
+class Variant(Protocol):
+    """Everything the engine needs to know about one model family."""
+
+    name: str
+    n_vq: int
+    sample_rate: int
+    channels: int
+    frame_rate: float
+    sampling_defaults: Sampling
+
+    def build_request(self, job: SpeechJobLike) -> tuple[np.ndarray, Sampling]:
+        """The request adapter: prompt `[S, 1 + n_vq]` int64 and the resolved sampling settings."""
+
+    def make_talker_runner(self, device: str) -> Any:
+        """The talker runner (loads the talker weights) for this process."""
+
+    def make_codec_runner(self, device: str) -> Any:
+        """The codec runner (loads the audio tokenizer) for this process."""
+
+
+class UnknownModel(ValueError):
+    """config.json names a model family mossvox does not serve."""
+
+
+def load_variant(model_dir: str | Path, profile: Profile) -> Variant:
+    """The variant serving the checkpoint in `model_dir`, chosen from its `config.json`."""
+    config = read_config(model_dir)
+    model_type = config.get("model_type")
+    if model_type == "moss_tts_local":
+        from stages.local_v15.variant import LocalV15Variant
+
+        return LocalV15Variant(Path(model_dir), profile, config)
+    raise UnknownModel(
+        f"{model_dir}/config.json: model_type {model_type!r} is not served "
+        f"(known: 'moss_tts_local' = MOSS-TTS-Local-Transformer-v1.5)")
+
+
+def resolve_device(profile: Profile) -> str:
+    """`model.device` with `auto` resolved: cuda when torch sees a GPU, else cpu."""
+    if profile.model.device != "auto":
+        return profile.model.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def talker_worker_main(spec: Any) -> None:
+    """Entry point of the talker process (spawn target), reached through the registry."""
+    from stages.talker_worker import main
+
+    main(spec)
+
+
+def codec_worker_main(spec: Any) -> None:
+    """Entry point of the codec process (spawn target), reached through the registry."""
+    from stages.codec_worker import main
+
+    main(spec)

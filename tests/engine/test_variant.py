@@ -1,0 +1,78 @@
+"""The Local-v1.5 variant's request adapter: prompt modes, sampling overrides, forced length."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from profiles import load_profile
+from stages.registry import UnknownModel, load_variant
+
+GOLDEN = "/work/shared/golden"
+TALKER = f"{GOLDEN}/moss_tts_local_v1_5"
+
+
+@dataclass
+class Job:
+    text: str = "hello world"
+    language: str | None = None
+    instructions: str | None = None
+    ref_codes: np.ndarray | None = None
+    ref_text: str | None = None
+    sampling: dict = field(default_factory=dict)
+    forced_frames: int | None = None
+
+
+@pytest.fixture(scope="module")
+def variant():
+    profile = load_profile("cpu", [f"model.codec_path={GOLDEN}/moss_audio_tokenizer_v2",
+                                   "model.max_new_frames=100"])
+    return load_variant(TALKER, profile)
+
+
+def test_shape_facts_come_from_the_configs(variant) -> None:
+    assert (variant.n_vq, variant.sample_rate, variant.channels) == (12, 48000, 2)
+    assert variant.frame_rate == 12.5
+
+
+def test_prompt_modes(variant) -> None:
+    plain, _ = variant.build_request(Job())
+    codes = np.arange(5 * 12, dtype=np.int64).reshape(5, 12) % 7
+    clone, _ = variant.build_request(Job(ref_codes=codes))
+    cont, _ = variant.build_request(Job(ref_codes=codes, ref_text="before. "))
+    assert plain.shape[1] == clone.shape[1] == cont.shape[1] == 13
+    assert plain.dtype == np.int64
+    # the reference frames are in the clone and continuation prompts, verbatim
+    for prompt in (clone, cont):
+        rows = prompt[:, 1:]
+        hits = [i for i in range(len(rows) - 4) if (rows[i:i + 5] == codes).all()]
+        assert len(hits) == 1
+    with pytest.raises(ValueError, match="ref_text"):
+        variant.build_request(Job(ref_text="only text"))
+
+
+def test_sampling_overrides_and_caps(variant) -> None:
+    _, s = variant.build_request(Job(sampling={"seed": 7, "top_k": 5, "temperature": 1,
+                                               "max_new_frames": 10_000}))
+    assert (s.seed, s.top_k, s.temperature, s.max_new_frames) == (7, 5, 1.0, 100)
+    assert s.top_p == 0.8  # model-card default kept
+    with pytest.raises(ValueError, match="top_k"):
+        variant.build_request(Job(sampling={"top_k": "many"}))
+    with pytest.raises(ValueError, match="unknown sampling fields"):
+        variant.build_request(Job(sampling={"beam": 4}))
+
+
+def test_forced_length_from_text_and_per_job(variant) -> None:
+    text = "x" * 40
+    _, s = variant.build_request(Job(text=text))
+    assert s.forced_frames == round(0.87 * 40)
+    _, s = variant.build_request(Job(text=text, forced_frames=3))
+    assert s.forced_frames == 3
+    _, s = variant.build_request(Job(text="y" * 1000))
+    assert s.forced_frames == 100   # capped by max_new_frames
+
+
+def test_unknown_model_type_is_named(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "bark"}')
+    with pytest.raises(UnknownModel, match="bark"):
+        load_variant(tmp_path, load_profile("cpu"))
