@@ -1,0 +1,115 @@
+"""`CodecRunner` (docs/interfaces.md): streaming decode slots and batched reference encoding.
+
+The codec worker owns one runner. A request leases a slot with `open(rid)`, feeds its code chunks
+through `decode` in order, and frees the slot with `close(rid)`. Decoding a request's chunks one
+after another equals decoding their concatenation at once (`stages.codec.streaming`). Items of one
+`decode` call that have the same number of frames run as one batched model call over their slots.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from stages.codec.model import CodecModel
+from stages.codec.streaming import StreamingDecoder
+
+
+class SlotsExhausted(RuntimeError):
+    """`open` found every streaming-decode slot leased."""
+
+
+class CodecRunner:
+    """Streaming decode and reference encoding with one MOSS-Audio-Tokenizer (v1 or v2).
+
+    sample_rate, channels: of the PCM it returns; samples_per_frame: per channel (3840 for v2,
+    1920 for v1); n_vq: codebooks per frame in and out (a prefix of the codec's quantizers).
+    """
+
+    def __init__(self, model: CodecModel, n_vq: int, max_slots: int,
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 max_chunk_frames: int = 15):
+        cfg = model.cfg
+        if not 1 <= n_vq <= cfg.quantizer.num_quantizers:
+            raise ValueError(f"n_vq {n_vq} outside 1..{cfg.quantizer.num_quantizers} (the codec's quantizers)")
+        if device is not None or dtype is not None:
+            model = model.to(device=device, dtype=dtype)
+            model.quantizer.float()
+        self.model = model
+        self.device = next(model.decoder.parameters()).device
+        self.sample_rate = cfg.sampling_rate
+        self.channels = cfg.channels
+        self.samples_per_frame = cfg.downsample_rate
+        self.n_vq = n_vq
+        self.codebook_size = cfg.quantizer.codebook_size
+        self.max_slots = max_slots
+        self._decoder = StreamingDecoder(model, max_slots, max_chunk_frames)
+        self._slot_of: dict[int, int] = {}
+        self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
+
+    def num_open(self) -> int:
+        return len(self._slot_of)
+
+    def open(self, rid: int) -> None:
+        """Lease a fresh streaming-decode slot for request `rid`."""
+        if rid in self._slot_of:
+            raise ValueError(f"request {rid} already holds codec slot {self._slot_of[rid]}")
+        if not self._free:
+            raise SlotsExhausted(f"all {self.max_slots} codec slots are in use")
+        slot = self._free.pop()
+        self._decoder.reset(torch.tensor([slot]))
+        self._slot_of[rid] = slot
+
+    def close(self, rid: int) -> None:
+        """Free `rid`'s slot; a no-op for a request without one (abort may race finish)."""
+        slot = self._slot_of.pop(rid, None)
+        if slot is not None:
+            self._decoder.reset(torch.tensor([slot]))
+            self._free.append(slot)
+
+    def decode(self, items: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
+        """Next chunk of each request: (rid, codes [T, n_vq] int64) -> PCM float32 [channels, T * samples_per_frame]."""
+        rids = [rid for rid, _ in items]
+        if len(set(rids)) != len(rids):
+            raise ValueError(f"one decode call holds several chunks of one request: {rids}")
+        groups: dict[int, list[int]] = {}
+        for index, (rid, codes) in enumerate(items):
+            self._check_codes(rid, codes)
+            groups.setdefault(codes.shape[0], []).append(index)
+        out: list[np.ndarray | None] = [None] * len(items)
+        for frames, indices in groups.items():
+            slots = torch.tensor([self._slot_of[items[i][0]] for i in indices])
+            codes = torch.from_numpy(np.stack([items[i][1] for i in indices]))  # [B, T, n_vq]
+            codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
+            audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]
+            for row, i in enumerate(indices):
+                out[i] = audio[row]
+        return out  # type: ignore[return-value]
+
+    def _check_codes(self, rid: int, codes: np.ndarray) -> None:
+        if rid not in self._slot_of:
+            raise KeyError(f"request {rid} has no codec slot (open it first)")
+        if codes.ndim != 2 or codes.shape[1] != self.n_vq:
+            raise ValueError(f"request {rid}: codes of shape {codes.shape}, expected [T, {self.n_vq}]")
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
+            raise ValueError(f"request {rid}: codes outside [0, {self.codebook_size})")
+
+    def encode(self, wavs: list[np.ndarray]) -> list[np.ndarray]:
+        """Reference waveforms float32 [channels, samples] at sample_rate -> codes [T, n_vq] int64,
+        T = samples // samples_per_frame (a trailing partial frame is dropped)."""
+        for i, wav in enumerate(wavs):
+            if wav.ndim != 2 or wav.shape[0] != self.channels:
+                raise ValueError(f"waveform {i}: shape {wav.shape}, expected [{self.channels}, samples]")
+        if not wavs:
+            return []
+        longest = max(w.shape[1] for w in wavs)
+        if longest < self.samples_per_frame:
+            return [np.zeros((0, self.n_vq), dtype=np.int64) for _ in wavs]
+        batch = np.zeros((len(wavs), self.channels, longest), dtype=np.float32)
+        for i, wav in enumerate(wavs):
+            batch[i, :, : wav.shape[1]] = wav
+        lengths = torch.tensor([w.shape[1] for w in wavs], device=self.device)
+        result = self.model.encode(torch.from_numpy(batch).to(self.device), lengths, self.n_vq)
+        codes = result.codes.cpu().numpy()  # [n_vq, B, T]
+        frames = result.lengths.cpu().numpy()
+        return [np.ascontiguousarray(codes[:, i, : frames[i]].T, dtype=np.int64) for i in range(len(wavs))]
