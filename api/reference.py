@@ -1,0 +1,206 @@
+"""Reference audio for voice cloning: locate, fetch, decode, validate, prepare.
+
+A ``ref_audio`` value may be a ``data:`` URL, bare base64, ``file://`` URL or plain path (only
+under ``api.allowed_local_paths``), or an http(s) URL (only when ``api.allow_remote_ref_audio``).
+Any common format decodes (libsndfile first, then PyAV/FFmpeg). The clip must last between
+``api.min_ref_seconds`` and ``api.max_ref_seconds``; errors carry the measured duration. The
+decoded samples are then fixed to the codec's channel count and rate and loudness-normalised by
+``stages.audio_prep.prepare_reference`` (the model's processor rules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import av
+import httpx
+import numpy as np
+import soundfile
+
+from api.errors import ApiError, bad_request
+from stages.audio_prep import prepare_reference
+
+
+@dataclass(frozen=True)
+class PreparedReference:
+    """A validated reference clip, ready for ``EngineClient.encode_reference``."""
+
+    wav: np.ndarray  # [channels, samples] float32 at the codec rate, normalised
+    duration_s: float  # measured on the decoded clip
+    digest: str  # sha256 of the decoded samples and their rate (content address)
+
+
+@dataclass(frozen=True)
+class ReferencePolicy:
+    """The profile's limits on reference audio and the codec's input format."""
+
+    min_seconds: float
+    max_seconds: float
+    max_bytes: int
+    allow_remote: bool
+    allowed_local_paths: tuple[str, ...]
+    sample_rate: int  # codec input rate
+    channels: int  # codec input channels
+
+    @classmethod
+    def from_profile(cls, api_config, *, sample_rate: int, channels: int) -> "ReferencePolicy":
+        return cls(min_seconds=api_config.min_ref_seconds, max_seconds=api_config.max_ref_seconds,
+                   max_bytes=api_config.max_ref_bytes, allow_remote=api_config.allow_remote_ref_audio,
+                   allowed_local_paths=tuple(api_config.allowed_local_paths),
+                   sample_rate=sample_rate, channels=channels)
+
+
+class ReferenceLoader:
+    """Turns a ``ref_audio`` locator or uploaded bytes into a :class:`PreparedReference`."""
+
+    def __init__(self, policy: ReferencePolicy) -> None:
+        self.policy = policy
+
+    async def load(self, locator: str, *, param: str = "ref_audio") -> PreparedReference:
+        data = await self.fetch(locator, param=param)
+        return await asyncio.to_thread(self.prepare_bytes, data, param=param)
+
+    async def fetch(self, locator: str, *, param: str = "ref_audio") -> bytes:
+        """The encoded bytes named by ``locator`` (no decoding yet)."""
+        text = locator.strip()
+        if not text:
+            raise bad_request("ref_audio is empty", param=param)
+        lowered = text[:8].lower()
+        if lowered.startswith("data:"):
+            return self._check_size(_data_url_bytes(text, param), param)
+        if lowered.startswith(("http://", "https://")):
+            if not self.policy.allow_remote:
+                raise bad_request("ref_audio URLs are disabled on this server (api.allow_remote_ref_audio); "
+                                  "send a data: URL or base64 instead", param=param)
+            return await self._fetch_remote(text, param)
+        if lowered.startswith("file://"):
+            return self._read_local(text, param)
+        data = _bare_base64(text)
+        # Base64 may start with "/" too: a value is a path only when it is not long valid base64.
+        if data is None and text.startswith(("/", "./", "../", "~")):
+            return self._read_local(text, param)
+        if data is None:
+            raise bad_request("ref_audio must be a data: URL, base64 audio, an allowed local path "
+                              "(file://...) or, where enabled, an http(s) URL", param=param)
+        return self._check_size(data, param)
+
+    def prepare_bytes(self, data: bytes, *, param: str = "ref_audio") -> PreparedReference:
+        """Decode, validate the duration, hash, and prepare for the codec (CPU work)."""
+        self._check_size(data, param)
+        wav, rate = decode_audio_bytes(data, param)  # [C, S]
+        duration = wav.shape[1] / rate
+        if duration < self.policy.min_seconds:
+            raise bad_request(f"Reference audio too short ({duration:.2f} s). At least "
+                              f"{self.policy.min_seconds:g} s of clear speech is required.", param=param)
+        if duration > self.policy.max_seconds:
+            raise bad_request(f"Reference audio too long ({duration:.2f} s). At most "
+                              f"{self.policy.max_seconds:g} s is supported; use a shorter clip.", param=param)
+        if not np.isfinite(wav).all():
+            raise bad_request("Reference audio contains NaN or infinite samples", param=param)
+        digest = hashlib.sha256()
+        digest.update(f"{rate}:{wav.shape[0]}:".encode())
+        digest.update(np.ascontiguousarray(wav, dtype="<f4").tobytes())
+        prepared = prepare_reference(wav, rate, target_rate=self.policy.sample_rate,
+                                     channels=self.policy.channels)
+        return PreparedReference(wav=prepared, duration_s=duration, digest=digest.hexdigest())
+
+    def _check_size(self, data: bytes, param: str) -> bytes:
+        if len(data) > self.policy.max_bytes:
+            raise ApiError(413, f"Reference audio is {len(data)} bytes; the limit is "
+                                f"{self.policy.max_bytes} bytes (api.max_ref_bytes)", param=param)
+        if not data:
+            raise bad_request("Reference audio is empty", param=param)
+        return data
+
+    def _read_local(self, text: str, param: str) -> bytes:
+        raw = unquote(urlparse(text).path) if text.lower().startswith("file://") else text
+        path = Path(os.path.expanduser(raw)).resolve()
+        roots = [Path(os.path.expanduser(r)).resolve() for r in self.policy.allowed_local_paths]
+        if not any(path.is_relative_to(root) for root in roots):
+            raise bad_request("ref_audio path is not under an allowed directory (api.allowed_local_paths)",
+                              param=param)
+        try:
+            size = path.stat().st_size
+            if size > self.policy.max_bytes:
+                raise ApiError(413, f"Reference audio is {size} bytes; the limit is "
+                                    f"{self.policy.max_bytes} bytes (api.max_ref_bytes)", param=param)
+            return self._check_size(path.read_bytes(), param)
+        except FileNotFoundError:
+            raise bad_request(f"ref_audio file not found: {raw}", param=param) from None
+        except IsADirectoryError:
+            raise bad_request(f"ref_audio is a directory: {raw}", param=param) from None
+
+    async def _fetch_remote(self, url: str, param: str) -> bytes:
+        try:
+            async with httpx.AsyncClient(timeout=10.0, follow_redirects=True) as client:
+                async with client.stream("GET", url) as response:
+                    if response.status_code != 200:
+                        raise bad_request(f"ref_audio URL returned HTTP {response.status_code}", param=param)
+                    body = bytearray()
+                    async for piece in response.aiter_bytes():
+                        body += piece
+                        if len(body) > self.policy.max_bytes:
+                            self._check_size(bytes(body), param)
+                    return self._check_size(bytes(body), param)
+        except httpx.HTTPError as exc:
+            raise bad_request(f"ref_audio URL could not be fetched: {exc}", param=param) from None
+
+
+def _bare_base64(text: str) -> bytes | None:
+    """Decoded bytes when ``text`` is valid base64 of at least 64 bytes, else None."""
+    if len(text) < 88:
+        return None
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _data_url_bytes(text: str, param: str) -> bytes:
+    header, sep, payload = text.partition(",")
+    if not sep or ";base64" not in header.lower():
+        raise bad_request("ref_audio data: URL must be base64 encoded (data:<mime>;base64,<data>)", param=param)
+    try:
+        return base64.b64decode(payload.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request("ref_audio data: URL holds invalid base64", param=param) from None
+
+
+def decode_audio_bytes(data: bytes, param: str = "ref_audio") -> tuple[np.ndarray, int]:
+    """Any common audio file -> (float32 [channels, samples], sample rate)."""
+    try:
+        pcm, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)  # [S, C]
+        return np.ascontiguousarray(pcm.T), int(rate)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError):
+        pass
+    try:
+        return _decode_with_pyav(data)
+    except (av.error.FFmpegError, ValueError, IndexError, StopIteration) as exc:
+        raise bad_request(f"Reference audio could not be decoded ({type(exc).__name__}); send WAV, "
+                          f"FLAC, MP3, OGG/Opus, AAC/M4A or WebM audio", param=param) from None
+
+
+def _decode_with_pyav(data: bytes) -> tuple[np.ndarray, int]:
+    with av.open(io.BytesIO(data), mode="r") as container:
+        stream = next(s for s in container.streams if s.type == "audio")
+        rate = stream.codec_context.sample_rate
+        channels = stream.codec_context.channels or 1
+        layout = "mono" if channels == 1 else "stereo"
+        resampler = av.AudioResampler(format="fltp", layout=layout, rate=rate)
+        parts = []
+        for frame in container.decode(stream):
+            for out in resampler.resample(frame):
+                parts.append(out.to_ndarray())  # [C, n]
+        for out in resampler.resample(None):
+            parts.append(out.to_ndarray())
+    if not parts or not rate:
+        raise ValueError("no audio frames")
+    return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.float32), int(rate)

@@ -1,0 +1,110 @@
+"""Reference audio: every locator form, every common format, every validation error."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import soundfile
+
+from api.audio_encoding import make_encoder
+from api.errors import ApiError
+from api.reference import ReferenceLoader, ReferencePolicy
+
+
+def policy(tmp_path=None, **over):
+    base = dict(min_seconds=1.0, max_seconds=30.0, max_bytes=2_000_000, allow_remote=False,
+                allowed_local_paths=(str(tmp_path),) if tmp_path else (), sample_rate=24000, channels=1)
+    base.update(over)
+    return ReferencePolicy(**base)
+
+
+def tone(seconds: float, rate: int = 16000, channels: int = 1) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return np.repeat((0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)[:, None], channels, 1)  # [S, C]
+
+
+def wav_bytes(seconds: float, rate: int = 16000, channels: int = 1, fmt: str = "WAV") -> bytes:
+    buf = io.BytesIO()
+    samples = np.rint(tone(seconds, rate, channels) * 32767).astype(np.int16)  # exact in any container
+    soundfile.write(buf, samples, rate, format=fmt, subtype="PCM_16")
+    return buf.getvalue()
+
+
+def encoded_bytes(fmt: str, seconds: float, rate: int = 48000, channels: int = 2) -> bytes:
+    encoder = make_encoder(fmt, rate, channels, streaming=False)
+    return encoder.encode(tone(seconds, rate, channels)) + encoder.finish()
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "aac"])
+async def test_common_formats_decode_and_are_prepared_for_the_codec(fmt):
+    data = encoded_bytes(fmt, 2.0)
+    ref = await ReferenceLoader(policy()).load(base64.b64encode(data).decode())
+    assert ref.wav.dtype == np.float32 and ref.wav.shape[0] == 1
+    assert abs(ref.duration_s - 2.0) < 0.1
+    assert abs(ref.wav.shape[1] / 24000 - ref.duration_s) < 0.01  # resampled to the codec rate
+
+
+async def test_mono_is_duplicated_for_a_stereo_codec():
+    ref = await ReferenceLoader(policy(sample_rate=48000, channels=2)).load(
+        "data:audio/wav;base64," + base64.b64encode(wav_bytes(1.5)).decode())
+    assert ref.wav.shape == (2, 72000)
+    np.testing.assert_array_equal(ref.wav[0], ref.wav[1])
+
+
+async def test_same_samples_in_different_containers_share_a_digest():
+    loader = ReferenceLoader(policy())
+    a = await loader.load(base64.b64encode(wav_bytes(1.5)).decode())
+    b = await loader.load(base64.b64encode(wav_bytes(1.5, fmt="FLAC")).decode())
+    c = await loader.load(base64.b64encode(wav_bytes(1.6)).decode())
+    assert a.digest == b.digest != c.digest
+
+
+async def test_local_path_only_under_allowed_directory(tmp_path):
+    inside = tmp_path / "allowed"
+    inside.mkdir()
+    (inside / "ref.wav").write_bytes(wav_bytes(2.0))
+    loader = ReferenceLoader(policy(inside))
+    assert (await loader.load(f"file://{inside}/ref.wav")).duration_s == pytest.approx(2.0)
+    assert (await loader.load(str(inside / "ref.wav"))).duration_s == pytest.approx(2.0)
+    (tmp_path / "secret.wav").write_bytes(wav_bytes(2.0))
+    for locator in (str(tmp_path / "secret.wav"), f"file://{inside}/../secret.wav", "/etc/passwd"):
+        with pytest.raises(ApiError) as err:
+            await loader.load(locator)
+        assert err.value.status == 400 and "allowed" in err.value.message
+    with pytest.raises(ApiError, match="not found"):
+        await loader.load(str(inside / "missing.wav"))
+
+
+async def test_remote_urls_refused_unless_allowed():
+    with pytest.raises(ApiError) as err:
+        await ReferenceLoader(policy()).load("https://example.com/a.wav")
+    assert err.value.status == 400 and "allow_remote_ref_audio" in err.value.message
+
+
+@pytest.mark.parametrize("seconds,word", [(0.5, "too short (0.50 s)"), (31.0, "too long (31.00 s)")])
+async def test_duration_out_of_range_names_the_measured_duration(seconds, word):
+    with pytest.raises(ApiError) as err:
+        await ReferenceLoader(policy(max_bytes=10_000_000)).load(base64.b64encode(wav_bytes(seconds)).decode())
+    assert err.value.status == 400 and word in err.value.message and err.value.param == "ref_audio"
+
+
+@pytest.mark.parametrize("locator", [
+    "not base64 at all!!",
+    base64.b64encode(b"RIFF garbage that is no audio file" * 10).decode(),
+    "data:audio/wav,plain-not-base64",
+    "data:audio/wav;base64,@@@",
+    "   ",
+])
+async def test_undecodable_reference_is_a_400(locator):
+    with pytest.raises(ApiError) as err:
+        await ReferenceLoader(policy()).load(locator)
+    assert err.value.status == 400
+
+
+async def test_oversized_reference_is_a_413():
+    with pytest.raises(ApiError) as err:
+        await ReferenceLoader(policy(max_bytes=4096)).load(base64.b64encode(wav_bytes(2.0)).decode())
+    assert err.value.status == 413 and "4096" in err.value.message
