@@ -1,0 +1,195 @@
+"""MOSS-TTS-Local-Transformer-v1.5 talker: Qwen3 backbone + GPT-2-style local block (models.md §4).
+
+Per 80 ms frame: the backbone turns the previous row into a hidden state `h`; the local block
+runs 12 positions that restart every frame: position 0 is `h` itself, position k (1..11) the
+embedding of codebook k-1 just sampled (`audio_embeddings[k-1]`). Position 0 feeds the binary
+continue/stop head (`local_text_lm_head`, column 0 = continue = the gen-slot id, column 1 =
+stop = audio_end) and codebook 0's head; position k feeds codebook k's head. Audio heads are tied
+to the audio embeddings (`audio_lm_heads.k = audio_embeddings.k`), so they are computed from the
+embedding weights and are not parameters of their own. The next backbone row is
+`[gen_slot | codes]`.
+
+Module names equal the checkpoint's (`transformer.*`, `local_transformer.h.{i}.*`,
+`local_transformer.ln_f.*`, `audio_embeddings.{k}`, `local_text_lm_head`), so loading is a strict
+name match.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.local_v15.config import LocalBlockConfig, LocalV15Config
+from stages.qwen3 import Qwen3Model
+
+# checkpoint tensors that are tied copies of others; save_pretrained drops them, the model ignores them
+TIED_CHECKPOINT_NAMES = (r"text_lm_head\.weight", r"audio_lm_heads\.\d+\.weight")
+
+
+def rope_interleaved(x: torch.Tensor, position: torch.Tensor | int, base: float) -> torch.Tensor:
+    """GPT-J RoPE on pairs (2i, 2i+1): x `[..., heads, D]`, one position for all rows or `[...]`."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    pos = torch.as_tensor(position, device=x.device, dtype=torch.float32)
+    freqs = pos[..., None] * inv_freq  # [..., D/2]
+    cos = freqs.cos().repeat_interleave(2, -1).unsqueeze(-2).to(x.dtype)  # [..., 1, D]
+    sin = freqs.sin().repeat_interleave(2, -1).unsqueeze(-2).to(x.dtype)
+    rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).reshape_as(x)
+    return x * cos + rotated * sin
+
+
+class LocalAttention(nn.Module):
+    def __init__(self, cfg: LocalBlockConfig) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.rope_base = cfg.num_heads, cfg.head_dim, cfg.rope_base
+        self.c_attn = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # q | k | v
+        self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def _qkv(self, x: torch.Tensor, positions: torch.Tensor | int):
+        q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)
+        shape = (*x.shape[:-1], self.num_heads, self.head_dim)
+        q, k, v = q.view(shape), k.view(shape), v.view(shape)
+        return rope_interleaved(q, positions, self.rope_base), rope_interleaved(k, positions, self.rope_base), v
+
+    def step(self, x: torch.Tensor, pos: int, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """x [B, H] at local position `pos`; keys/values [B, P, heads, D] static per-frame cache."""
+        q, k, v = self._qkv(x, pos)  # [B, heads, D]
+        keys[:, pos] = k
+        values[:, pos] = v
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys[:, : pos + 1].transpose(1, 2), values[:, : pos + 1].transpose(1, 2)
+        )  # [B, heads, 1, D]
+        return self.c_proj(o.reshape(x.shape))
+
+    def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, S, H] at positions 0..S-1, causal."""
+        q, k, v = self._qkv(x, torch.arange(x.shape[1], device=x.device))  # [B, S, heads, D]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.c_proj(o.transpose(1, 2).reshape(x.shape))
+
+
+class LocalMLP(nn.Module):
+    def __init__(self, cfg: LocalBlockConfig) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(cfg.hidden_size, cfg.inner_size)
+        self.fc_out = nn.Linear(cfg.inner_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.silu(self.fc_in(x)))
+
+
+class LocalBlock(nn.Module):
+    def __init__(self, cfg: LocalBlockConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.attn = LocalAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlp = LocalMLP(cfg)
+
+
+class LocalTransformer(nn.Module):
+    """Pre-LN GPT-2 blocks (`h.{i}`) and `ln_f`; no token or position embeddings (RoPE only)."""
+
+    def __init__(self, cfg: LocalBlockConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.h = nn.ModuleList(LocalBlock(cfg) for _ in range(cfg.num_layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def new_cache(self, batch: int, length: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Static per-frame KV: per block, keys and values [B, length, heads, D]."""
+        shape = (batch, length, self.config.num_heads, self.config.head_dim)
+        return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.h]
+
+    def step(self, x: torch.Tensor, pos: int, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One local position for a batch: x [B, H] -> ln_f output [B, H]."""
+        for block, (keys, values) in zip(self.h, cache):
+            x = x + block.attn.step(block.ln_1(x), pos, keys, values)
+            x = x + block.mlp(block.ln_2(x))
+        return self.ln_f(x)
+
+    def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
+        """Whole local sequences x [B, S, H] -> [B, S, H] (teacher forcing)."""
+        for block in self.h:
+            x = x + block.attn.forward_dense(block.ln_1(x))
+            x = x + block.mlp(block.ln_2(x))
+        return self.ln_f(x)
+
+
+class FrameSampler(Protocol):
+    """Chooses the stop decision and the codes of a frame from logits, for a batch of requests."""
+
+    def stop(self, logits: torch.Tensor) -> torch.Tensor:  # [B, 2] -> [B] bool (True: stop)
+        ...
+
+    def code(self, codebook: int, logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B] int64
+        ...
+
+
+class GreedyFrameSampler:
+    """argmax everywhere (upstream `do_sample=False`)."""
+
+    def stop(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(-1) == 1
+
+    def code(self, codebook: int, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(-1)
+
+
+class LocalV15Talker(nn.Module):
+    def __init__(self, cfg: LocalV15Config) -> None:
+        super().__init__()
+        self.config = cfg
+        self.transformer = Qwen3Model(cfg.backbone)
+        self.local_transformer = LocalTransformer(cfg.local)
+        self.audio_embeddings = nn.ModuleList(nn.Embedding(cfg.codebook_size, cfg.hidden_size) for _ in range(cfg.n_vq))
+        self.local_text_lm_head = nn.Linear(cfg.hidden_size, 2, bias=False)
+
+    def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [..., 1 + n_vq] (text id, codes) -> [..., H]: text embedding plus the embedding of
+        every non-pad code (pad codes contribute zero)."""
+        x = self.transformer.embed_tokens(rows[..., 0])
+        for k, table in enumerate(self.audio_embeddings):
+            codes = rows[..., k + 1]
+            valid = codes != self.config.audio_pad_code
+            x = x + table(codes.masked_fill(~valid, 0)) * valid.unsqueeze(-1).to(x.dtype)
+        return x
+
+    def audio_logits(self, codebook: int, y: torch.Tensor) -> torch.Tensor:
+        """Tied head of `codebook`: y [B, H] -> [B, codebook_size]."""
+        return F.linear(y, self.audio_embeddings[codebook].weight)
+
+    def decode_frame(self, h: torch.Tensor, sampler: FrameSampler) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local loop of one frame for a batch. h [B, H] backbone hidden states ->
+        (stop [B] bool, codes [B, n_vq] int64). Codes are computed for every row; rows that stop
+        carry codes that the caller drops."""
+        n_vq = self.config.n_vq
+        cache = self.local_transformer.new_cache(h.shape[0], n_vq, h)
+        y = self.local_transformer.step(h, 0, cache)  # [B, H]
+        stop = sampler.stop(self.local_text_lm_head(y))
+        codes = []
+        for k in range(n_vq):
+            code = sampler.code(k, self.audio_logits(k, y))  # [B]
+            codes.append(code)
+            if k + 1 < n_vq:
+                y = self.local_transformer.step(self.audio_embeddings[k](code), k + 1, cache)
+        return stop, torch.stack(codes, dim=-1)
+
+    def teacher_forced_logits(
+        self, global_hidden: torch.Tensor, target_codes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local block over known codes. global_hidden [T, H]; target_codes [T, n_vq] (the codes
+        that follow each position; anything outside [0, codebook) feeds a zero vector).
+        Returns stop/continue logits [T, 2] and audio logits [T, n_vq, codebook_size]."""
+        n_vq = self.config.n_vq
+        valid = (target_codes >= 0) & (target_codes < self.config.codebook_size)  # [T, n_vq]
+        safe = target_codes.clamp(0, self.config.codebook_size - 1)
+        inputs = [global_hidden]
+        for k in range(n_vq - 1):
+            inputs.append(self.audio_embeddings[k](safe[:, k]) * valid[:, k, None].to(global_hidden.dtype))
+        y = self.local_transformer.forward_dense(torch.stack(inputs, dim=1))  # [T, n_vq, H]
+        audio = torch.stack([self.audio_logits(k, y[:, k]) for k in range(n_vq)], dim=1)
+        return self.local_text_lm_head(y[:, 0]), audio
