@@ -25,7 +25,19 @@ KeyPath = tuple[str, ...]
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-3` as a float (YAML 1.1 wants `1.0e-3`)."""
+    """SafeLoader that reads `1e-3` as a float (YAML 1.1 wants `1.0e-3`) and refuses a key
+    repeated in one mapping (PyYAML would silently keep the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _YamlLoader.add_implicit_resolver(
@@ -45,6 +57,8 @@ def load_profile(name_or_path: str = "default", overrides: Iterable[str] = ()) -
 
     Raises ProfileError naming the key path and the file(s) (or override) it came from.
     """
+    if isinstance(overrides, str):
+        raise TypeError("overrides must be a list of 'key.path=value' strings, not one string")
     merged: dict[str, Any] = {}
     provenance: dict[KeyPath, str] = {}
     for source, tree in _read_chain(name_or_path):

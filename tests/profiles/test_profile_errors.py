@@ -133,3 +133,19 @@ def test_cross_field_error_names_both_fields_and_their_sources(tmp_path):
     message = str(exc)
     assert "coalescing.min_batch (12)" in message and "coalescing.max_batch (8)" in message
     assert exc.sources == (path, "--set coalescing.max_batch=8")
+
+
+def test_duplicate_key_in_one_file_is_an_error_not_a_silent_override(tmp_path):
+    path = write(tmp_path / "p.yaml", """
+        talker:
+          max_running: 8
+          max_running: 4
+        """)
+    message = str(error(path))
+    assert "duplicate key 'max_running'" in message and path in message
+
+
+def test_same_key_in_base_and_child_is_not_a_duplicate(tmp_path):
+    write(tmp_path / "base.yaml", "talker: {kv_block_size: 8}\n")
+    child = write(tmp_path / "child.yaml", "base: base.yaml\ntalker: {kv_block_size: 32}\n")
+    assert load_profile(child).talker.kv_block_size == 32
