@@ -1,0 +1,225 @@
+"""Typed channel: a ring + its doorbells + a msgspec msgpack codec for one union of wire records.
+
+One message is one ring record (so a control record and its data never separate)::
+
+    u32 msg length | u32 flags (bit 0: has payload) | msgpack msg | pad to 64 | payload bytes
+
+The payload (codes, PCM) starts 64-byte aligned, so the reader's ``Received.array(dtype, shape)``
+is an aligned zero-copy numpy view of shared memory, valid until ``release()``. A message without
+a payload is decoded and released at once. The reader holds at most one record at a time.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import numpy as np
+
+from ipc.errors import IpcError
+from ipc.ring import Ring, RingSpec, RingStatistics, Role
+
+T = TypeVar("T")
+
+_FRAME = struct.Struct("<II")
+_FRAME_BYTES = 8
+_HAS_PAYLOAD = 1
+_ALIGN = 64
+
+ChannelStatistics = RingStatistics  # used_bytes, capacity, records
+
+
+class Received(Generic[T]):
+    """One received message: ``msg``, and ``payload`` (a memoryview into the ring, or None when
+    the sender sent none). The payload is valid until ``release()``; also a context manager."""
+
+    __slots__ = ("msg", "payload", "_channel")
+
+    def __init__(self, msg: T, payload: memoryview | None, channel: Channel | None) -> None:
+        self.msg = msg
+        self.payload = payload
+        self._channel = channel
+
+    def array(self, dtype, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """The payload as a read-only numpy view (no copy)."""
+        if self.payload is None:
+            raise IpcError("this message has no payload")
+        arr = np.frombuffer(self.payload, dtype=dtype)
+        return arr if shape is None else arr.reshape(shape)
+
+    def release(self) -> None:
+        """Give the record's space back to the writer (idempotent)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            self.payload = None
+            channel._release()  # noqa: SLF001
+
+    def __enter__(self) -> Received[T]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        size = None if self.payload is None else self.payload.nbytes
+        return f"Received({self.msg!r}, payload_bytes={size})"
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """Picklable handle on a channel for the other process (``spec.open()`` there)."""
+
+    ring: RingSpec
+    msg_type: Any
+
+    def open(self) -> Channel:
+        return Channel(self.ring.open(), self.msg_type)
+
+
+class Channel(Generic[T]):
+    """One end of a typed SPSC channel carrying ``msg_type`` messages with optional raw payloads.
+
+    Build with ``Channel.create`` (the owner) or ``ChannelSpec.open`` (the other process).
+    """
+
+    def __init__(self, ring: Ring, msg_type: Any) -> None:
+        self._ring = ring
+        self.msg_type = msg_type
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(msg_type)
+        self._scratch = bytearray(256)
+        self._held = False
+
+    @classmethod
+    def create(cls, name: str, *, msg_type: Any, capacity: int, role: Role,
+               instance: str) -> Channel:
+        """Create the channel's ring (segment ``mvx-{instance}-{pid}-{name}``); this end is
+        ``role`` and the owner."""
+        return cls(Ring.create(name, capacity, role=role, instance=instance), msg_type)
+
+    def spec(self) -> ChannelSpec:
+        """Picklable handle for the other process (pass it as a Process argument)."""
+        return ChannelSpec(self._ring.spec(), self.msg_type)
+
+    @property
+    def ring(self) -> Ring:
+        return self._ring
+
+    @property
+    def max_payload_size(self) -> int:
+        """Largest payload that fits beside a message of ``msg_bytes`` = 0 (an upper bound)."""
+        return self._ring.max_record_size - _ALIGN
+
+    # -- writer ---------------------------------------------------------------------------------
+    def send(self, msg: T, payload: np.ndarray | bytes | bytearray | memoryview | None = None,
+             timeout: float | None = None, *, block: bool = True) -> None:
+        """Send ``msg`` and optional ``payload`` (C-contiguous copy of its bytes) as one record.
+
+        Waits up to ``timeout`` s for room (``ChannelTimeout``) or raises ``WouldBlock`` when
+        ``block`` is False; ``ValueError`` if the record exceeds the ring's max record size."""
+        scratch = self._scratch
+        self._encoder.encode_into(msg, scratch)
+        m = len(scratch)
+        if payload is None:
+            total = _FRAME_BYTES + m
+            view = self._ring.reserve(total, timeout, block=block)
+            _FRAME.pack_into(view, 0, m, 0)
+            view[_FRAME_BYTES:total] = scratch
+        else:
+            data = _byte_view(payload)
+            start = (_FRAME_BYTES + m + _ALIGN - 1) & -_ALIGN
+            total = start + data.nbytes
+            view = self._ring.reserve(total, timeout, block=block)
+            _FRAME.pack_into(view, 0, m, _HAS_PAYLOAD)
+            view[_FRAME_BYTES:_FRAME_BYTES + m] = scratch
+            view[start:total] = data
+        self._ring.commit()
+
+    # -- reader ---------------------------------------------------------------------------------
+    def recv(self, timeout: float | None = None) -> Received[T]:
+        """The next message, sleeping up to ``timeout`` s (None: forever; ``ChannelTimeout``).
+
+        ``EndOfStream`` when the writer closed and all was read; ``PeerGone`` when it died."""
+        self._check_not_held()
+        return self._decode(self._ring.recv(timeout))
+
+    def try_recv(self) -> Received[T] | None:
+        """The next message if one is there now, else None (never sleeps)."""
+        self._check_not_held()
+        view = self._ring.peek()
+        return None if view is None else self._decode(view)
+
+    async def recv_async(self) -> Received[T]:
+        """The next message, awaiting the doorbell on the running asyncio loop."""
+        self._check_not_held()
+        return self._decode(await self._ring.recv_async())
+
+    def _decode(self, view: memoryview) -> Received[T]:
+        m, flags = _FRAME.unpack_from(view, 0)
+        try:
+            msg = self._decoder.decode(view[_FRAME_BYTES:_FRAME_BYTES + m])
+        except BaseException:
+            self._ring.release()  # a bad record must not wedge the channel
+            raise
+        if not flags & _HAS_PAYLOAD:
+            self._ring.release()
+            return Received(msg, None, None)
+        self._held = True
+        return Received(msg, view[(_FRAME_BYTES + m + _ALIGN - 1) & -_ALIGN:], self)
+
+    def _release(self) -> None:
+        if self._held:
+            self._held = False
+            if not self._ring.closed:
+                self._ring.release()
+
+    def _check_not_held(self) -> None:
+        if self._held:
+            raise IpcError("release() the previous Received before receiving the next one")
+
+    # -- both ends ------------------------------------------------------------------------------
+    def statistics(self) -> ChannelStatistics:
+        """Used bytes, capacity and records in flight (a racy snapshot)."""
+        return self._ring.statistics()
+
+    def watch_peer(self, pid: int) -> None:
+        """Watch ``pid`` as the peer before it attaches (e.g. a just-spawned child)."""
+        self._ring.watch_peer(pid)
+
+    def wait_fds(self) -> tuple[int, ...]:
+        return self._ring.wait_fds()
+
+    def on_wake(self, fd: int) -> None:
+        self._ring.on_wake(fd)
+
+    @property
+    def needs_liveness_slices(self) -> bool:
+        return self._ring.needs_liveness_slices
+
+    @property
+    def closed(self) -> bool:
+        return self._ring.closed
+
+    def close(self) -> None:
+        """Close this end (idempotent); an unreleased payload view becomes invalid."""
+        self._held = False
+        self._ring.close()
+
+    def __enter__(self) -> Channel[T]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Channel({self._ring!r}, msg_type={self.msg_type!r})"
+
+
+def _byte_view(payload) -> memoryview:
+    """A flat unsigned-byte view of an array or bytes-like object (copies only if strided)."""
+    if isinstance(payload, np.ndarray):
+        return memoryview(np.ascontiguousarray(payload).reshape(-1).view(np.uint8))
+    view = memoryview(payload)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
