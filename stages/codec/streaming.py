@@ -15,8 +15,19 @@ from __future__ import annotations
 
 import torch
 
+from stages.codec.config import CodecConfig, TransformerStage
 from stages.codec.model import CodecModel, StreamChunk
 from stages.codec.transformer import LayerCache
+
+
+def slot_state_bytes(cfg: CodecConfig, max_chunk_frames: int, element_size: int) -> int:
+    """Bytes of ring KV state one slot needs (to size `max_slots` against device memory)."""
+    total = 0
+    for stage in cfg.decoder:
+        if isinstance(stage, TransformerStage):
+            capacity = stage.context + max_chunk_frames * stage.tokens_per_frame
+            total += 2 * stage.num_layers * capacity * stage.d_model * element_size
+    return total
 
 
 class StreamingDecoder:
@@ -39,10 +50,6 @@ class StreamingDecoder:
                 for _ in range(stage.num_layers)
             ])
         self.frames = torch.zeros(num_slots, dtype=torch.long, device=device)  # [S] frames decoded per slot
-
-    def state_bytes(self) -> int:
-        """Bytes held by the ring caches of the whole pool."""
-        return sum(c.keys.numel() * c.keys.element_size() * 2 for stage in self.caches for c in stage)
 
     def reset(self, slots: torch.Tensor) -> None:
         """Start slots [n] afresh: zero their frame counters and rings."""

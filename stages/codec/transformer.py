@@ -39,74 +39,80 @@ class LayerCache:
         return self.keys.shape[2]
 
 
-def rope_angles(positions: torch.Tensor, head_dim: int, max_period: float) -> torch.Tensor:
-    """positions [B, T] (long) -> angles [B, 1, T, Dh/2] in fp32, as upstream computes them."""
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, T] (long) -> (cos, sin) [B, 1, T, Dh/2] in fp32, as upstream computes them."""
     ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))  # [Dh/2]
-    return (positions.float()[:, None, :, None] * freqs)  # [B, 1, T, Dh/2]
+    angles = positions.float()[:, None, :, None] * freqs  # [B, 1, T, Dh/2]
+    return torch.cos(angles), torch.sin(angles)
 
 
-def apply_interleaved_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (2i, 2i+1) of x [B, H, T, Dh] by angles [B, 1, T, Dh/2]; math in fp32."""
+def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (2i, 2i+1) of x [B, H, T, Dh] by cos/sin [B, 1, T, Dh/2]; math in fp32."""
     pairs = x.unflatten(-1, (-1, 2))  # [B, H, T, Dh/2, 2]
     re, im = pairs[..., 0].float(), pairs[..., 1].float()
-    cos, sin = torch.cos(angles), torch.sin(angles)
     out = torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], dim=-1)
     return out.flatten(-2)
 
 
-class CausalWindowAttention(nn.Module):
-    """Multi-head self-attention, causal within `context` positions, interleaved RoPE on q and k."""
+@dataclass
+class WindowPlan:
+    """What every layer of one stage shares for one call: RoPE tables and the visibility mask.
 
-    def __init__(self, d_model: int, num_heads: int, context: int, max_period: float):
+    cos, sin [B, 1, T, Dh/2]; mask [T, T] (whole sequence) or [B, 1, T, C] over ring indices
+    (streaming); ring_index [B, T] where the chunk's keys go (streaming only).
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor
+    ring_index: torch.Tensor | None = None
+
+    @classmethod
+    def whole(cls, B: int, T: int, stage: TransformerStage, device: torch.device) -> WindowPlan:
+        pos = torch.arange(T, device=device)
+        delta = pos[:, None] - pos[None, :]  # [T, T] query - key
+        mask = (delta >= 0) & (delta < stage.context)
+        return cls(*rope_cos_sin(pos.expand(B, T), stage.head_dim, stage.max_period), mask)
+
+    @classmethod
+    def chunk(cls, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int) -> WindowPlan:
+        """A chunk of T positions per row, the first at start [B], over rings of `capacity`."""
+        if T > capacity - stage.context + 1:
+            raise ValueError(f"chunk of {T} positions exceeds the ring headroom ({capacity} - {stage.context} + 1)")
+        pos_q = start[:, None] + torch.arange(T, device=start.device)  # [B, T]
+        last = pos_q[:, -1:]  # [B, 1] newest position written
+        ring = torch.arange(capacity, device=start.device)
+        pos_k = last - (last - ring) % capacity  # [B, C] absolute position held at each ring index
+        delta = pos_q[:, :, None] - pos_k[:, None, :]  # [B, T, C]
+        mask = (pos_k[:, None, :] >= 0) & (delta >= 0) & (delta < stage.context)
+        return cls(*rope_cos_sin(pos_q, stage.head_dim, stage.max_period), mask[:, None], pos_q % capacity)
+
+
+class CausalWindowAttention(nn.Module):
+    """Multi-head self-attention, causal within the stage's context, interleaved RoPE on q and k."""
+
+    def __init__(self, d_model: int, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
-        self.context = context
-        self.max_period = max_period
         self.in_projs = nn.ModuleList([nn.Linear(d_model, 3 * d_model, bias=False)])
         self.out_projs = nn.ModuleList([nn.Linear(d_model, d_model, bias=False)])
 
-    def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        B, T, _ = x.shape
+    def forward(self, x: torch.Tensor, plan: WindowPlan, cache: LayerCache | None = None,
+                slots: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]. With a cache, x is the next chunk of slots [B]: its keys and
+        values are written into their rings first, then the queries attend over the rings."""
+        B, T, D = x.shape
         qkv = self.in_projs[0](x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        angles = rope_angles(positions, self.head_dim, self.max_period)
-        q = apply_interleaved_rope(qkv[0], angles)  # [B, H, T, Dh]
-        k = apply_interleaved_rope(qkv[1], angles)  # [B, H, T, Dh]
-        return q, k, qkv[2]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Whole sequence: x [B, T, D] at positions 0..T-1 -> [B, T, D]."""
-        B, T, D = x.shape
-        pos = torch.arange(T, device=x.device)
-        q, k, v = self._qkv(x, pos.expand(B, T))
-        delta = pos[:, None] - pos[None, :]  # [T, T] query - key
-        mask = (delta >= 0) & (delta < self.context)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, Dh]
-        return self.out_projs[0](out.transpose(1, 2).reshape(B, T, D))
-
-    def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, cache: LayerCache,
-                          slots: torch.Tensor) -> torch.Tensor:
-        """A chunk x [B, T, D] of slots [B] whose first position is start [B] -> [B, T, D].
-
-        Writes the chunk's keys/values into the slots' rings, then attends over the ring with
-        the window mask. Needs `T <= cache.capacity - context + 1` (the headroom).
-        """
-        B, T, D = x.shape
-        C = cache.capacity
-        steps = torch.arange(T, device=x.device)
-        pos_q = start[:, None] + steps  # [B, T]
-        q, k, v = self._qkv(x, pos_q)
-        ring_index = pos_q % C  # [B, T]
-        cache.keys[slots[:, None], :, ring_index] = k.transpose(1, 2)  # [B, T, H, Dh] into [S, H, C, Dh]
-        cache.values[slots[:, None], :, ring_index] = v.transpose(1, 2)
-        keys, values = cache.keys[slots], cache.values[slots]  # [B, H, C, Dh]
-        last = pos_q[:, -1:]  # [B, 1] newest position written
-        ring = torch.arange(C, device=x.device)
-        pos_k = last - (last - ring) % C  # [B, C] absolute position held at each ring index
-        delta = pos_q[:, :, None] - pos_k[:, None, :]  # [B, T, C]
-        mask = (pos_k[:, None, :] >= 0) & (delta >= 0) & (delta < self.context)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])  # [B, H, T, Dh]
+        q = apply_interleaved_rope(qkv[0], plan.cos, plan.sin)  # [B, H, T, Dh]
+        k = apply_interleaved_rope(qkv[1], plan.cos, plan.sin)  # [B, H, T, Dh]
+        v = qkv[2]
+        if cache is not None:
+            cache.keys[slots[:, None], :, plan.ring_index] = k.transpose(1, 2)  # [B, T, H, Dh] into [S, H, C, Dh]
+            cache.values[slots[:, None], :, plan.ring_index] = v.transpose(1, 2)
+            k, v = cache.keys[slots], cache.values[slots]  # [B, H, C, Dh]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask)  # [B, H, T, Dh]
         return self.out_projs[0](out.transpose(1, 2).reshape(B, T, D))
 
 
@@ -124,9 +130,9 @@ class LayerScale(nn.Module):
 class TransformerLayer(nn.Module):
     """Pre-LN block: windowed attention then erf-GELU FFN, each behind a LayerScale."""
 
-    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int, context: int, max_period: float):
+    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int):
         super().__init__()
-        self.self_attn = CausalWindowAttention(d_model, num_heads, context, max_period)
+        self.self_attn = CausalWindowAttention(d_model, num_heads)
         self.norm1 = nn.LayerNorm(d_model, eps=1e-5)
         self.norm2 = nn.LayerNorm(d_model, eps=1e-5)
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=False)
@@ -134,16 +140,10 @@ class TransformerLayer(nn.Module):
         self.layer_scale_1 = LayerScale(d_model)
         self.layer_scale_2 = LayerScale(d_model)
 
-    def _ffn(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plan: WindowPlan, cache: LayerCache | None = None,
+                slots: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), plan, cache, slots))
         return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.layer_scale_1(self.self_attn(self.norm1(x)))
-        return self._ffn(x)
-
-    def forward_streaming(self, x, start, cache: LayerCache, slots) -> torch.Tensor:
-        x = x + self.layer_scale_1(self.self_attn.forward_streaming(self.norm1(x), start, cache, slots))
-        return self._ffn(x)
 
 
 class Transformer(nn.Module):
@@ -152,8 +152,7 @@ class Transformer(nn.Module):
     def __init__(self, stage: TransformerStage):
         super().__init__()
         self.layers = nn.ModuleList(
-            TransformerLayer(stage.d_model, stage.num_heads, stage.dim_feedforward, stage.context, stage.max_period)
-            for _ in range(stage.num_layers)
+            TransformerLayer(stage.d_model, stage.num_heads, stage.dim_feedforward) for _ in range(stage.num_layers)
         )
 
 
@@ -173,17 +172,20 @@ class ProjectedTransformer(nn.Module):
         self.output_proj = nn.Linear(stage.d_model, stage.output_dim, bias=False) if keep_out else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole sequence from position 0."""
+        plan = WindowPlan.whole(x.shape[0], x.shape[1], self.stage, x.device)
         x = self.input_proj(x)
         for layer in self.transformer.layers:
-            x = layer(x)
+            x = layer(x, plan)
         return self.output_proj(x)
 
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
                           slots: torch.Tensor) -> torch.Tensor:
-        """A chunk of slots [B] starting at positions start [B]; caches: one per layer."""
+        """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer."""
+        plan = WindowPlan.chunk(start, x.shape[1], self.stage, caches[0].capacity)
         x = self.input_proj(x)
         for layer, cache in zip(self.transformer.layers, caches, strict=True):
-            x = layer.forward_streaming(x, start, cache, slots)
+            x = layer(x, plan, cache, slots)
         return self.output_proj(x)
 
 

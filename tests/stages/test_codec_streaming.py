@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from stages.codec import load_codec
-from stages.codec.streaming import StreamingDecoder
+from stages.codec.streaming import StreamingDecoder, slot_state_bytes
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
 pytestmark = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}")
@@ -77,3 +77,10 @@ def test_reset_slot_starts_a_fresh_request(case):
     decoder.reset(torch.tensor([0]))
     again = stream(decoder, codes, schedule("1/15/15/partial", codes.shape[-1]), slot=0)
     assert (again - whole).abs().max().item() < 1e-4
+
+
+def test_slot_state_bytes_matches_the_allocated_pool(case):
+    _, model, _, _ = case
+    decoder = StreamingDecoder(model, num_slots=3, max_chunk_frames=15)
+    allocated = sum(2 * c.keys.numel() * c.keys.element_size() for stage in decoder.caches for c in stage)
+    assert allocated == 3 * slot_state_bytes(model.cfg, 15, element_size=4)
