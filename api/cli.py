@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence, Union
 
 
@@ -113,10 +114,17 @@ def _selected(argv: list[str], entries: tuple[Entry, ...]) -> tuple[list[Entry],
 
 
 def _available(entry: Command | Passthrough) -> bool:
-    try:
-        return importlib.util.find_spec(entry.module) is not None
-    except ModuleNotFoundError:  # a parent package is missing too
-        return False
+    """Whether the entry's module exists, found on disk without importing any package
+    (`find_spec("ipc.bench")` would import `ipc` and, through it, numpy)."""
+    top, *rest = entry.module.split(".")
+    spec = importlib.util.find_spec(top)  # a top-level lookup imports nothing
+    if spec is None or not rest:
+        return spec is not None
+    dirs = [Path(d) for d in spec.submodule_search_locations or ()]
+    for part in rest[:-1]:
+        dirs = [d / part for d in dirs if (d / part / "__init__.py").is_file()]
+    name = rest[-1]
+    return any((d / f"{name}.py").is_file() or (d / name / "__init__.py").is_file() for d in dirs)
 
 
 def _not_available(path: list[Entry]) -> int:

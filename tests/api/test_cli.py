@@ -127,3 +127,13 @@ def test_passthrough_hands_over_the_rest_of_argv(tmp_path, monkeypatch):
     import probe_bench
 
     assert probe_bench.SEEN == [["--quick", "--help", "x"]]
+
+
+def test_availability_is_found_on_disk():
+    def available(module):
+        return _available(Command("x", "x", module))
+
+    assert available("api.commands.profile") and available("profiles.schema")
+    assert available("api.commands")  # a package counts too
+    assert not available("api.commands.no_such_module")
+    assert not available("no_such_package.cmd") and not available("api.no_such_pkg.cmd")
