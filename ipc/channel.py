@@ -75,7 +75,12 @@ class ChannelSpec:
     msg_type: Any
 
     def open(self) -> Channel:
-        return Channel(self.ring.open(), self.msg_type)
+        ring = self.ring.open()
+        try:
+            return Channel(ring, self.msg_type)
+        except BaseException:
+            ring.close()
+            raise
 
 
 class Channel(Generic[T]):
@@ -97,7 +102,12 @@ class Channel(Generic[T]):
                instance: str) -> Channel:
         """Create the channel's ring (segment ``mvx-{instance}-{pid}-{name}``); this end is
         ``role`` and the owner."""
-        return cls(Ring.create(name, capacity, role=role, instance=instance), msg_type)
+        ring = Ring.create(name, capacity, role=role, instance=instance)
+        try:
+            return cls(ring, msg_type)
+        except BaseException:  # e.g. msg_type is not a decodable union: do not leak the segment
+            ring.close()
+            raise
 
     def spec(self) -> ChannelSpec:
         """Picklable handle for the other process (pass it as a Process argument)."""
