@@ -1,0 +1,111 @@
+"""Streaming-decode throughput of a random-weight codec: `python -m stages.codec.bench [--size full]`.
+
+Builds the codec from `full_size_v2_config()` (or v1 / tiny) with random weights (no real
+checkpoint is reachable, and speed does not depend on the values), then for each batch of slots
+decodes a first chunk of 1 frame and steady chunks of `--chunk` frames, and prints milliseconds per
+call and audio seconds per wall second. It also checks on the same device that a chunked decode
+equals the whole decode (fp32, tiny config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from stages.codec.config import CodecConfig, full_size_v1_config, full_size_v2_config, tiny_v1_config, tiny_v2_config
+from stages.codec.loader import build_codec
+from stages.codec.model import CodecModel
+from stages.codec.streaming import StreamingDecoder
+
+CONFIGS = {("v2", "full"): full_size_v2_config, ("v2", "tiny"): tiny_v2_config,
+           ("v1", "full"): full_size_v1_config, ("v1", "tiny"): tiny_v1_config}
+
+
+def random_codec(cfg: CodecConfig, device: str, dtype: torch.dtype, seed: int = 0) -> CodecModel:
+    """A codec with seeded random weights: linears N(0, 1/fan_in), norms 1/0, LayerScale 0.1, codebooks N(0, 1)."""
+    model = build_codec(cfg, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("scale"):
+                p.fill_(0.1)
+            elif "norm" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif p.dim() == 1:
+                p.zero_()
+            else:
+                fan_in = p.shape[1] if "codebook" not in name else 1
+                p.copy_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) / fan_in**0.5)
+    return model
+
+
+def check_exact(device: str, version: str) -> float:
+    """Max |chunked - whole| of a 40-frame tiny decode in chunks 1, 15, 15, 9 (fp32)."""
+    cfg = CodecConfig.from_json(CONFIGS[(version, "tiny")]())
+    model = random_codec(cfg, device, torch.float32)
+    codes = torch.randint(0, 1024, (cfg.quantizer.num_quantizers, 1, 40), device=device)
+    whole = model.decode(codes)
+    decoder = StreamingDecoder(model, num_slots=2, max_chunk_frames=15)
+    parts, begin = [], 0
+    for n in (1, 15, 15, 9):
+        parts.append(decoder.decode(codes[:, :, begin: begin + n], torch.tensor([1])))
+        begin += n
+    return (torch.cat(parts, dim=-1) - whole).abs().max().item()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bench(model: CodecModel, batch: int, chunk: int, n_vq: int, iters: int, device: str) -> tuple[float, float]:
+    """(ms of the first 1-frame call, ms per steady `chunk`-frame call) for `batch` slots."""
+    decoder = StreamingDecoder(model, num_slots=batch, max_chunk_frames=chunk)
+    slots = torch.arange(batch)
+    codes = torch.randint(0, 1024, (n_vq, batch, chunk), device=device)
+    for _ in range(2):  # warm-up: kernels, allocator
+        decoder.reset(slots)
+        decoder.decode(codes[:, :, :1], slots)
+        decoder.decode(codes, slots)
+    decoder.reset(slots)
+    sync(device)
+    t0 = time.perf_counter()
+    decoder.decode(codes[:, :, :1], slots)
+    sync(device)
+    first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        decoder.decode(codes, slots)
+    sync(device)
+    return first_ms, (time.perf_counter() - t0) * 1e3 / iters
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version", choices=["v1", "v2"], default="v2")
+    parser.add_argument("--size", choices=["tiny", "full"], default="tiny")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--chunk", type=int, default=15)
+    parser.add_argument("--n-vq", type=int, default=12)
+    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args()
+
+    print(f"exactness on {args.device}: max |chunked - whole| = {check_exact(args.device, args.version):.3g} (tiny, fp32)")
+    cfg = CodecConfig.from_json(CONFIGS[(args.version, args.size)]())
+    model = random_codec(cfg, args.device, getattr(torch, args.dtype))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{args.version} {args.size} codec, {params / 1e9:.3f} B parameters, {args.dtype}, random weights")
+    frame_s = cfg.downsample_rate / cfg.sampling_rate
+    for batch in (int(b) for b in args.batches.split(",")):
+        first_ms, step_ms = bench(model, batch, args.chunk, args.n_vq, args.iters, args.device)
+        rate = batch * args.chunk * frame_s / (step_ms / 1e3)
+        print(f"batch {batch:4d}: first 1-frame chunk {first_ms:8.1f} ms | {args.chunk}-frame chunk "
+              f"{step_ms:8.1f} ms | {rate:8.1f} audio-s/s")
+
+
+if __name__ == "__main__":
+    main()
