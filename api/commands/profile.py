@@ -1,4 +1,4 @@
-"""`mossvox profile show|list`: inspect deploy profiles without starting anything."""
+"""`mossvox profile show|list|fields`: inspect deploy profiles without starting anything."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                           "The output is itself a loadable profile.")
     add_profile_options(show)
     actions.add_parser("list", help="list the shipped profiles")
+    actions.add_parser("fields", help="every setting: key path, default and what it does")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +24,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         print("\n".join(shipped_profiles()))
         return 0
+    if args.action == "fields":
+        print(_fields_reference())
+        return 0
     profile = profile_from_args(args)
     print(f"# profile: {args.profile or 'default'}")
     for override in args.overrides:
@@ -30,3 +34,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"# sha256: {profile.sha256()}")
     print(profile.to_yaml(), end="")
     return 0
+
+
+def _fields_reference() -> str:
+    """One line per setting, from the schema's own descriptions and defaults."""
+    import msgspec
+
+    from profiles import Profile
+
+    defs = msgspec.json.schema(Profile)["$defs"]
+    lines = []
+    for section, ref in defs["Profile"]["properties"].items():
+        for name, spec in defs[ref["$ref"].rsplit("/", 1)[1]]["properties"].items():
+            default = msgspec.json.encode(spec.get("default")).decode()
+            lines.append(f"{section}.{name} = {default}\n    {spec.get('description', '')}")
+    return "\n".join(lines)

@@ -137,3 +137,17 @@ def test_availability_is_found_on_disk():
     assert available("api.commands")  # a package counts too
     assert not available("api.commands.no_such_module")
     assert not available("no_such_package.cmd") and not available("api.no_such_pkg.cmd")
+
+
+def test_profile_fields_documents_every_setting_with_its_default():
+    import msgspec
+
+    from profiles import Profile
+
+    result = mossvox("profile", "fields")
+    assert result.returncode == 0, result.stderr
+    listed = [line.split(" = ")[0] for line in result.stdout.splitlines() if " = " in line]
+    expected = [f"{s.name}.{f.name}" for s in msgspec.structs.fields(Profile)
+                for f in msgspec.structs.fields(s.type)]
+    assert listed == expected
+    assert "coalescing.max_wait_ms = 0.0" in result.stdout
