@@ -146,7 +146,7 @@ def test_profile_fields_documents_every_setting_with_its_default():
 
     result = mossvox("profile", "fields")
     assert result.returncode == 0, result.stderr
-    listed = [line.split(" = ")[0] for line in result.stdout.splitlines() if " = " in line]
+    listed = [line.split(" = ")[0] for line in result.stdout.splitlines() if line[:1] != " "]
     expected = [f"{s.name}.{f.name}" for s in msgspec.structs.fields(Profile)
                 for f in msgspec.structs.fields(s.type)]
     assert listed == expected
