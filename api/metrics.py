@@ -1,0 +1,126 @@
+"""Prometheus metrics of the API processes, multiprocess-safe.
+
+Per-request figures (requests by outcome, time to first audio, chunk intervals, real-time
+factor, audio seconds, reference-cache hits and misses) are recorded by whichever API process
+served the request; with several API processes prometheus-client's multiprocess mode (its
+``PROMETHEUS_MULTIPROC_DIR`` directory, set up by ``api.server``) sums them at scrape time.
+Engine-wide figures (running and queued requests, talker and codec slots in use, ring bytes,
+talker and coalesced codec batch sizes) are read from the engine's counters when scraped, so any
+API process reports the one engine's current state.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PREFIX = "mossvox"
+OUTCOMES = ("ok", "client_error", "rejected", "failed", "cancelled")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+_RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+
+
+def multiprocess_dir() -> str | None:
+    """The prometheus-client multiprocess directory of this server, if it runs in that mode."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class ApiMetrics:
+    """This process's request metrics plus a scrape-time view of the engine counters."""
+
+    def __init__(self, engine_counters: Callable[[], Mapping[str, object]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_requests", "Speech requests by outcome", ["outcome"], registry=r)
+        self.ttfa = Histogram(f"{PREFIX}_time_to_first_audio_seconds",
+                              "Request received to first audio bytes handed to the server",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.chunk_interval = Histogram(f"{PREFIX}_chunk_interval_seconds",
+                                        "Time between consecutive audio chunks of one request",
+                                        buckets=_LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram(f"{PREFIX}_real_time_factor", "Generation wall time / audio duration",
+                             buckets=_RTF_BUCKETS, registry=r)
+        self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Seconds of audio produced", registry=r)
+        self.ref_cache = Counter(f"{PREFIX}_ref_cache_lookups", "Reference-code cache lookups by result",
+                                 ["result"], registry=r)
+        self._engine_counters = engine_counters
+
+    def render(self) -> bytes:
+        """The exposition text: this server's request metrics (all processes) + engine gauges."""
+        path = multiprocess_dir()
+        if path:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=path)
+        else:
+            registry = CollectorRegistry()
+            registry.register(_Forward(self.registry))
+        if self._engine_counters is not None:
+            registry.register(EngineCollector(self._engine_counters))
+        return generate_latest(registry)
+
+
+class _Forward(Collector):
+    def __init__(self, inner: CollectorRegistry) -> None:
+        self.inner = inner
+
+    def collect(self):
+        return self.inner.collect()
+
+
+class EngineCollector(Collector):
+    """Engine counters as metrics, read when scraped.
+
+    Numbers become gauges ``mossvox_engine_<key>`` (e.g. ``..._running``, ``..._queued``,
+    ``..._talker_slots``, ``..._codec_slots``); keys ending in ``_total`` become counters; a
+    mapping of ``{batch size: count}`` becomes a histogram ``mossvox_engine_<key>`` (talker and
+    coalesced codec batch sizes)."""
+
+    def __init__(self, counters: Callable[[], Mapping[str, object]]) -> None:
+        self.counters = counters
+
+    def collect(self) -> Iterable:
+        try:
+            values = dict(self.counters())
+        except Exception:  # an engine that is down has no counters; /metrics must still answer
+            values = {}
+        up = GaugeMetricFamily(f"{PREFIX}_engine_up", "1 when the engine answered the scrape")
+        up.add_metric([], 1.0 if values else 0.0)
+        yield up
+        for key, value in sorted(values.items()):
+            name = f"{PREFIX}_engine_{_metric_name(key)}"
+            if isinstance(value, bool):
+                value = float(value)
+            if isinstance(value, (int, float)):
+                if name.endswith("_total"):
+                    metric = CounterMetricFamily(name[: -len("_total")], f"engine counter {key}")
+                else:
+                    metric = GaugeMetricFamily(name, f"engine counter {key}")
+                metric.add_metric([], float(value))
+                yield metric
+            elif isinstance(value, Mapping) and value:
+                yield _size_histogram(name, key, value)
+
+
+def _size_histogram(name: str, key: str, counts: Mapping) -> HistogramMetricFamily:
+    """``{size: count}`` -> cumulative histogram buckets at each observed size."""
+    sizes = sorted((float(k), int(v)) for k, v in counts.items())
+    buckets, running, total = [], 0, 0.0
+    for size, count in sizes:
+        running += count
+        total += size * count
+        buckets.append((f"{size:g}", running))
+    buckets.append(("+Inf", running))
+    metric = HistogramMetricFamily(name, f"engine distribution {key}")
+    metric.add_metric([], buckets, sum_value=total)
+    return metric
+
+
+def _metric_name(key: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in key.lower())
