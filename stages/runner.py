@@ -1,0 +1,48 @@
+"""The talker-runner seam (docs/interfaces.md "Talker runner"): one implementation per variant.
+
+The talker worker decides *when* to call the runner; the runner owns the model, the KV cache and
+every request's sampling state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from stages.sampling import SamplingParams
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class FrameEvent:
+    """What one `step()` produced for one request: a frame of codes `[n_vq]` int64, and/or the
+    end of the request. A finished event may carry the last frame's codes or none."""
+
+    rid: int
+    codes: np.ndarray | None
+    finished: bool = False
+    reason: FinishReason | None = None
+
+
+class TalkerRunner(Protocol):
+    n_vq: int  # codebooks per frame
+    frame_rate: float  # frames per second (12.5)
+
+    def can_admit(self, prompt_len: int) -> bool:
+        """Whether a request with a prompt of `prompt_len` rows fits now (slots and KV blocks)."""
+
+    def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
+        """Queue a request; prompt [S, 1 + n_vq] int64 (text channel + audio channels)."""
+
+    def step(self) -> list[FrameEvent]:
+        """One scheduler step: (chunked) prefill of added requests next to one decode frame of
+        every running request; at most one event per request."""
+
+    def remove(self, rid: int) -> None:
+        """Abort or forget a request: frees its KV blocks and state (no-op if unknown)."""
+
+    def num_running(self) -> int:
+        """Requests held (prefilling or decoding)."""

@@ -1,0 +1,150 @@
+"""The Local-v1.5 runner: continuous batching over the paged KV cache gives each request exactly
+what it would get alone (greedy = upstream golden codes; seeded sampling = the same codes alone or
+in a batch), forced/length finishes, KV blocks returned, preemption by recompute is exact."""
+
+import numpy as np
+import pytest
+import torch
+
+from stages.local_v15.loader import load_talker
+from stages.local_v15.runner import LocalV15Runner
+from stages.sampling import SamplingParams
+from tests.conftest import golden_dir
+
+CASES = ("plain", "voice_clone", "continuation")
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return golden_dir("moss_tts_local_v1_5")
+
+
+@pytest.fixture(scope="module")
+def model(golden):
+    return load_talker(golden)
+
+
+def case(golden, name):
+    with np.load(golden / f"case_{name}.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def run(runner, requests, max_steps=500):
+    """Add all requests (rid -> (prompt, params)) as capacity allows; collect frames and finishes."""
+    pending = list(requests.items())
+    frames = {rid: [] for rid in requests}
+    finish = {}
+    for _ in range(max_steps):
+        while pending and runner.can_admit(len(pending[0][1][0])):
+            rid, (prompt, params) = pending.pop(0)
+            runner.add(rid, prompt, params)
+        if not pending and runner.num_running() == 0:
+            break
+        for ev in runner.step():
+            assert ev.rid not in finish
+            if ev.codes is not None:
+                frames[ev.rid].append(ev.codes)
+            if ev.finished:
+                finish[ev.rid] = ev.reason
+    assert not pending and runner.num_running() == 0
+    return {rid: np.array(f, dtype=np.int64).reshape(-1, 12) for rid, f in frames.items()}, finish
+
+
+def test_batched_greedy_equals_upstream_golden(model, golden):
+    runner = LocalV15Runner(model, max_running=4, kv_block_size=8, num_kv_blocks=64,
+                            prefill_chunk_tokens=24, max_prefill_tokens_per_step=40)
+    greedy = SamplingParams(greedy=True, max_new_frames=16)
+    cases = {i: case(golden, name) for i, name in enumerate(CASES)}
+    frames, finish = run(runner, {i: (c["input_ids"], greedy) for i, c in cases.items()})
+    for i, c in cases.items():
+        np.testing.assert_array_equal(frames[i], c["generated_audio_codes"], err_msg=CASES[i])
+        assert finish[i] == ("stop" if c["stopped"] else "length")
+    assert runner.cache.num_used_blocks == 0
+
+
+def mixed_requests(golden):
+    """8 requests: different seeds, sampling settings, prompts and prompt lengths."""
+    prompts = [case(golden, n)["input_ids"] for n in CASES]
+    settings = [dict(), dict(temperature=1.0, top_k=5), dict(top_p=0.5, repetition_penalty=1.3),
+                dict(temperature=0.8, top_k=0, top_p=0.95), dict(repetition_penalty=1.1), dict(top_k=1),
+                dict(text_temperature=1.5), dict(temperature=2.0, top_p=1.0)]
+    reqs = {}
+    for i, s in enumerate(settings):
+        prompt = prompts[i % 3][: len(prompts[i % 3]) - (i // 3) * 7]  # several lengths
+        forced = 5 + i if i % 2 == 0 else None  # the odd ones let the sampled stop head decide
+        reqs[100 + i] = (prompt, SamplingParams(seed=1000 + 7 * i, max_new_frames=6 + i, forced_frames=forced, **s))
+    return reqs
+
+
+def test_seeded_sampling_is_batch_invariant(model, golden):
+    reqs = mixed_requests(golden)
+    together, finish_t = run(LocalV15Runner(model, max_running=8, num_kv_blocks=128, prefill_chunk_tokens=32,
+                                            max_prefill_tokens_per_step=100), reqs)
+    non_empty = [tuple(f.ravel()) for f in together.values() if len(f)]
+    assert len(non_empty) >= 4 and len(set(non_empty)) == len(non_empty)  # every request has its own codes
+    for rid, req in reqs.items():
+        alone, finish_a = run(LocalV15Runner(model, max_running=1, num_kv_blocks=32), {rid: req})
+        np.testing.assert_array_equal(alone[rid], together[rid], err_msg=str(rid))
+        assert finish_a[rid] == finish_t[rid]
+    # a different seed changes the codes
+    prompt, params = reqs[100]
+    other, _ = run(LocalV15Runner(model, max_running=1, num_kv_blocks=32),
+                   {1: (prompt, SamplingParams(seed=params.seed + 1, max_new_frames=params.max_new_frames))})
+    assert not np.array_equal(other[1], together[100])
+
+
+def test_forced_frames_and_length_limit(model, golden):
+    prompt = case(golden, "plain")["input_ids"]  # greedy would stop after 15 frames
+    runner = LocalV15Runner(model, max_running=4, num_kv_blocks=64)
+    frames, finish = run(runner, {
+        1: (prompt, SamplingParams(greedy=True, forced_frames=20, max_new_frames=100)),
+        2: (prompt, SamplingParams(greedy=True, forced_frames=3)),
+        3: (prompt, SamplingParams(greedy=True, max_new_frames=4)),
+        4: (prompt, SamplingParams(greedy=True, forced_frames=0)),
+    })
+    assert (len(frames[1]), finish[1]) == (20, "stop")
+    np.testing.assert_array_equal(frames[1][:15], case(golden, "plain")["generated_audio_codes"])
+    assert (len(frames[2]), finish[2]) == (3, "stop")
+    assert (len(frames[3]), finish[3]) == (4, "length")
+    assert (len(frames[4]), finish[4]) == (0, "stop")
+
+
+def test_kv_blocks_follow_requests_and_return_on_remove(model, golden):
+    prompt = case(golden, "voice_clone")["input_ids"]  # 75 rows
+    runner = LocalV15Runner(model, max_running=2, kv_block_size=16, num_kv_blocks=12,
+                            prefill_chunk_tokens=40, max_prefill_tokens_per_step=40)
+    runner.add(1, prompt, SamplingParams(seed=1))
+    assert runner.cache.num_used_blocks == 0  # nothing until it runs
+    assert runner.step() == []  # first chunk of 40 rows
+    assert runner.cache.num_used_blocks == 3
+    (ev,) = runner.step()  # rest of the prompt + first frame
+    assert ev.rid == 1 and ev.codes is not None and runner.cache.num_used_blocks == 5
+    assert runner.can_admit(75) and not runner.can_admit(16 * 8)
+    runner.add(2, prompt, SamplingParams(seed=2))
+    assert not runner.can_admit(75)  # slots full
+    runner.remove(1)
+    assert runner.cache.num_used_blocks == 0 and runner.num_running() == 1
+    runner.remove(1)  # idempotent
+    runner.remove(2)
+    assert runner.num_running() == 0 and runner.cache.num_free_blocks == 12
+
+
+def test_preemption_by_recompute_is_exact(model, golden):
+    reqs = {i: (case(golden, n)["input_ids"], SamplingParams(seed=i, forced_frames=40))
+            for i, n in enumerate(CASES)}
+    roomy, _ = run(LocalV15Runner(model, max_running=3, kv_block_size=8, num_kv_blocks=64), reqs)
+    # 3 requests of ~75 + 40 rows need ~45 blocks of 8; with 36 some must be preempted and resumed
+    tight_runner = LocalV15Runner(model, max_running=3, kv_block_size=8, num_kv_blocks=36)
+    tight, _ = run(tight_runner, reqs)
+    assert tight_runner.preemptions > 0
+    for i in reqs:
+        np.testing.assert_array_equal(tight[i], roomy[i])
+
+
+def test_rejects_bad_requests(model, golden):
+    runner = LocalV15Runner(model, max_running=1, num_kv_blocks=4, kv_block_size=4)
+    with pytest.raises(ValueError, match="prompt shape"):
+        runner.add(1, np.zeros((5, 3), dtype=np.int64), SamplingParams())
+    with pytest.raises(ValueError, match="exceeds the whole KV cache"):
+        runner.add(1, case(golden, "plain")["input_ids"], SamplingParams())
+    assert runner.num_running() == 0
