@@ -1,0 +1,164 @@
+"""Continuous batching over the paged KV cache for talkers whose every step appends one row.
+
+Shared by the Delay and Realtime runners. A request is its `rows` (prompt, then one row per
+generated step) and how many of them are already in the KV cache (`prefilled`). A step feeds
+each request the rows it still lacks: one row for a decoding request, a prefill chunk for a new
+one. When a request has all its rows in the cache, the backbone's hidden state of its last row
+is what the runner samples the next row from.
+
+Scheduling: decoding requests first (each needs at most one block); then prefill chunks in
+admission order within a per-step token budget, as far as free blocks allow. If decoding
+requests need more blocks than are free, the newest ones are preempted: their blocks are freed
+and their rows (prompt + generated) are prefilled again later, which resumes them exactly
+(recompute; host-side generation state is untouched).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from stages.attention import AttentionMetadata, build_attention_metadata
+from stages.kv_cache import KVCacheExhausted, PagedKVCache
+
+
+class RowBuffer:
+    """A growable `[R, C]` int64 row array (amortised O(1) append)."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self._data = np.array(rows, dtype=np.int64, copy=True)
+        self._len = len(rows)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def append(self, row: np.ndarray) -> None:
+        if self._len == len(self._data):
+            grown = np.empty((max(16, 2 * len(self._data)), self._data.shape[1]), dtype=np.int64)
+            grown[: self._len] = self._data[: self._len]
+            self._data = grown
+        self._data[self._len] = row
+        self._len += 1
+
+    def view(self) -> np.ndarray:
+        return self._data[: self._len]
+
+
+@dataclass(eq=False)
+class RowRequest:
+    """Scheduling view of one request: its rows and how many sit in the KV cache."""
+
+    rid: int
+    slot: int
+    order: int
+    rows: RowBuffer
+    prefilled: int = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self.rows) - self.prefilled
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """One packed backbone call: ids [N, C], metadata, and which requests get a hidden state."""
+
+    ids: torch.Tensor
+    meta: AttentionMetadata
+    ready: list[RowRequest]  # requests whose rows are all in the cache after this call
+    ready_rows: torch.Tensor  # [len(ready)] int64: their last new token's row in the packed batch
+
+
+class RowScheduler:
+    def __init__(self, cache: PagedKVCache, *, max_running: int, prefill_chunk_tokens: int = 512,
+                 max_prefill_tokens_per_step: int = 2048) -> None:
+        self.cache = cache
+        self.max_running = max_running
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
+        self.requests: dict[int, RowRequest] = {}
+        self._free_slots = list(range(max_running - 1, -1, -1))
+        self._next_order = 0
+
+    # ---- admission -----------------------------------------------------------------------------
+
+    def _promised_blocks(self) -> int:
+        """Blocks that requests still in their prompt take before their first sample."""
+        spec = self.cache.spec
+        return sum(max(0, spec.blocks_for(len(r.rows) + 1) - len(self.cache.block_table(r.rid)))
+                   for r in self.requests.values() if r.pending > 1)
+
+    def can_admit(self, prompt_len: int) -> bool:
+        if not self._free_slots:
+            return False
+        need = self.cache.spec.blocks_for(prompt_len + 1)
+        return self.cache.num_free_blocks - self._promised_blocks() >= need
+
+    def add(self, rid: int, prompt: np.ndarray) -> RowRequest:
+        if rid in self.requests:
+            raise ValueError(f"request {rid} is already running")
+        if self.cache.spec.blocks_for(len(prompt) + 1) > self.cache.spec.num_blocks:
+            raise ValueError(f"request {rid}: prompt of {len(prompt)} rows exceeds the whole KV cache")
+        if not self._free_slots:
+            raise RuntimeError(f"request {rid}: all {self.max_running} slots are taken (check can_admit)")
+        request = RowRequest(rid, self._free_slots.pop(), self._next_order, RowBuffer(prompt))
+        self._next_order += 1
+        self.requests[rid] = request
+        return request
+
+    def remove(self, rid: int) -> RowRequest | None:
+        request = self.requests.pop(rid, None)
+        if request is not None:
+            self.cache.free(rid)
+            self._free_slots.append(request.slot)
+        return request
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def _ordered(self) -> list[RowRequest]:
+        return sorted(self.requests.values(), key=lambda r: r.order)
+
+    def schedule(self) -> list[tuple[RowRequest, int]]:
+        """(request, rows to feed) for this step; preempts the newest decoders when blocks run out."""
+        cache = self.cache
+        decode = [r for r in self._ordered() if r.pending == 1]
+        need = sum(cache.blocks_needed(r.rid, 1) for r in decode)
+        while need > cache.num_free_blocks and len(decode) > 1:
+            victim = decode.pop()
+            need -= cache.blocks_needed(victim.rid, 1)
+            cache.free(victim.rid)
+            victim.prefilled = 0
+        if need > cache.num_free_blocks:
+            raise KVCacheExhausted(f"request {decode[0].rid} alone outgrows the KV cache")
+        free = cache.num_free_blocks - need
+        budget = self.max_prefill_tokens_per_step
+        batch = [(r, 1) for r in decode]
+        for r in self._ordered():
+            if r.pending <= 1 or budget <= 0:
+                continue
+            spare = len(cache.block_table(r.rid)) * cache.spec.block_size - cache.length(r.rid)
+            take = min(self.prefill_chunk_tokens, r.pending, budget, spare + free * cache.spec.block_size)
+            if take <= 0:
+                break  # first come, first served
+            free -= cache.blocks_needed(r.rid, take)
+            budget -= take
+            batch.append((r, take))
+        if not batch:
+            raise KVCacheExhausted("no request can make progress: the KV cache is full of prompts")
+        return batch
+
+    def pack(self, batch: list[tuple[RowRequest, int]], device: torch.device) -> ScheduledBatch:
+        """Reserve KV slots, copy the rows to the device and mark what becomes ready."""
+        rows = np.concatenate([r.rows.view()[r.prefilled : r.prefilled + n] for r, n in batch])  # [N, C]
+        meta = build_attention_metadata(self.cache, [(r.rid, n) for r, n in batch], device)
+        ready, ready_index = [], []
+        for i, (r, n) in enumerate(batch):
+            r.prefilled += n
+            if r.pending == 0:
+                ready.append(r)
+                ready_index.append(i)
+        ids = torch.from_numpy(rows).to(device, non_blocking=True)
+        index = torch.tensor(ready_index, dtype=torch.long).to(device, non_blocking=True)
+        return ScheduledBatch(ids, meta, ready, meta.last_token_index[index])

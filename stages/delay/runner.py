@@ -1,0 +1,257 @@
+"""Continuous-batching talker runner of the Delay family (`TalkerRunner`, docs/interfaces.md).
+
+One `step()`:
+1. schedule and pack rows (`RowScheduler`): one row per decoding request, prefill chunks for new
+   ones, ONE backbone call over the paged KV cache;
+2. for every request whose rows are all in the cache: text and audio heads on its last hidden
+   state, upstream's step rules (`DelayState`: text masks / forced drain, which channels are
+   sampled), temperature, then repetition penalty, top-k, top-p and a per-request seeded draw
+   (`stages.sampling`), all batched on the device;
+3. one device-to-host copy of the new rows; the host advances each state machine and feeds the
+   audio channels to the request's incremental de-delayer.
+
+Streaming: frame t leaves as soon as the row carrying its last codebook is sampled, i.e. n_vq
+rows after its first codebook, never at the end of the utterance. A request finishes right after
+the last forced delay slot (every frame of its audio block is out; the deterministic audio_end
+row is not computed), on im_end, or at its row budget. `finish_on_audio_end=False` keeps
+upstream's behaviour of generating until im_end (used to reproduce upstream runs exactly).
+
+Repetition history as upstream: all rows of the request (prompt included); codebook 0 has its own
+set, codebooks 1..n_vq-1 share one set (upstream flattens them into one call). Per request, never
+across the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stages.attention import AttentionBackend, ReferenceAttention
+from stages.delay.config import DelayConfig
+from stages.delay.delay_pattern import IncrementalDeDelayer
+from stages.delay.model import DelayModel
+from stages.delay.row_scheduler import RowRequest, RowScheduler
+from stages.delay.state import INSIDE_AUDIO, DelayState
+from stages.kv_cache import PagedKVCache
+from stages.runner import FrameEvent
+from stages.sampling import RowSampling, SamplingParams, sample_tokens
+
+DEFAULT_CPU_TOKENS_PER_REQUEST = 2048
+
+
+@dataclass(eq=False)
+class _Delay:
+    """Per-request generation state (host side)."""
+
+    sched: RowRequest
+    params: SamplingParams
+    state: DelayState
+    dedelay: IncrementalDeDelayer | None  # the open audio block's de-delayer
+    skip_frames: int  # frames of the open block that belong to the prompt (continuation)
+    rows_generated: int = 0
+    frames_emitted: int = 0
+    length_forced: bool = False  # the drain was forced by the frame budget
+
+
+class DelayRunner:
+    frame_rate = 12.5
+
+    def __init__(
+        self,
+        model: DelayModel,
+        *,
+        max_running: int = 64,
+        kv_block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_memory_fraction: float = 0.5,
+        prefill_chunk_tokens: int = 512,
+        max_prefill_tokens_per_step: int = 2048,
+        attention: AttentionBackend | None = None,
+        finish_on_audio_end: bool = True,
+    ) -> None:
+        param = next(model.parameters())
+        self.model, self.device, self.dtype = model.eval(), param.device, param.dtype
+        self.config: DelayConfig = model.config
+        cfg = self.config
+        self.n_vq = cfg.n_vq
+        self.finish_on_audio_end = finish_on_audio_end
+        self.attention = attention or ReferenceAttention()
+        spec = model.backbone_config.kv_cache_spec(1, kv_block_size)
+        if num_kv_blocks is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                num_kv_blocks = max(1, int(free * kv_memory_fraction) // spec.bytes_per_block(self.dtype))
+            else:
+                num_kv_blocks = max_running * spec.blocks_for(DEFAULT_CPU_TOKENS_PER_REQUEST)
+        cache = PagedKVCache(model.backbone_config.kv_cache_spec(num_kv_blocks, kv_block_size),
+                             dtype=self.dtype, device=self.device)
+        self.scheduler = RowScheduler(cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
+                                      max_prefill_tokens_per_step=max_prefill_tokens_per_step)
+        dev = self.device
+        # repetition history per slot: [slot, 0] codebook 0, [slot, 1] codebooks 1..n_vq-1
+        self.seen = torch.zeros(max_running, 2, cfg.audio_rows, dtype=torch.bool, device=dev)
+        vocab = cfg.vocab_size
+        outside = torch.zeros(vocab, dtype=torch.bool)
+        outside[[cfg.pad_token_id, cfg.gen_slot, cfg.delay_slot, cfg.audio_end]] = True
+        inside = torch.ones(vocab, dtype=torch.bool)
+        inside[[cfg.gen_slot, cfg.delay_slot]] = False
+        self._text_bans = torch.stack([outside, inside]).to(dev)  # [2, V]: banned ids per mode
+        self._codebooks = torch.arange(cfg.n_vq, device=dev)
+        self._requests: dict[int, _Delay] = {}
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 **options) -> DelayRunner:
+        return cls(DelayModel.from_dir(model_dir, device=device, dtype=dtype), **options)
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def can_admit(self, prompt_len: int) -> bool:
+        return self.scheduler.can_admit(prompt_len)
+
+    def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
+        cfg = self.config
+        prompt = np.asarray(prompt, dtype=np.int64)
+        if prompt.ndim != 2 or prompt.shape[1] != 1 + self.n_vq or len(prompt) == 0:
+            raise ValueError(f"request {rid}: prompt shape {prompt.shape}, expected [S >= 1, {1 + self.n_vq}]")
+        if params.max_new_frames < 1:
+            raise ValueError(f"request {rid}: max_new_frames {params.max_new_frames} < 1")
+        sched = self.scheduler.add(rid, prompt)
+        text = prompt[:, 0].tolist()
+        state = DelayState.for_prompt(text, cfg)
+        dedelay, skip = None, 0
+        if state.is_audio:  # continuation: replay the prompt's open audio block into a de-delayer
+            start = len(text) - state.audio_len
+            dedelay = IncrementalDeDelayer(self.n_vq)
+            for row in prompt[start + 1 :, 1:]:
+                dedelay.push(row)
+            skip = dedelay.rows_fed
+        self._requests[rid] = _Delay(sched, params, state, dedelay, skip)
+        codes = torch.from_numpy(prompt[:, 1:]).to(self.device)
+        self.seen[sched.slot] = False
+        self.seen[sched.slot, 0, codes[:, 0]] = True
+        self.seen[sched.slot, 1, codes[:, 1:].flatten()] = True
+
+    def remove(self, rid: int) -> None:
+        if self._requests.pop(rid, None) is not None:
+            self.scheduler.remove(rid)
+
+    def num_running(self) -> int:
+        return len(self._requests)
+
+    def rows(self, rid: int) -> np.ndarray:
+        """All rows of a running request so far (prompt + generated) [R, 1 + n_vq]."""
+        return self._requests[rid].sched.rows.view().copy()
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def step(self) -> list[FrameEvent]:
+        if not self._requests:
+            return []
+        batch = self.scheduler.pack(self.scheduler.schedule(), self.device)
+        with torch.inference_mode():
+            hidden = self.model(batch.ids, batch.meta, self.scheduler.cache, self.attention)  # [N, H]
+            if not batch.ready:
+                return []
+            ready = [self._requests[r.rid] for r in batch.ready]
+            rows = self._sample_rows(ready, hidden[batch.ready_rows]).cpu().numpy()  # the one host copy
+        return [event for req, row in zip(ready, rows) if (event := self._advance(req, row)) is not None]
+
+    def _frame_limit(self, req: _Delay) -> int:
+        forced = req.params.forced_frames
+        return min(forced, req.params.max_new_frames) if forced is not None else req.params.max_new_frames
+
+    def _sample_rows(self, ready: list[_Delay], h: torch.Tensor) -> torch.Tensor:
+        """h [B, H] -> new rows [B, 1 + n_vq] (device)."""
+        cfg, dev, n_vq = self.config, self.device, self.n_vq
+        forced, modes, ban_delay, ban_end, lo, hi = [], [], [], [], [], []
+        for req in ready:
+            rule = req.state.text_rule(cfg)
+            override = req.state.length_override(cfg, self._frame_limit(req), req.params.forced_frames is not None)
+            if override == cfg.delay_slot:
+                req.length_forced = req.params.forced_frames is None
+            forced.append(override if override is not None else (rule.forced if rule.forced is not None else -1))
+            modes.append(rule.mode)
+            ban_delay.append(rule.ban_delay_slot)
+            ban_end.append(rule.ban_im_end)
+            a, b = req.state.audio_channels()
+            lo.append(a)
+            hi.append(b)
+        p = [req.params for req in ready]
+        slots = torch.tensor([req.sched.slot for req in ready]).to(dev, non_blocking=True)
+        steps = torch.tensor([req.state.step for req in ready], dtype=torch.long).to(dev, non_blocking=True)
+
+        def per_row(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        seed = per_row([x.seed for x in p], torch.long)
+        # ---- text channel: temperature, masks by state, then top-k / top-p / draw
+        text_t = per_row([x.text_temperature if x.text_temperature > 0 else 1.0 for x in p], torch.float32)
+        text_logits = self.model.text_logits(h).float() / text_t[:, None]  # [B, V]
+        bans = self._text_bans[per_row(modes, torch.long)]  # [B, V]
+        bans[:, cfg.delay_slot] |= per_row(ban_delay, torch.bool)
+        bans[:, cfg.im_end] |= per_row(ban_end, torch.bool)
+        text_rows = RowSampling(
+            temperature=torch.ones_like(text_t), top_k=per_row([x.text_top_k for x in p], torch.long),
+            top_p=per_row([x.text_top_p for x in p], torch.float32), repetition_penalty=torch.ones_like(text_t),
+            greedy=per_row([x.greedy or x.text_temperature <= 0 for x in p], torch.bool), seed=seed)
+        text = sample_tokens(text_logits.masked_fill(bans, float("-inf")), text_rows, steps * (n_vq + 1), stream=0)
+        forced_t = per_row(forced, torch.long)
+        text = torch.where(forced_t >= 0, forced_t, text)  # [B]
+        # ---- audio channels: temperature, then repetition penalty, top-k, top-p, draw (all codebooks at once)
+        audio_t = per_row([x.temperature if x.temperature > 0 else 1.0 for x in p], torch.float32)
+        audio_logits = self.model.audio_logits(h).float() / audio_t[:, None, None]  # [B, n_vq, R]
+        B, R = len(ready), cfg.audio_rows
+        seen = self.seen[slots]  # [B, 2, R]
+        seen = torch.cat([seen[:, :1], seen[:, 1:].expand(B, n_vq - 1, R)], dim=1)  # [B, n_vq, R]
+
+        def each_codebook(t):
+            return t.repeat_interleave(n_vq)
+
+        audio_rows = RowSampling(
+            temperature=torch.ones(B * n_vq, device=dev),
+            top_k=each_codebook(per_row([x.top_k for x in p], torch.long)),
+            top_p=each_codebook(per_row([x.top_p for x in p], torch.float32)),
+            repetition_penalty=each_codebook(per_row([x.repetition_penalty for x in p], torch.float32)),
+            greedy=each_codebook(per_row([x.greedy or x.temperature <= 0 for x in p], torch.bool)),
+            seed=each_codebook(seed))
+        counters = (steps[:, None] * (n_vq + 1) + 1 + self._codebooks[None, :]).flatten()  # [B * n_vq]
+        codes = sample_tokens(audio_logits.flatten(0, 1), audio_rows, counters, stream=0,
+                              seen=seen.flatten(0, 1)).view(B, n_vq)
+        k = self._codebooks[None, :]
+        sampled = (k >= per_row(lo, torch.long)[:, None]) & (k < per_row(hi, torch.long)[:, None])
+        codes = torch.where(sampled, codes, torch.full_like(codes, cfg.audio_pad_code))  # [B, n_vq]
+        self.seen[slots, 0, codes[:, 0]] = True
+        self.seen[slots[:, None], 1, codes[:, 1:]] = True
+        return torch.cat([text[:, None], codes], dim=1)
+
+    def _advance(self, req: _Delay, row: np.ndarray) -> FrameEvent | None:
+        """Apply one sampled row on the host: state machine, de-delay, finish rules."""
+        cfg, state = self.config, req.state
+        text = int(row[0])
+        state.advance(text, cfg)
+        req.sched.rows.append(row)
+        req.rows_generated += 1
+        codes = None
+        if text == cfg.audio_start:
+            req.dedelay, req.skip_frames = IncrementalDeDelayer(self.n_vq), 0
+        elif text in (cfg.gen_slot, cfg.delay_slot) and req.dedelay is not None:
+            frame = req.dedelay.push(row[1:])
+            index = req.dedelay.rows_fed - self.n_vq  # the frame just released
+            if frame is not None and index >= req.skip_frames:
+                codes = frame
+                req.frames_emitted += 1
+        reason = None
+        if state.stopping:
+            reason = "stop"
+        elif state.block_complete and self.finish_on_audio_end:
+            reason = "length" if req.length_forced else "stop"
+        elif req.rows_generated >= req.params.max_new_frames + self.n_vq + 2:
+            reason = "length"  # the model never opened or closed audio within its budget
+        if reason is not None:
+            self.remove(req.sched.rid)
+            return FrameEvent(req.sched.rid, codes, finished=True, reason=reason)
+        return FrameEvent(req.sched.rid, codes) if codes is not None else None

@@ -1,0 +1,110 @@
+"""Delay runner: upstream greedy generation reproduced exactly, streaming frames, batching, budgets."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stages.delay.delay_pattern import de_delay, is_pad_frame
+from stages.delay.runner import DelayRunner
+from stages.sampling import SamplingParams
+
+GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
+GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=1000)
+
+
+def golden(name: str) -> dict[str, np.ndarray]:
+    with np.load(GOLDEN / f"case_{name}.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="module")
+def runner_upstream() -> DelayRunner:
+    return DelayRunner.from_dir(GOLDEN, max_running=4, num_kv_blocks=64, finish_on_audio_end=False)
+
+
+@pytest.mark.parametrize("name", ["plain", "voice_clone", "continuation"])
+def test_greedy_48_steps_equal_upstream_generation(runner_upstream, name):
+    g = golden(name)
+    runner_upstream.add(7, g["input_ids"], GREEDY)
+    events = [runner_upstream.step() for _ in range(48)]
+    rows = runner_upstream.rows(7)
+    runner_upstream.remove(7)
+    np.testing.assert_array_equal(rows[-48:], g["generated_rows"])
+    # frames stream out as they complete and equal upstream's de-delayed non-pad frames of block 1
+    frames = [e.codes for step in events for e in step if e.codes is not None]
+    dd = g["de_delayed_audio_codes"]
+    pad = is_pad_frame(dd, 64)
+    first_block = dd[np.flatnonzero(~pad)[0]:]
+    first_block = first_block[: np.argmax(is_pad_frame(first_block, 64))] if is_pad_frame(first_block, 64).any() \
+        else first_block
+    start = int(g["generation_start_length"]) - 1 if name == "continuation" else 0  # prompt frames are not re-emitted
+    np.testing.assert_array_equal(np.stack(frames)[: len(first_block) - start], first_block[start:])
+
+
+def test_first_frame_after_n_vq_plus_one_steps_and_finish_after_drain():
+    g = golden("plain")
+    runner = DelayRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64)
+    runner.add(1, g["input_ids"], GREEDY)
+    step_of_frame, finished_at, reason = [], None, None
+    for step in range(1, 60):
+        for e in runner.step():
+            if e.codes is not None:
+                step_of_frame.append(step)
+            if e.finished:
+                finished_at, reason = step, e.reason
+        if finished_at:
+            break
+    n_vq = 32
+    assert step_of_frame[0] == n_vq + 1  # audio_start, then n_vq rows until frame 0's last codebook
+    assert step_of_frame == list(range(n_vq + 1, n_vq + 1 + 9))  # one frame per step after that
+    assert finished_at == step_of_frame[-1] and reason == "stop"  # no extra audio_end step
+    assert runner.num_running() == 0
+    # the 9 streamed frames are upstream's 9 non-pad de-delayed frames
+    dd = de_delay(g["generation_ids"][:, 1:])
+    assert len(step_of_frame) == (~is_pad_frame(dd, 64)).sum() == 9
+
+
+def test_batched_requests_equal_solo_runs_and_forced_length():
+    """Sampled (not greedy) requests in one batch give the same frames as alone; forced_frames holds."""
+    p1 = golden("plain")["input_ids"]
+    p2 = golden("voice_clone")["input_ids"]
+    params = [SamplingParams(temperature=1.0, top_k=10, top_p=0.9, repetition_penalty=1.2, text_temperature=1.0,
+                             seed=s, forced_frames=f) for s, f in ((3, 5), (4, 3))]
+
+    def run(items):
+        runner = DelayRunner.from_dir(GOLDEN, max_running=4, num_kv_blocks=64, prefill_chunk_tokens=40)
+        for rid, prompt, sp in items:
+            runner.add(rid, prompt, sp)
+        out = {rid: [] for rid, _, _ in items}
+        done = {}
+        for _ in range(80):
+            for e in runner.step():
+                if e.codes is not None:
+                    out[e.rid].append(e.codes)
+                if e.finished:
+                    done[e.rid] = e.reason
+            if runner.num_running() == 0:
+                break
+        return out, done
+
+    together, done = run([(1, p1, params[0]), (2, p2, params[1])])
+    alone1, _ = run([(1, p1, params[0])])
+    alone2, _ = run([(2, p2, params[1])])
+    assert done == {1: "stop", 2: "stop"}
+    assert len(together[1]) == 5 and len(together[2]) == 3
+    np.testing.assert_array_equal(np.stack(together[1]), np.stack(alone1[1]))
+    np.testing.assert_array_equal(np.stack(together[2]), np.stack(alone2[2]))
+    assert all((f < 64).all() for f in together[1] + together[2])
+
+
+def test_max_new_frames_finishes_with_length():
+    runner = DelayRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64)
+    params = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=4)
+    runner.add(5, golden("voice_clone")["input_ids"], params)
+    frames, last = 0, None
+    while runner.num_running():
+        for e in runner.step():
+            frames += e.codes is not None
+            last = e
+    assert frames == 4 and last.finished and last.reason == "length"
