@@ -29,3 +29,27 @@ def load_talker(
     model = model.to_empty(device=device).to(dtype)
     load_weights(model, read_state_dict(model_dir, device=device, dtype=dtype), ignore=TIED_CHECKPOINT_NAMES)
     return model.eval()
+
+
+def resolve_dtype(profile_dtype: str, device: str) -> torch.dtype:
+    """`model.dtype` of a profile: auto = bfloat16 on cuda, float32 elsewhere."""
+    if profile_dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[profile_dtype]
+
+
+def load_talker_runner(model_dir: str | Path, profile, device: str):
+    """The `LocalV15Runner` a profile asks for (`talker.*` capacity, `model.dtype`)."""
+    from stages.local_v15.runner import LocalV15Runner
+
+    t = profile.talker
+    model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
+    return LocalV15Runner(
+        model,
+        max_running=t.max_running,
+        kv_block_size=t.kv_block_size,
+        num_kv_blocks=t.kv_blocks,
+        kv_memory_fraction=t.kv_memory_fraction,
+        prefill_chunk_tokens=t.prefill_chunk_tokens,
+        max_prefill_tokens_per_step=t.max_prefill_tokens_per_step,
+    )

@@ -79,3 +79,65 @@ def test_teacher_forced_hidden_and_logits(model, golden, name):
         errors[key] = (ours[finite] - ref[finite]).abs().max().item()
         torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4, msg=key)
     print(f"\n[{name}] max abs error: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
+
+
+# ---- checkpoint shapes and loading --------------------------------------------------------------
+
+
+def test_full_size_parameter_count():
+    """The released shapes (Qwen3-4B + one 2560-wide gpt2 block, tied heads): about 4.13 B."""
+    from stages.local_v15.config import full_size_config
+    from stages.local_v15.loader import build_talker_module
+
+    with torch.device("meta"):
+        model = build_talker_module(full_size_config())
+    n = sum(p.numel() for p in model.parameters())
+    print(f"\nfull-size v1.5 talker parameters: {n:,}")
+    assert n == 4_129_990_144
+    assert model.local_transformer.h[0].attn.head_dim == 80
+
+
+def test_tiny_config_builds_and_generates():
+    from stages.local_v15.config import tiny_config
+    from stages.local_v15.loader import build_talker_module
+    from stages.local_v15.runner import LocalV15Runner
+    from stages.sampling import SamplingParams
+
+    torch.manual_seed(0)
+    model = build_talker_module(tiny_config())
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.codebook_size, cfg.n_vq, cfg.local.num_heads) == (64, 1024, 12, 4)
+    runner = LocalV15Runner(model, max_running=1, num_kv_blocks=8)
+    prompt = np.full((5, 13), cfg.audio_pad_code, dtype=np.int64)
+    prompt[:, 0] = [cfg.im_start, 10, 11, 12, cfg.audio_start]
+    runner.add(0, prompt, SamplingParams(seed=3, forced_frames=3))
+    events = [ev for _ in range(3) for ev in runner.step()]
+    assert [ev.finished for ev in events] == [False, False, True]
+    assert all(ev.codes.shape == (12,) and (0 <= ev.codes).all() and (ev.codes < 1024).all() for ev in events)
+
+
+def test_loader_is_strict_and_accepts_tied_copies(golden, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from stages.checkpoint import CheckpointError
+
+    state = load_file(str(golden / "model.safetensors"))
+    shutil.copy(golden / "config.json", tmp_path / "config.json")
+
+    def write(tensors):
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+
+    # tied copies stored explicitly (not dropped by save_pretrained): accepted
+    write({**state, "audio_lm_heads.3.weight": state["audio_embeddings.3.weight"].clone(),
+           "text_lm_head.weight": state["transformer.embed_tokens.weight"].clone()})
+    load_talker(tmp_path)
+    missing = dict(state)
+    del missing["local_text_lm_head.weight"]
+    write({**missing, "local_transformer.h.0.extra": torch.zeros(2)})
+    with pytest.raises(CheckpointError, match=r"local_text_lm_head\.weight.*local_transformer\.h\.0\.extra"):
+        load_talker(tmp_path)
+    write({**state, "audio_embeddings.0.weight": torch.zeros(65, 32)})
+    with pytest.raises(CheckpointError, match=r"audio_embeddings\.0\.weight: checkpoint \(65, 32\)"):
+        load_talker(tmp_path)

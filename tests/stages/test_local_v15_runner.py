@@ -148,3 +148,16 @@ def test_rejects_bad_requests(model, golden):
     with pytest.raises(ValueError, match="exceeds the whole KV cache"):
         runner.add(1, case(golden, "plain")["input_ids"], SamplingParams())
     assert runner.num_running() == 0
+
+
+def test_runner_from_profile(golden):
+    from profiles.loader import load_profile
+    from stages.local_v15.loader import load_talker_runner
+
+    profile = load_profile("cpu")
+    runner = load_talker_runner(golden, profile, "cpu")
+    assert runner.max_running == profile.talker.max_running
+    assert runner.cache.spec.num_blocks == profile.talker.kv_blocks
+    assert runner.cache.spec.block_size == profile.talker.kv_block_size
+    assert runner.prefill_chunk_tokens == profile.talker.prefill_chunk_tokens
+    assert runner.dtype == torch.float32 and (runner.n_vq, runner.frame_rate) == (12, 12.5)
