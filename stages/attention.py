@@ -10,8 +10,10 @@ The seam: an attention backend is a callable
 `backend(q [N, Hq, D], k_pool, v_pool [num_blocks, block_size, Hkv, D], meta, scale) -> [N, Hq, D]`
 called *after* the layer has written this step's keys/values into the pool. `ReferenceAttention`
 gathers each sequence's K/V from its blocks and runs `F.scaled_dot_product_attention`; it is the
-definition of correct. A Triton / FlexAttention GPU backend plugs in at the same seam and must
-agree with it (tests compare the two).
+definition of correct. `BatchedDecodeAttention` handles all 1-token (decode) sequences of a step
+in one padded SDPA call without host loops (prefill chunks still go through the reference path);
+a Triton / FlexAttention paged kernel plugs in at the same seam and must agree with the
+reference (tests compare them).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [N] int64: flat pool slot of every new token
     positions: torch.Tensor  # [N] int64: position of every new token in its sequence
     last_token_index: torch.Tensor  # [B] int64: row of each sequence's last new token
+    decode_rows: torch.Tensor  # [n_decode] int64: rows of the sequences with one new token
+    decode_seqs: torch.Tensor  # [n_decode] int64: their sequence indices
     query_lens_host: tuple[int, ...]
     seq_lens_host: tuple[int, ...]
     max_query_len: int
@@ -83,6 +87,7 @@ def build_attention_metadata(
     def dev(values, dtype):
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
+    decode_seqs = [i for i, q in enumerate(qlens) if q == 1]
     return AttentionMetadata(
         seq_ids=tuple(seq_ids),
         query_start_loc=dev(qstart, torch.int32),
@@ -92,6 +97,8 @@ def build_attention_metadata(
         slot_mapping=dev(slots, torch.int64),
         positions=dev(positions, torch.int64),
         last_token_index=dev([s - 1 for s in qstart[1:]], torch.int64),
+        decode_rows=dev([qstart[i] for i in decode_seqs], torch.int64),
+        decode_seqs=dev(decode_seqs, torch.int64),
         query_lens_host=tuple(qlens),
         seq_lens_host=tuple(slens),
         max_query_len=max(qlens),
@@ -140,4 +147,38 @@ class ReferenceAttention:
             o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale)  # [Hq, Q, D]
             out[row : row + q_len] = o.transpose(0, 1)
             row += q_len
+        return out
+
+
+class BatchedDecodeAttention:
+    """Decode tokens of all sequences in one SDPA call; prefill chunks through the reference.
+
+    The 1-token sequences' blocks are gathered into a padded `[n, max_blocks * block_size]` K/V
+    (keys past a sequence's length masked out); no per-sequence host loop, so the decode part
+    is a fixed sequence of kernels for a given (n, max_blocks).
+    """
+
+    def __init__(self) -> None:
+        self._reference = ReferenceAttention()
+
+    def __call__(self, q, k_pool, v_pool, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        n_decode = meta.decode_seqs.shape[0]
+        if n_decode < len(meta.query_lens_host):  # some prefill chunks: reference for those
+            out = self._reference(q, k_pool, v_pool, meta, scale)
+        else:
+            out = torch.empty_like(q)
+        if n_decode == 0:
+            return out
+        rep = q.shape[1] // k_pool.shape[2]
+        tables = meta.block_tables[meta.decode_seqs].long()  # [n, max_blocks]
+        k = k_pool[tables].flatten(1, 2).repeat_interleave(rep, dim=2)  # [n, L, Hq, D]
+        v = v_pool[tables].flatten(1, 2).repeat_interleave(rep, dim=2)
+        lens = meta.seq_lens[meta.decode_seqs]  # [n]
+        mask = torch.arange(k.shape[1], device=q.device)[None, :] < lens[:, None]  # [n, L]
+        qd = q[meta.decode_rows].unsqueeze(2)  # [n, Hq, 1, D]
+        o = F.scaled_dot_product_attention(
+            qd, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), attn_mask=mask[:, None, None, :],
+            scale=scale,
+        )  # [n, Hq, 1, D]
+        out[meta.decode_rows] = o.squeeze(2)
         return out
