@@ -164,7 +164,7 @@ class ApiConfig(_Section):
     """The HTTP front end."""
 
     host: Annotated[str, doc("address the server binds; issue 5", min_length=1)] = "127.0.0.1"
-    port: Annotated[int, doc("TCP port; issue 5", ge=1, le=65535)] = 8000
+    port: Annotated[int, doc("TCP port (0 = any free port); issue 5", ge=0, le=65535)] = 8000
     api_servers: Annotated[int, doc(
         "API processes sharing one port, one coordinator and one pair of workers; issue 5",
         ge=1)] = 1
