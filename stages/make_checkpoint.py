@@ -59,6 +59,47 @@ def talker_config(size: Size) -> dict:
     return full_size_config() if size == "full" else tiny_config()
 
 
+QWEN3_DEFAULTS = {
+    "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": None, "initializer_range": 0.02,
+    "max_window_layers": 28, "sliding_window": None, "use_cache": True, "use_sliding_window": False,
+}
+GPT2_DEFAULTS = {
+    "add_cross_attention": False, "bos_token_id": 50256, "eos_token_id": 50256, "initializer_range": 0.02,
+    "pad_token_id": None, "reorder_and_upcast_attn": False, "scale_attn_by_inverse_layer_idx": False,
+    "scale_attn_weights": True, "summary_activation": None, "summary_first_dropout": 0.1,
+    "summary_proj_to_labels": True, "summary_type": "cls_index", "summary_use_proj": True,
+    "tie_word_embeddings": True, "use_cache": True,
+}
+
+
+def with_hf_keys(config: dict) -> dict:
+    """The talker config with the bookkeeping keys a hub checkpoint's config.json carries
+    (auto_map, initializer_range, transformers_version, Qwen3/GPT-2 defaults), as in the golden
+    v1.5 config. Keys already present are kept; no size changes."""
+    out = dict(config)
+    out.setdefault("auto_map", {
+        "AutoConfig": "configuration_moss_tts.MossTTSLocalConfig",
+        "AutoModel": "modeling_moss_tts.MossTTSLocalModel",
+        "AutoProcessor": "processing_moss_tts.MossTTSLocalProcessor",
+    })
+    out.setdefault("initializer_range", 0.02)
+    out.setdefault("transformers_version", "5.0.0")
+    for key in ("qwen3_config", "language_config"):
+        if key in out:
+            qwen = dict(out[key])
+            layers = int(qwen["num_hidden_layers"])
+            for k, v in QWEN3_DEFAULTS.items():
+                qwen.setdefault(k, v)
+            qwen.setdefault("layer_types", ["full_attention"] * layers)
+            out[key] = qwen
+    if "gpt2_config" in out:
+        gpt2 = dict(out["gpt2_config"])
+        for k, v in GPT2_DEFAULTS.items():
+            gpt2.setdefault(k, v)
+        out["gpt2_config"] = gpt2
+    return out
+
+
 def _meta_codec(config: dict) -> nn.Module:
     from stages.codec.config import CodecConfig
     from stages.codec.model import CodecModel
@@ -97,7 +138,7 @@ def write_talker(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, 
     from stages.tokenizer_builder import write_tokenizer_files
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = dict(config, dtype=DTYPE_NAMES[dtype][0])
+    config = with_hf_keys(dict(config, dtype=DTYPE_NAMES[dtype][0]))
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", {"pad_token_id": config["pad_token_id"]})
     write_tokenizer_files(config, out_dir)

@@ -3,17 +3,31 @@ a tokenizer whose special ids match the config, and the embedded demo model."""
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
+from api.cli import main as cli_main
+from stages import demo_model
 from stages.checkpoint import INDEX_FILE, read_state_dict
 from stages.codec.loader import load_codec
+from stages.demo_model import demo_key, ensure_demo_model
+from stages.local_v15.loader import load_talker
 from stages.local_v15.processor import LocalV15Processor
-from stages.make_checkpoint import codec_config, write_codec
-from stages.random_weights import TensorSpec, plan_shards, random_tensor, tensor_seed
+from stages.make_checkpoint import (
+    CODEC_DIR,
+    DEFAULT_SHARD_BYTES,
+    _meta_talker,
+    codec_config,
+    make_checkpoint,
+    talker_config,
+    write_codec,
+    write_talker,
+)
+from stages.random_weights import TensorSpec, module_specs, plan_shards, random_tensor, tensor_seed
 from stages.tokenizer import TextTokenizer
 from stages.tokenizer_builder import build_tokenizer, write_tokenizer_files
 
@@ -117,3 +131,97 @@ def test_tokenizer_files_drive_the_processor(tmp_path):
     assert tok.decode(prompt[:, 0].tolist()).count("<|im_start|>") == 2
     assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
     assert build_tokenizer(golden_cfg).to_str() == build_tokenizer(golden_cfg).to_str()  # deterministic
+
+
+# ---------------------------------------------------------------- the whole Local-v1.5 checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny") / "ckpt"
+    summary = make_checkpoint(out, variant="local-v1.5", size="tiny", seed=5)
+    return out, summary
+
+
+def test_tiny_checkpoint_loads_strictly_through_both_loaders(tiny_dir):
+    out, summary = tiny_dir
+    talker = load_talker(out)
+    assert sum(p.numel() for p in talker.parameters()) == summary.talker.num_params
+    codec = load_codec(out / CODEC_DIR)
+    assert codec.cfg.channels == 2 and codec.cfg.quantizer.codebook_size == talker.config.codebook_size
+    assert not any((out / f).exists() for f in (INDEX_FILE, CODEC_DIR + "/" + INDEX_FILE))
+
+
+def test_tiny_config_mirrors_the_golden_layout(tiny_dir):
+    out, _ = tiny_dir
+    golden = json.loads((GOLDEN_V15 / "config.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert set(config) == set(golden)
+    assert set(config["qwen3_config"]) == set(golden["qwen3_config"])
+    assert set(config["gpt2_config"]) == set(golden["gpt2_config"])
+    assert config["dtype"] == "float32" and config["model_type"] == "moss_tts_local"
+    tied = ("text_lm_head.weight", "audio_lm_heads.0.weight")
+    names = set(safe_open(str(out / "model.safetensors"), framework="pt").keys())
+    assert names.isdisjoint(tied) and "transformer.embed_tokens.weight" in names
+
+
+def test_tiny_tokenizer_special_ids_match_the_config(tiny_dir):
+    out, _ = tiny_dir
+    config = json.loads((out / "config.json").read_text())
+    tok = TextTokenizer.from_dir(out)
+    assert tok.vocab_size <= config["vocab_size"]
+    for key in ("pad_token_id", "im_start_token_id", "im_end_token_id", "audio_start_token_id",
+                "audio_end_token_id", "audio_user_slot_token_id", "audio_assistant_slot_token_id"):
+        assert tok.decode([config[key]]).startswith("<|"), key
+    processor = LocalV15Processor.from_dir(out)
+    prompt = processor.build_prompt("A short sentence.", language="English")
+    assert prompt[-1, 0] == config["audio_start_token_id"] and prompt[:, 0].max() < config["vocab_size"]
+
+
+def test_talker_shards_load_like_one_file(tiny_dir, tmp_path):
+    out, _ = tiny_dir
+    written = write_talker(tmp_path, talker_config("tiny"), seed=5, dtype=torch.float32, max_shard_bytes=400_000)
+    assert len(written.files) >= 3 and (tmp_path / INDEX_FILE).is_file()
+    a, b = load_talker(out), load_talker(tmp_path)
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+def test_full_size_shapes_count_about_4_13_b_talker_parameters():
+    # meta device only: names and shapes, no memory
+    specs = module_specs(_meta_talker(talker_config("full")), "talker")
+    total = sum(s.numel() for s in specs)
+    assert 4.12e9 < total < 4.14e9
+    shards = plan_shards(specs, torch.bfloat16, DEFAULT_SHARD_BYTES["full"])
+    assert len(shards) >= 4 and all(sum(s.numel() * 2 for s in sh) <= DEFAULT_SHARD_BYTES["full"] for sh in shards[:-1])
+    tok = build_tokenizer(talker_config("full"))
+    assert tok.get_vocab_size() <= talker_config("full")["vocab_size"]
+
+
+def test_cli_writes_a_checkpoint(tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert cli_main(["make-checkpoint", "--size", "tiny", "--out", str(out), "--seed", "1"]) == 0
+    assert "random weights" in capsys.readouterr().out
+    load_talker(out)
+    assert cli_main(["make-checkpoint", "--size", "tiny", "--out", str(out)]) == 2  # not empty
+
+
+# ---------------------------------------------------------------- the embedded demo model
+
+
+def test_demo_model_is_created_once_atomically_and_warns(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="stages.demo_model"):
+        first = ensure_demo_model(tmp_path / "cache")
+    assert "RANDOM weights" in caplog.text
+    assert first.parent == tmp_path / "cache" and demo_key() in first.name
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no temp dir left
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert ensure_demo_model(tmp_path / "cache") == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rewritten
+    load_talker(first)
+
+
+def test_demo_key_follows_the_generator_version(monkeypatch):
+    key = demo_key()
+    monkeypatch.setattr(demo_model, "GENERATOR_VERSION", demo_model.GENERATOR_VERSION + "+changed")
+    assert demo_key() != key

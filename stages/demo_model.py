@@ -1,0 +1,63 @@
+"""The embedded demo model: a tiny random-weight Local-v1.5 checkpoint, created on first use.
+
+`ensure_demo_model(cache_dir)` returns `<cache_dir>/demo-local-v1.5-<key>`, writing it first when
+absent. The key hashes the generator version, the seed and both configs, so a change to any of
+them makes a new directory instead of reusing a stale one. The directory is written under a
+temporary name and renamed into place, so a reader never sees a half-written checkpoint and two
+processes racing to create it both end up with one complete copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Bump when the weight generator, tokenizer builder or directory layout changes.
+GENERATOR_VERSION = "local-v1.5-demo/1"
+DEMO_SEED = 0
+RANDOM_WEIGHTS_WARNING = (
+    "demo model %s has RANDOM weights (no real checkpoint given): the audio is noise-like and "
+    "the length is forced from the text"
+)
+
+
+def demo_key() -> str:
+    """12 hex digits identifying what `make_checkpoint` would write for the demo model."""
+    from stages.make_checkpoint import codec_config, talker_config
+
+    blob = json.dumps(
+        {"version": GENERATOR_VERSION, "seed": DEMO_SEED,
+         "talker": talker_config("tiny"), "codec": codec_config("tiny")},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def ensure_demo_model(cache_dir: str | Path) -> Path:
+    """The demo checkpoint directory under `cache_dir` (`~` expanded), created if missing."""
+    from stages.make_checkpoint import make_checkpoint
+
+    cache = Path(cache_dir).expanduser()
+    target = cache / f"demo-local-v1.5-{demo_key()}"
+    if not (target / "config.json").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache))
+        try:
+            make_checkpoint(tmp, variant="local-v1.5", size="tiny", seed=DEMO_SEED)
+            try:
+                os.rename(tmp, target)
+                log.info("created demo model %s", target)
+            except OSError:  # another process renamed its copy into place first
+                if not (target / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.warning(RANDOM_WEIGHTS_WARNING, target)
+    return target
