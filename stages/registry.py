@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 
 from ipc.messages import Sampling
@@ -47,6 +48,18 @@ class Variant(Protocol):
 
     def make_codec_runner(self, device: str) -> Any:
         """The codec runner (loads the audio tokenizer) for this process."""
+
+
+def to_wire(params: Any) -> Sampling:
+    """The wire record of a `stages.sampling.SamplingParams` (same fields)."""
+    return Sampling(**msgspec.structs.asdict(params))
+
+
+def from_wire(sampling: Sampling) -> Any:
+    """The runner's `stages.sampling.SamplingParams` of a wire record."""
+    from stages.sampling import SamplingParams
+
+    return SamplingParams(**msgspec.structs.asdict(sampling))
 
 
 class UnknownModel(ValueError):

@@ -19,7 +19,7 @@ from profiles import Profile
 from stages.checkpoint import read_config
 from stages.codec.config import CodecConfig
 from stages.local_v15.processor import LocalV15Processor
-from stages.registry import SpeechJobLike
+from stages.registry import SpeechJobLike, to_wire
 from stages.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -28,16 +28,6 @@ CODEC_SUBDIR = "audio_tokenizer"
 # Keys a request may override in `SpeechJob.sampling` (the HTTP body's sampling fields).
 OVERRIDABLE = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_new_frames",
                "greedy")
-
-
-def to_wire(params: SamplingParams) -> Sampling:
-    """The wire record of a `SamplingParams` (same fields)."""
-    return Sampling(**msgspec.structs.asdict(params))
-
-
-def from_wire(sampling: Sampling) -> SamplingParams:
-    """The runner's `SamplingParams` of a wire record."""
-    return SamplingParams(**msgspec.structs.asdict(sampling))
 
 
 _FIELD_TYPES = {f.name: f.type for f in msgspec.structs.fields(Sampling)}
@@ -130,6 +120,20 @@ class LocalV15Variant:
         return load_talker_runner(self.model_dir, self.profile, device)
 
     def make_codec_runner(self, device: str) -> Any:
-        from stages.codec_runner import load_codec_runner
+        import torch
 
-        return load_codec_runner(self.codec_dir, self.profile, device)
+        from stages.codec.loader import load_codec
+        from stages.codec_runner import CodecRunner
+
+        dtype = torch.bfloat16 if _wants_bf16(self.profile, device) else torch.float32
+        c = self.profile.chunking
+        return CodecRunner(load_codec(self.codec_dir, device, dtype), n_vq=self.n_vq,
+                           max_slots=self.profile.codec.max_slots,
+                           max_chunk_frames=max(c.chunk_frames, c.initial_chunk_frames, *c.ramp))
+
+
+def _wants_bf16(profile: Profile, device: str) -> bool:
+    """`model.dtype` resolved: auto = bfloat16 on cuda, float32 on cpu."""
+    if profile.model.dtype == "auto":
+        return device.startswith("cuda")
+    return profile.model.dtype == "bfloat16"

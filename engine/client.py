@@ -1,0 +1,284 @@
+"""`EngineClient`: the engine as seen from one API process (or the offline API).
+
+`generate(job)` builds the prompt here, in the caller's process (the variant's request adapter),
+submits it with the prompt as raw payload, and yields `AudioChunk`s as the codec worker's PCM
+records arrive on this client's own ring. Closing or cancelling the iterator before its final
+chunk sends `Abort`, which the coordinator forwards to both workers.
+
+Two reader tasks (coordinator → client control, codec → client data) route records by request id
+into per-request mailboxes whose `put` never awaits. A dead codec or coordinator (`PeerGone` on
+either ring) fails every open request with `EngineFailed` and makes `healthy()` false.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.counters import CounterBlock
+from engine.outbox import Outbox
+from ipc.channel import Channel, ChannelSpec
+from ipc.errors import EndOfStream, PeerGone, RingClosed
+from ipc.peer import Peer
+from ipc.messages import Abort, EncodeRequest, EncodeResult, Failed, PcmChunk, Rejected, Submit
+from profiles import Profile
+
+log = logging.getLogger(__name__)
+
+ID_SHIFT = 40  # request ids: client_index << 40 | counter
+
+
+@dataclass
+class SpeechJob:
+    """An engine-level speech request, built by the API from the HTTP body (or by a caller)."""
+
+    text: str
+    language: str | None = None
+    instructions: str | None = None
+    ref_codes: np.ndarray | None = None   # [T, n_vq] int64, from the reference-code cache
+    ref_text: str | None = None            # continuation mode when set with ref_codes
+    sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k,
+    #   repetition_penalty, seed, max_new_frames, greedy
+    initial_chunk_frames: int | None = None
+    forced_frames: int | None = None       # benchmark / random-weights forced length
+
+
+@dataclass
+class AudioChunk:
+    """A piece of a request's audio. The last one has `final=True` (its PCM may be empty)."""
+
+    pcm: np.ndarray            # float32 [samples, channels]
+    final: bool
+    finish_reason: str | None  # "stop" | "length" on the final chunk
+
+
+class EngineRejected(Exception):
+    """Admission refused the request (queue full or shutting down): HTTP 429/503 + Retry-After."""
+
+    def __init__(self, reason: str, retry_after_s: float) -> None:
+        super().__init__(f"{reason} (retry after {retry_after_s:g} s)")
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class EngineFailed(Exception):
+    """The request could not complete: a worker died, its deadline passed, or an internal error."""
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """Picklable: what a spawned API process needs to build its `EngineClient` (`connect`)."""
+
+    index: int
+    model_dir: str
+    profile: Profile
+    to_coord: ChannelSpec
+    from_coord: ChannelSpec
+    from_codec: ChannelSpec
+    counters_name: str
+    counters_hist: int
+    watch_pids: tuple[int, ...] = ()   # coordinator and workers: healthy() is false once one exits
+
+
+class _Mailbox:
+    """One request's inbox: `put` never awaits; `get` waits for the next item."""
+
+    def __init__(self) -> None:
+        self.items: deque[Any] = deque()
+        self.event = asyncio.Event()
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        self.event.set()
+
+    async def get(self) -> Any:
+        while not self.items:
+            self.event.clear()
+            await self.event.wait()
+        return self.items.popleft()
+
+
+class EngineClient:
+    """One per API process; see the module docstring. Use `connect(spec)` or the engine handle."""
+
+    def __init__(self, index: int, variant: Any, to_coord: Channel, from_coord: Channel,
+                 from_codec: Channel, counters: CounterBlock,
+                 watch_pids: tuple[int, ...] = ()) -> None:
+        self.index = index
+        self.variant = variant
+        self.sample_rate: int = variant.sample_rate
+        self.channels: int = variant.channels
+        self.n_vq: int = variant.n_vq
+        self.model_name: str = variant.name
+        self._to_coord = to_coord
+        self._from_coord, self._from_codec = from_coord, from_codec
+        self._outbox: Outbox | None = None
+        self._counters = counters
+        self._ids = itertools.count(1)
+        self._boxes: dict[int, _Mailbox] = {}
+        self._readers: list[asyncio.Task] = []
+        self._dead: str | None = None
+        self._peers = [Peer(pid) for pid in watch_pids]
+
+    @classmethod
+    def connect(cls, spec: ClientSpec) -> EngineClient:
+        """Open this API process's channels and counters (call once, in the API process)."""
+        from stages.registry import load_variant
+
+        variant = load_variant(spec.model_dir, spec.profile)
+        return cls(spec.index, variant, spec.to_coord.open(), spec.from_coord.open(),
+                   spec.from_codec.open(),
+                   CounterBlock.attach(spec.counters_name, spec.counters_hist), spec.watch_pids)
+
+    # ---- the interface -------------------------------------------------------------------------
+
+    async def generate(self, job: SpeechJob) -> AsyncIterator[AudioChunk]:
+        """Stream `job`'s audio. Raises `EngineRejected`, `EngineFailed`, or `ValueError` (bad
+        job fields, before anything is submitted)."""
+        prompt, sampling = self.variant.build_request(job)  # [S, 1 + n_vq] int64
+        self._check_alive()
+        rid, box = self._open_mailbox()
+        self._send(Submit(rid=rid, client=self.index, sampling=sampling,
+                          initial_chunk_frames=job.initial_chunk_frames), prompt)
+        finished = False
+        try:
+            while True:
+                item = await box.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.final:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            self._boxes.pop(rid, None)
+            if not finished and self._dead is None:
+                self._send(Abort(rid=rid))
+
+    async def encode_reference(self, wav: np.ndarray) -> np.ndarray:
+        """Reference waveform `[channels, samples]` float32 at the codec rate (prepared by the
+        processor) → codes `[T, n_vq]` int64, encoded on the codec worker (batched there)."""
+        wav = np.ascontiguousarray(wav, dtype=np.float32)
+        if wav.ndim != 2 or wav.shape[0] != self.channels:
+            raise ValueError(f"reference waveform must be [{self.channels}, samples], "
+                             f"got {list(wav.shape)}")
+        self._check_alive()
+        job, box = self._open_mailbox()
+        try:
+            self._send(EncodeRequest(job=job, client=self.index), wav)
+            item = await box.get()
+        finally:
+            self._boxes.pop(job, None)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def healthy(self) -> bool:
+        """Every engine process is alive and no stage has failed."""
+        return (self._dead is None and self._counters["healthy"] == 1
+                and all(peer.alive() for peer in self._peers))
+
+    def ready(self) -> bool:
+        return self.healthy() and self._counters["ready"] == 1
+
+    def counters(self) -> dict:
+        """Engine counters (shared block) plus this client's own ring bytes and open requests."""
+        snap = self._counters.snapshot()
+        own = sum(ch.statistics().used_bytes for ch in (self._from_coord, self._from_codec)
+                  if not ch.closed)
+        snap["client_ring_bytes"] = own
+        snap["client_open"] = len(self._boxes)
+        return snap
+
+    async def close(self) -> None:
+        """Stop the readers and close this client's channel ends."""
+        for task in self._readers:
+            task.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        self._readers.clear()
+        if self._outbox is not None:
+            self._outbox.close()
+        self._fail_all("engine client closed")
+        for ch in (self._to_coord, self._from_coord, self._from_codec):
+            ch.close()
+        self._counters.close()
+        for peer in self._peers:
+            peer.close()
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineFailed(self._dead)
+        if not self._readers:
+            loop = asyncio.get_running_loop()
+            self._outbox = Outbox(self._to_coord, f"client{self.index}->coordinator")
+            self._readers = [loop.create_task(self._read(self._from_coord, "coordinator")),
+                             loop.create_task(self._read(self._from_codec, "codec"))]
+
+    def _open_mailbox(self) -> tuple[int, _Mailbox]:
+        rid = (self.index << ID_SHIFT) | next(self._ids)
+        box = self._boxes[rid] = _Mailbox()
+        return rid, box
+
+    def _send(self, msg: Any, payload: Any = None) -> None:
+        assert self._outbox is not None
+        if not self._outbox.put(msg, payload):
+            self._on_gone("coordinator", self._outbox.broken)
+
+    async def _read(self, channel: Channel, source: str) -> None:
+        while True:
+            try:
+                rec = await channel.recv_async()
+            except (PeerGone, EndOfStream, RingClosed) as exc:
+                self._on_gone(source, exc)
+                return
+            try:
+                self._route(rec.msg, rec)
+            finally:
+                rec.release()
+
+    def _route(self, msg: Any, rec: Any) -> None:
+        match msg:
+            case PcmChunk(rid=rid, final=final, finish_reason=reason):
+                box = self._boxes.get(rid)
+                if box is not None:  # else: aborted, nobody listens
+                    pcm = rec.array(np.float32).reshape(-1, self.channels).copy()
+                    box.put(AudioChunk(pcm=pcm, final=final, finish_reason=reason))
+            case EncodeResult(job=job, error=error):
+                box = self._boxes.get(job)
+                if box is not None:
+                    if error is not None:
+                        box.put(EngineFailed(f"reference encoding failed: {error}"))
+                    else:
+                        box.put(rec.array(np.int64).reshape(-1, self.n_vq).copy())
+            case Rejected(rid=rid, reason=reason, retry_after_s=retry):
+                box = self._boxes.get(rid)
+                if box is not None:
+                    box.put(EngineRejected(reason, retry))
+            case Failed(rid=rid, message=message):
+                box = self._boxes.get(rid)
+                if box is not None:
+                    box.put(EngineFailed(message))
+            case _:
+                log.error("client %d: unexpected record %r", self.index, msg)
+
+    def _on_gone(self, source: str, exc: BaseException | None) -> None:
+        if self._dead is None:
+            self._dead = f"the {source} is gone ({exc})"
+            report = log.error if self._boxes else log.info
+            report("engine client %d: %s", self.index, self._dead)
+        self._fail_all(self._dead)
+
+    def _fail_all(self, reason: str) -> None:
+        for box in self._boxes.values():
+            box.put(EngineFailed(reason))

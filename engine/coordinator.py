@@ -1,0 +1,314 @@
+"""The coordinator: request table, admission, deadlines, cancellation, failure handling, counters.
+
+Event-driven only: one reader task per inbound channel sleeps on that channel's doorbell (and its
+peer's pidfd); handlers are plain functions that never await, and every send goes through a
+never-blocking `Outbox`. The only timers are per-request deadlines (`loop.call_later`).
+
+A request's life: `Submit` → run now (forwarded to the talker with its prompt) or queue, or a
+typed `Rejected` → the codec's final `ChunkDone` closes it and frees its place. An abort (client
+gone), a deadline or a per-request error sends `Abort` to both workers; the request still closes
+on the codec's final record, which every request gets, so counts cannot drift. A dead worker
+(`PeerGone` on its channel) fails every request at once and marks the engine unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from engine.admission import Admission, Verdict
+from engine.counters import CounterBlock
+from engine.outbox import Outbox
+from engine.request_table import Phase, Request, RequestTable
+from engine.shutdown import EngineState, Lifecycle
+from ipc.channel import Channel
+from ipc.errors import EndOfStream, PeerGone, RingClosed
+from ipc.messages import (Abort, ChunkDone, DecodeBatch, EncodeDone, EncodeRequest, Failed, Ready,
+                          Rejected, Shutdown, Slots, StageError, Submit)
+from profiles import Profile
+
+log = logging.getLogger(__name__)
+
+
+class UnknownMessage(RuntimeError):
+    """A record the coordinator does not handle reached it."""
+
+
+class StageNotReady(RuntimeError):
+    """A worker did not send Ready in time (or died first)."""
+
+
+class Coordinator:
+    """Owns the request table; wired to both workers and to every client's channels."""
+
+    def __init__(self, profile: Profile, *, to_talker: Channel, from_talker: Channel,
+                 to_codec: Channel, from_codec: Channel, to_clients: list[Channel],
+                 from_clients: list[Channel], counters: CounterBlock, sample_rate: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.profile = profile
+        self.sample_rate = sample_rate
+        self.clock = clock
+        self.table = RequestTable()
+        a = profile.admission
+        self.admission = Admission(a.max_running, a.max_queued, a.retry_after_s)
+        self.lifecycle = Lifecycle(profile.engine.shutdown)
+        self.counters = counters
+        self.talker = Outbox(to_talker, "talker")
+        self.codec = Outbox(to_codec, "codec")
+        self.clients = [Outbox(ch, f"client{i}") for i, ch in enumerate(to_clients)]
+        self._inbound: list[tuple[Channel, str]] = [(from_talker, "talker"), (from_codec, "codec")]
+        self._inbound += [(ch, f"client{i}") for i, ch in enumerate(from_clients)]
+        self._rings = [to_talker, from_talker, to_codec, from_codec, *to_clients, *from_clients]
+        self._ready: dict[str, asyncio.Future[Ready]] = {}
+        self._jobs: dict[int, int] = {}  # reference-encode job -> client
+        self._tasks: list[asyncio.Task] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- running -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start one reader task per inbound channel on the running loop."""
+        loop = asyncio.get_running_loop()
+        self._ready = {s: loop.create_future() for s in ("talker", "codec")}
+        for channel, source in self._inbound:
+            self._tasks.append(loop.create_task(self._read(channel, source),
+                                                name=f"coordinator-read-{source}"))
+
+    async def wait_ready(self, timeout: float) -> dict[str, Ready]:
+        """Both workers' Ready records; `StageNotReady` naming the stage that did not come up."""
+        try:
+            async with asyncio.timeout(timeout):
+                return {stage: await fut for stage, fut in self._ready.items()}
+        except TimeoutError:
+            missing = [s for s, f in self._ready.items() if not f.done()]
+            raise StageNotReady(
+                f"the {' and '.join(missing)} worker did not send Ready within {timeout:g} s "
+                f"(raise engine.ready_timeout_s if model loading is just slow)") from None
+
+    async def _read(self, channel: Channel, source: str) -> None:
+        while True:
+            try:
+                rec = await channel.recv_async()
+            except (PeerGone, EndOfStream, RingClosed) as exc:
+                self._on_peer_gone(source, exc)
+                return
+            try:
+                self._handle(source, rec.msg, rec)
+            finally:
+                rec.release()
+            self.counters["ring_bytes"] = self.ring_bytes()
+
+    def _handle(self, source: str, msg: Any, rec: Any) -> None:
+        match msg:
+            case Submit():
+                self._on_submit(msg, rec)
+            case Abort(rid=rid):
+                self._abort(rid, notify=None)
+            case ChunkDone():
+                self._on_chunk_done(msg)
+            case Slots(stage=stage, in_use=n):
+                self.counters[f"{stage}_slots"] = n
+            case DecodeBatch(size=size, waited_s=waited):
+                self.counters.count_batch(size, waited)
+            case EncodeRequest():
+                self._on_encode(msg, rec)
+            case EncodeDone(job=job):
+                self._jobs.pop(job, None)
+                self._update_gauges()
+            case StageError(rid=None, stage=stage, message=message):
+                self._stage_failed(f"{stage} worker failed: {message}")
+            case StageError(rid=rid, message=message):
+                self._abort(rid, notify=f"request failed in the {msg.stage}: {message}")
+            case Ready(stage=stage):
+                fut = self._ready.get(stage)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+                self.counters[f"{stage}_capacity"] = msg.capacity
+                if all(f.done() for f in self._ready.values()):
+                    self.counters["ready"] = 1
+            case _:
+                raise UnknownMessage(f"{msg!r} from {source}")
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def _on_submit(self, submit: Submit, rec: Any) -> None:
+        client = self.clients[submit.client]
+        self.counters.add("submitted")
+        if not self.lifecycle.healthy:
+            self.counters.add("failed")
+            client.put(Failed(rid=submit.rid, message=f"engine failed: {self.lifecycle.reason}"))
+            return
+        if not self.lifecycle.accepting:
+            self._reject(submit, "engine is shutting down")
+            return
+        verdict = self.admission.decide(self.table.num_running, self.table.num_queued)
+        if verdict is Verdict.REJECT:
+            self._reject(submit, f"queue full ({self.table.num_queued} waiting)")
+            return
+        req = Request(submit=submit, prompt=None, t_submit=self.clock())
+        timeout = submit.timeout_s or self.profile.admission.request_timeout_s
+        req.deadline = asyncio.get_running_loop().call_later(timeout, self._on_deadline, submit.rid)
+        if verdict is Verdict.RUN:
+            self.table.start(req, self.clock())
+            self.talker.put(submit, rec.payload)
+        else:
+            req.prompt = rec.array("int64").copy()  # [S * (1 + n_vq)] flat; the talker reshapes
+            self.table.enqueue(req)
+        self._update_gauges()
+
+    def _reject(self, submit: Submit, reason: str) -> None:
+        self.counters.add("rejected")
+        retry = self.admission.retry_after_s(self.table.num_queued)
+        self.clients[submit.client].put(Rejected(rid=submit.rid, reason=reason, retry_after_s=retry))
+
+    def _dispatch_queued(self) -> None:
+        while self.lifecycle.healthy and self.admission.may_dispatch(self.table.num_running):
+            req = self.table.next_queued()
+            if req is None:
+                return
+            prompt = req.prompt
+            self.table.start(req, self.clock())
+            self.talker.put(req.submit, prompt)
+
+    def _abort(self, rid: int, notify: str | None) -> None:
+        """Cancel `rid`; with `notify`, its client gets `Failed(notify)` (deadline, error)."""
+        req = self.table.get(rid)
+        if req is None:
+            return
+        if notify is not None:
+            self.counters.add("failed")
+            self.clients[req.client].put(Failed(rid=rid, message=notify))
+        else:
+            self.counters.add("aborted")
+        if req.phase is Phase.QUEUED:
+            self.table.remove(rid)
+            self._update_gauges()
+        elif req.phase is Phase.RUNNING:
+            req.phase = Phase.ABORTING
+            self.talker.put(Abort(rid=rid))
+            self.codec.put(Abort(rid=rid))
+
+    def _on_deadline(self, rid: int) -> None:
+        req = self.table.get(rid)
+        if req is not None:
+            req.deadline = None
+            self._abort(rid, notify="request deadline exceeded "
+                                    "(admission.request_timeout_s)")
+
+    def _on_chunk_done(self, done: ChunkDone) -> None:
+        req = self.table.get(done.rid)
+        if req is None:
+            return
+        now = self.clock()
+        if done.samples:
+            req.chunks += 1
+            req.samples += done.samples
+            self.counters.add("chunks")
+            self.counters.add("audio_s", done.samples / self.sample_rate)
+            if req.t_first_chunk is None:
+                req.t_first_chunk = now
+        if not done.final:
+            return
+        self.table.remove(done.rid)
+        if req.phase is Phase.RUNNING and done.finish_reason in ("stop", "length"):
+            self.counters.add(f"finished_{done.finish_reason}")
+        if req.t_dispatch is not None:
+            self.admission.record_service_time(now - req.t_dispatch)
+        self._dispatch_queued()
+        self._update_gauges()
+
+    def _on_encode(self, job: EncodeRequest, rec: Any) -> None:
+        if not self.lifecycle.healthy:
+            self.clients[job.client].put(
+                Failed(rid=job.job, message=f"engine failed: {self.lifecycle.reason}"))
+            return
+        self._jobs[job.job] = job.client
+        self.codec.put(job, rec.payload)
+        self._update_gauges()
+
+    # ---- failure and shutdown ------------------------------------------------------------------
+
+    def _on_peer_gone(self, source: str, exc: BaseException) -> None:
+        if source in ("talker", "codec"):
+            if self.lifecycle.state is not EngineState.STOPPED:
+                self._stage_failed(f"the {source} worker died ({exc})")
+            fut = self._ready.get(source)
+            if fut is not None and not fut.done():
+                fut.set_exception(StageNotReady(f"the {source} worker exited before Ready"))
+            return
+        index = int(source.removeprefix("client"))
+        log.warning("client %d went away (%s): aborting its requests", index, exc)
+        for req in self.table.all():
+            if req.client == index:
+                self._abort(req.rid, notify=None)
+
+    def _stage_failed(self, reason: str) -> None:
+        """A worker is gone: every request and encode job fails now; the engine is unhealthy."""
+        if not self.lifecycle.healthy:
+            return
+        log.error("%s: failing %d requests and %d encode jobs", reason, len(self.table),
+                  len(self._jobs))
+        self.lifecycle.fail(reason)
+        self.counters["healthy"] = 0
+        for req in self.table.all():
+            self.table.remove(req.rid)
+            self.counters.add("failed")
+            self.clients[req.client].put(Failed(rid=req.rid, message=reason))
+        for job, client in self._jobs.items():
+            self.clients[client].put(Failed(rid=job, message=reason))
+        self._jobs.clear()
+        self.counters["talker_slots"] = self.counters["codec_slots"] = 0
+        self._update_gauges()
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """running → draining → stopped: drain or abort (profile), then tell the workers to stop."""
+        self.lifecycle.request_stop()
+        drain = self.lifecycle.mode == "drain"
+        budget = self.profile.engine.drain_timeout_s if timeout_s is None else timeout_s
+        if drain:
+            await self._wait_idle(budget)
+        for req in self.table.all():
+            self._abort(req.rid, notify="engine is shutting down")
+        await self._wait_idle(min(budget, 5.0) if drain else budget)
+        self.talker.put(Shutdown(drain=drain))
+        self.codec.put(Shutdown(drain=drain))
+        if self.lifecycle.state is EngineState.DRAINING:
+            self.lifecycle.finish()
+
+    async def _wait_idle(self, timeout: float) -> None:
+        if not self.lifecycle.healthy:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            log.warning("shutdown: %d requests still open after %.1f s", len(self.table), timeout)
+
+    async def close(self) -> None:
+        """Stop the reader tasks and outboxes (the launcher closes the channels)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for box in (self.talker, self.codec, *self.clients):
+            box.close()
+
+    # ---- gauges --------------------------------------------------------------------------------
+
+    def _update_gauges(self) -> None:
+        c = self.counters
+        c["running"] = self.table.num_running
+        c["queued"] = self.table.num_queued
+        c["encode_jobs"] = len(self._jobs)
+        if len(self.table) == 0 and not self._jobs:
+            self._idle.set()
+        else:
+            self._idle.clear()
+
+    def ring_bytes(self) -> int:
+        """Bytes in use in the rings this process holds (a racy snapshot)."""
+        return sum(ch.statistics().used_bytes for ch in self._rings if not ch.closed)

@@ -1,0 +1,99 @@
+"""Engine counters in one small shared-memory block: written by the coordinator, read by clients.
+
+Every client (in-process or in a spawned API process) maps the block read-only and reads a
+snapshot without messaging the coordinator. Values are float64 (counts stay exact below 2**53).
+The gauges that must return to zero when nothing runs (nothing leaks) are `LEAK_GAUGES`.
+
+Layout: `SCALARS` in order, then a histogram of coalesced decode-batch sizes (index = size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ipc.shm import attach_segment, create_segment, segment_name, unlink_segment
+
+SCALARS = (
+    "healthy",            # 1 while every stage is alive
+    "ready",              # 1 once both workers said Ready
+    "running",            # requests dispatched to the workers, not yet closed
+    "queued",             # requests waiting for admission
+    "talker_slots",       # requests inside the talker runner (reported by the talker)
+    "codec_slots",        # open streaming-decode slots (reported by the codec)
+    "encode_jobs",        # reference-encode jobs in flight
+    "ring_bytes",         # bytes in use in the coordinator's rings (in-process client's added)
+    "submitted",
+    "rejected",
+    "failed",
+    "finished_stop",
+    "finished_length",
+    "aborted",
+    "chunks",             # PCM chunks delivered
+    "audio_s",            # seconds of audio delivered
+    "decode_batches",
+    "decode_batch_wait_max_s",   # longest coalescing wait seen
+    "talker_capacity",
+    "codec_capacity",
+)
+LEAK_GAUGES = ("running", "queued", "talker_slots", "codec_slots", "encode_jobs", "ring_bytes")
+_INDEX = {name: i for i, name in enumerate(SCALARS)}
+
+
+class CounterBlock:
+    """A float64 array in shared memory: the owner writes, everyone reads."""
+
+    def __init__(self, shm, owner: bool, hist_size: int) -> None:
+        self._shm = shm
+        self.owner = owner
+        self.hist_size = hist_size
+        self._values = np.ndarray((len(SCALARS) + hist_size,), dtype=np.float64, buffer=shm.buf)
+
+    @classmethod
+    def create(cls, instance: str, max_batch: int) -> CounterBlock:
+        hist = max_batch + 1
+        shm = create_segment(segment_name(instance, "counters"), 8 * (len(SCALARS) + hist))
+        block = cls(shm, owner=True, hist_size=hist)
+        block._values[:] = 0.0
+        return block
+
+    @classmethod
+    def attach(cls, name: str, hist_size: int) -> CounterBlock:
+        return cls(attach_segment(name), owner=False, hist_size=hist_size)
+
+    @property
+    def name(self) -> str:
+        return self._shm.name
+
+    def __getitem__(self, key: str) -> float:
+        return float(self._values[_INDEX[key]])
+
+    def __setitem__(self, key: str, value: float) -> None:
+        self._values[_INDEX[key]] = value
+
+    def add(self, key: str, delta: float = 1.0) -> None:
+        self._values[_INDEX[key]] += delta
+
+    def count_batch(self, size: int, waited_s: float) -> None:
+        self._values[len(SCALARS) + min(size, self.hist_size - 1)] += 1
+        self.add("decode_batches")
+        i = _INDEX["decode_batch_wait_max_s"]
+        self._values[i] = max(self._values[i], waited_s)
+
+    def snapshot(self) -> dict:
+        """All counters as a dict; `decode_batch_sizes` maps batch size -> dispatches."""
+        values = self._values.copy()
+        out: dict = {name: float(values[i]) for name, i in _INDEX.items()}
+        hist = values[len(SCALARS):]
+        out["decode_batch_sizes"] = {int(s): int(n) for s, n in enumerate(hist) if n}
+        return out
+
+    def close(self) -> None:
+        """Unmap (and, for the owner, unlink) the block. Idempotent."""
+        if self._shm is None:
+            return
+        name = self._shm.name
+        self._values = None  # type: ignore[assignment]  # drop the view before unmapping
+        self._shm.close()
+        if self.owner:
+            unlink_segment(name)
+        self._shm = None

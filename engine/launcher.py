@@ -1,0 +1,234 @@
+"""Launcher: create the channels, spawn the talker and codec workers, run the coordinator.
+
+`await launch(profile, model_dir, clients=N)` returns an `EngineHandle` once both workers have
+loaded, warmed up and sent Ready (or raises naming the stage that did not come up, after
+cleaning up). The coordinator runs as tasks on the caller's loop, in the caller's process.
+`handle.client(i)` is an in-process `EngineClient`; `handle.client_spec(i)` is the picklable spec
+a spawned API process passes to `EngineClient.connect`. `await handle.stop()` shuts down (drain or
+abort per `engine.shutdown`), joins both workers (SIGKILL after a grace period), closes every
+channel and removes this instance's shared-memory segments: no orphan processes, no /dev/shm
+leftovers, also after a worker crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.client import ClientSpec, EngineClient
+from engine.coordinator import Coordinator
+from engine.counters import CounterBlock
+from ipc.channel import Channel, ChannelSpec
+from ipc.messages import ClientInbox, CodecInbox, CoordinatorInbox, TalkerInbox
+from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segment
+from profiles import Profile
+from stages.registry import codec_worker_main, load_variant, resolve_device, talker_worker_main
+from stages.worker_common import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+JOIN_GRACE_S = 5.0
+
+
+@dataclass
+class _Wiring:
+    """The coordinator's channel ends and the specs handed to the other processes."""
+
+    to_talker: Channel
+    from_talker: Channel
+    to_codec: Channel
+    from_codec: Channel
+    to_clients: list[Channel]
+    from_clients: list[Channel]
+    client_pcm: list[ChannelSpec] = field(default_factory=list)  # relayed from the codec
+
+    def all(self) -> list[Channel]:
+        return [self.to_talker, self.from_talker, self.to_codec, self.from_codec,
+                *self.to_clients, *self.from_clients]
+
+
+def _create_wiring(profile: Profile, instance: str, clients: int) -> _Wiring:
+    ctl = profile.ipc.control_ring_bytes
+
+    def make(name: str, msg_type: Any, role: str) -> Channel:
+        return Channel.create(name, msg_type=msg_type, capacity=ctl, role=role, instance=instance)
+
+    return _Wiring(
+        to_talker=make("coord-talker", TalkerInbox, "writer"),
+        from_talker=make("talker-coord", CoordinatorInbox, "reader"),
+        to_codec=make("coord-codec", CodecInbox, "writer"),
+        from_codec=make("codec-coord", CoordinatorInbox, "reader"),
+        to_clients=[make(f"coord-client{i}", ClientInbox, "writer") for i in range(clients)],
+        from_clients=[make(f"client{i}-coord", CoordinatorInbox, "reader")
+                      for i in range(clients)],
+    )
+
+
+class EngineHandle:
+    """A running engine: its workers, coordinator and client endpoints."""
+
+    def __init__(self, profile: Profile, model_dir: Path, variant: Any, instance: str,
+                 wiring: _Wiring, coordinator: Coordinator, counters: CounterBlock,
+                 procs: dict[str, Any]) -> None:
+        self.profile = profile
+        self.model_dir = model_dir
+        self.variant = variant
+        self.instance = instance
+        self.coordinator = coordinator
+        self.counters = counters
+        self.procs = procs
+        self._wiring = wiring
+        self._clients: dict[int, EngineClient] = {}
+        self._stopped = False
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {stage: p.pid for stage, p in self.procs.items()}
+
+    @property
+    def num_clients(self) -> int:
+        return len(self._wiring.to_clients)
+
+    def client_spec(self, index: int) -> ClientSpec:
+        """Picklable spec for the API process that owns client slot `index`."""
+        w = self._wiring
+        return ClientSpec(index=index, model_dir=str(self.model_dir), profile=self.profile,
+                          to_coord=w.from_clients[index].spec(),
+                          from_coord=w.to_clients[index].spec(),
+                          from_codec=w.client_pcm[index], counters_name=self.counters.name,
+                          counters_hist=self.counters.hist_size,
+                          watch_pids=(os.getpid(), *self.pids.values()))
+
+    def client(self, index: int = 0) -> EngineClient:
+        """The in-process client for slot `index` (opened once, closed by `stop`)."""
+        if index not in self._clients:
+            self._clients[index] = EngineClient.connect(self.client_spec(index))
+        return self._clients[index]
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """Shut down; idempotent. Leaves no processes and no shared-memory segments."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            await self.coordinator.shutdown(timeout_s)
+        finally:
+            for client in self._clients.values():
+                await client.close()
+            await _join_or_kill(self.procs)
+            await self.coordinator.close()
+            for ch in self._wiring.all():
+                ch.close()
+            for spec in self._wiring.client_pcm:
+                _close_spec(spec)
+            self.counters.close()
+            _remove_segments(self.instance)
+
+    async def __aenter__(self) -> EngineHandle:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+
+async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -> EngineHandle:
+    """Spawn the workers and start the coordinator; returns when both workers are Ready."""
+    model_dir = Path(model_dir)
+    variant = load_variant(model_dir, profile)  # fails fast on an unknown model
+    instance = new_instance_id()
+    device = resolve_device(profile)
+    wiring = _create_wiring(profile, instance, clients)
+    counters = CounterBlock.create(instance, profile.coalescing.max_batch)
+    ctx = mp.get_context("spawn")
+    procs: dict[str, Any] = {}
+    pipes: dict[str, Any] = {}
+    coordinator = Coordinator(profile, to_talker=wiring.to_talker, from_talker=wiring.from_talker,
+                              to_codec=wiring.to_codec, from_codec=wiring.from_codec,
+                              to_clients=wiring.to_clients, from_clients=wiring.from_clients,
+                              counters=counters, sample_rate=variant.sample_rate)
+    try:
+        for stage, inbox, outbox, target in (
+                ("codec", wiring.to_codec, wiring.from_codec, codec_worker_main),
+                ("talker", wiring.to_talker, wiring.from_talker, talker_worker_main)):
+            mine, theirs = ctx.Pipe()
+            spec = WorkerSpec(stage=stage, model_dir=str(model_dir), profile=profile,
+                              device=device, instance=instance, inbox=inbox.spec(),
+                              to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
+                              num_clients=clients if stage == "codec" else 0)
+            proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{stage}", daemon=True)
+            proc.start()
+            theirs.close()
+            procs[stage], pipes[stage] = proc, mine
+            inbox.watch_peer(proc.pid)
+            outbox.watch_peer(proc.pid)
+        counters["healthy"] = 1
+        coordinator.start()
+        timeout = profile.engine.ready_timeout_s
+        await _relay_specs(pipes, wiring, timeout)
+        await coordinator.wait_ready(timeout)
+    except BaseException:
+        await coordinator.close()
+        await _join_or_kill(procs, grace_s=0.0)
+        for ch in wiring.all():
+            ch.close()
+        counters.close()
+        _remove_segments(instance)
+        raise
+    finally:
+        for conn in pipes.values():
+            conn.close()
+    log.info("engine %s ready: talker pid %d, codec pid %d, %d client slot(s), device %s",
+             instance, procs["talker"].pid, procs["codec"].pid, clients, device)
+    return EngineHandle(profile, model_dir, variant, instance, wiring, coordinator, counters,
+                        procs)
+
+
+async def _relay_specs(pipes: dict[str, Any], wiring: _Wiring, timeout: float) -> None:
+    """Codec → launcher: its owned channel specs; launcher → talker: the talker → codec spec."""
+    from engine.coordinator import StageNotReady
+
+    codec = pipes["codec"]
+    if not await asyncio.to_thread(codec.poll, timeout):
+        raise StageNotReady(f"the codec worker did not create its channels within {timeout:g} s")
+    try:
+        talker_codec, client_pcm = codec.recv()
+    except EOFError:
+        raise StageNotReady("the codec worker exited during start-up (see its log)") from None
+    wiring.client_pcm = list(client_pcm)
+    try:
+        pipes["talker"].send(talker_codec)
+    except (BrokenPipeError, OSError):
+        raise StageNotReady("the talker worker exited during start-up (see its log)") from None
+    _close_spec(talker_codec)
+
+
+def _close_spec(spec: ChannelSpec) -> None:
+    """Close the doorbell descriptors a relayed spec holds in this process."""
+    spec.ring.data_bell.close()
+    spec.ring.space_bell.close()
+
+
+async def _join_or_kill(procs: dict[str, Any], grace_s: float = JOIN_GRACE_S) -> None:
+    """Wait for the workers to exit; SIGKILL any still alive after `grace_s`; reap all."""
+    for stage, proc in procs.items():
+        if proc.pid is None:
+            continue
+        await asyncio.to_thread(proc.join, grace_s)
+        if proc.is_alive():
+            log.warning("%s worker (pid %d) did not exit: killing it", stage, proc.pid)
+            os.kill(proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(proc.join, 5.0)
+        proc.close() if not proc.is_alive() else None
+
+
+def _remove_segments(instance: str) -> None:
+    """Unlink what is left of this instance in /dev/shm (owners died before closing)."""
+    sweep_orphans(instance)
+    for name in list_segments(instance):
+        unlink_segment(name)

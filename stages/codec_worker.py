@@ -1,0 +1,266 @@
+"""The codec worker process: coalesced streaming decode per request, reference encoding between.
+
+Inputs: code chunks from the talker (one stream per request; a slot is opened on its first chunk
+and closed on its final record) and control from the coordinator (aborts, reference-encode jobs,
+shutdown). Each loop iteration (`CodecLoop.step`): drain both inboxes (sleeping on their doorbells
+only when nothing is runnable, up to the coalescing deadline) → run waiting encode jobs as one
+batch → hand terminal records (no frames) straight through → ask the `Coalescer` whether to decode
+now → decode one chunk of each chosen stream in one call → PCM records to each request's client
+ring, a `ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator.
+
+An aborted stream drops its waiting chunks at once and skips any that still arrive; it closes on
+its final record (the talker always sends one), so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipc.doorbell import wait_any
+from ipc.errors import EndOfStream, PeerGone
+from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, EncodeDone,
+                          EncodeRequest, EncodeResult, PcmChunk, Ready, Shutdown, Slots,
+                          StageError)
+from stages.coalescer import Coalescer
+from stages.worker_common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
+
+log = logging.getLogger(__name__)
+
+
+class UnknownMessage(RuntimeError):
+    """A record this worker does not handle reached its inbox."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One request's decode stream."""
+
+    client: int
+    waiting: deque[tuple[CodeChunk, np.ndarray, float]] = field(default_factory=deque)
+    slot_open: bool = False
+    aborted: bool = False
+
+
+class CodecLoop:
+    """Runner + coalescer + channels. `step()` is one iteration."""
+
+    def __init__(self, runner: Any, from_talker: Any, from_coord: Any, to_coord: Any,
+                 to_clients: list[Any], coalescer: Coalescer, encode_batch: int,
+                 clock: Any = time.monotonic) -> None:
+        self.runner = runner
+        self.from_talker, self.from_coord, self.to_coord = from_talker, from_coord, to_coord
+        self.to_clients = to_clients
+        self.coalescer = coalescer
+        self.encode_batch = encode_batch
+        self.clock = clock
+        self.streams: dict[int, _Stream] = {}
+        self.encodes: deque[tuple[EncodeRequest, np.ndarray]] = deque()
+        self.shutdown: Shutdown | None = None
+        self._ended: set[Any] = set()  # inboxes whose writer closed or died
+        self._slots_reported = -1
+
+    def run(self) -> None:
+        while self.step():
+            pass
+
+    def step(self) -> bool:
+        """One iteration; False once a shutdown was received and no stream is left."""
+        self._wait_and_drain()
+        self._run_encodes()
+        self._pass_terminals()
+        decision = self.coalescer.decide(self.clock(), alive=self._alive())
+        if decision.dispatch:
+            self._decode(decision.dispatch)
+        self._report_slots()
+        return not (self.shutdown is not None and not self.encodes
+                    and (not self.streams or len(self._ended) == 2))
+
+    # ---- inboxes -------------------------------------------------------------------------------
+
+    def _wait_and_drain(self) -> None:
+        inboxes = [ch for ch in (self.from_coord, self.from_talker) if ch not in self._ended]
+        if inboxes and not self.encodes and not self._terminal_ready():
+            decision = self.coalescer.decide(self.clock(), alive=self._alive())
+            if not decision.dispatch:
+                wait_any(inboxes, decision.wait_s)
+        for channel in inboxes:
+            try:
+                for msg, rec in drain(channel, block=False):
+                    self._handle(msg, rec)
+            except (EndOfStream, PeerGone) as exc:
+                self._on_inbox_ended(channel, exc)
+
+    def _on_inbox_ended(self, channel: Any, exc: BaseException) -> None:
+        """The talker or the coordinator closed its end or died: nothing more can arrive."""
+        self._ended.add(channel)
+        if self.shutdown is None:
+            log.warning("codec: inbox ended without a shutdown (%s): stopping", exc)
+            self.shutdown = Shutdown(drain=False)
+        if channel is self.from_talker:  # no final records can come: close what is open
+            for rid, stream in list(self.streams.items()):
+                stream.aborted = True
+                self._close(rid, stream, -1, "abort")
+
+    def _handle(self, msg: CodecInbox, rec: Any) -> None:
+        match msg:
+            case CodeChunk():
+                self._on_chunk(msg, rec)
+            case Abort(rid=rid):
+                stream = self.streams.get(rid)
+                if stream is not None and not stream.aborted:
+                    stream.aborted = True
+                    stream.waiting.clear()
+                    self.coalescer.forget(rid)
+            case EncodeRequest():
+                wav = rec.array(np.float32).reshape(self.runner.channels, -1).copy()  # [C, S]
+                self.encodes.append((msg, wav))
+            case Shutdown():
+                self.shutdown = msg
+            case _:
+                raise UnknownMessage(msg)
+
+    def _on_chunk(self, chunk: CodeChunk, rec: Any) -> None:
+        stream = self.streams.get(chunk.rid)
+        if stream is None:
+            stream = self.streams[chunk.rid] = _Stream(client=chunk.client)
+        if chunk.finish_reason == "abort" or chunk.finish_reason == "error":
+            stream.aborted = True
+            stream.waiting.clear()
+            self.coalescer.forget(chunk.rid)
+        if stream.aborted:
+            if chunk.final:
+                self._close(chunk.rid, stream, chunk.seq, chunk.finish_reason or "abort")
+            return
+        codes = payload_array(rec, np.int64, self.runner.n_vq)  # [T, n_vq], owned
+        now = self.clock()
+        stream.waiting.append((chunk, codes, now))
+        if len(codes):
+            self.coalescer.mark_ready(chunk.rid, since=stream.waiting[0][2])
+
+    # ---- work ----------------------------------------------------------------------------------
+
+    def _alive(self) -> int:
+        return sum(not s.aborted for s in self.streams.values())
+
+    def _terminal_ready(self) -> bool:
+        return any(s.waiting and len(s.waiting[0][1]) == 0 for s in self.streams.values())
+
+    def _pass_terminals(self) -> None:
+        """Terminal records (final, no frames) at the head of a stream need no model: close now."""
+        for rid, stream in list(self.streams.items()):
+            if stream.waiting and len(stream.waiting[0][1]) == 0:
+                chunk, _, _ = stream.waiting.popleft()
+                self._close(rid, stream, chunk.seq, chunk.finish_reason or "stop")
+
+    def _decode(self, rids: tuple[int, ...]) -> None:
+        now = self.clock()
+        heads = []
+        for rid in rids:
+            stream = self.streams[rid]
+            if not stream.slot_open:
+                self.runner.open(rid)
+                stream.slot_open = True
+            heads.append(stream.waiting.popleft())
+        waited = now - min(h[2] for h in heads)
+        t0 = time.perf_counter()
+        pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)])
+        decode_s = time.perf_counter() - t0
+        self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s))
+        for rid, (chunk, _, _), pcm in zip(rids, heads, pcms):
+            stream = self.streams[rid]
+            pcm_t = np.ascontiguousarray(pcm.T)  # [samples, channels]
+            reason = chunk.finish_reason if chunk.final else None
+            self.to_clients[stream.client].send(
+                PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final, finish_reason=reason), pcm_t)
+            self.to_coord.send(ChunkDone(rid=rid, seq=chunk.seq, samples=pcm_t.shape[0],
+                                         final=chunk.final, finish_reason=reason))
+            if chunk.final:
+                self._release(rid, stream)
+            elif stream.waiting:
+                if len(stream.waiting[0][1]):
+                    self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
+
+    def _close(self, rid: int, stream: _Stream, seq: int, reason: str) -> None:
+        """End a stream without decoding: an empty final PCM record (unless aborted) and done.
+
+        An aborted or failed stream sends its client nothing: the client has gone (abort), or
+        the coordinator tells it (deadline, error)."""
+        if not stream.aborted:
+            empty = np.zeros((0, self.runner.channels), dtype=np.float32)
+            self.to_clients[stream.client].send(
+                PcmChunk(rid=rid, seq=seq, final=True, finish_reason=reason), empty)
+        self.to_coord.send(ChunkDone(rid=rid, seq=seq, samples=0, final=True,
+                                     finish_reason=reason))
+        self._release(rid, stream)
+
+    def _release(self, rid: int, stream: _Stream) -> None:
+        if stream.slot_open:
+            self.runner.close(rid)
+        self.coalescer.forget(rid)
+        del self.streams[rid]
+
+    def _run_encodes(self) -> None:
+        if not self.encodes:
+            return
+        batch = [self.encodes.popleft() for _ in range(min(self.encode_batch, len(self.encodes)))]
+        try:
+            results: list[np.ndarray | None] = self.runner.encode([wav for _, wav in batch])
+            errors: list[str | None] = [None] * len(batch)
+        except Exception as exc:  # one bad waveform: retry one by one to name it
+            results, errors = [], []
+            for _, wav in batch:
+                try:
+                    results.append(self.runner.encode([wav])[0])
+                    errors.append(None)
+                except Exception as single:
+                    results.append(None)
+                    errors.append(f"{type(single).__name__}: {single}")
+            log.warning("codec: batched reference encode failed (%s); retried one by one", exc)
+        for (job, _), codes, error in zip(batch, results, errors):
+            self.to_clients[job.client].send(EncodeResult(job=job.job, error=error), codes)
+            self.to_coord.send(EncodeDone(job=job.job))
+
+    def _report_slots(self) -> None:
+        in_use = self.runner.num_open()
+        if in_use != self._slots_reported:
+            self.to_coord.send(Slots(stage="codec", in_use=in_use))
+            self._slots_reported = in_use
+
+
+def warm_up(runner: Any) -> None:
+    """Decode and encode once so the first request does not pay for lazy set-up."""
+    runner.open(-1)
+    try:
+        runner.decode([(-1, np.zeros((1, runner.n_vq), dtype=np.int64))])
+    finally:
+        runner.close(-1)
+    runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
+
+
+def main(spec: WorkerSpec) -> None:
+    """Process entry: load the codec, warm up, say Ready, loop until shutdown."""
+    variant = prepare_process(spec, spec.profile.codec.torch_threads)
+    from_talker, from_coord, to_coord, to_clients = attach_codec(spec)
+    try:
+        runner = variant.make_codec_runner(spec.device)
+        warm_up(runner)
+        to_coord.send(Ready(stage="codec", pid=os.getpid(), capacity=runner.max_slots))
+        c = spec.profile.coalescing
+        coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,
+                              max_batch=c.max_batch, policy=c.policy)
+        CodecLoop(runner, from_talker, from_coord, to_coord, to_clients, coalescer,
+                  spec.profile.codec.encode_batch).run()
+    except Exception as exc:
+        log.exception("codec worker failed")
+        to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        for ch in (from_talker, from_coord, to_coord, *to_clients):
+            ch.close()

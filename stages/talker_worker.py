@@ -1,0 +1,202 @@
+"""The talker worker process: continuous batching over a `TalkerRunner`, frames cut into chunks.
+
+Loop (`TalkerLoop.step`): drain the inbox (blocking on its doorbell only when idle) → admit
+waiting requests the runner has room for → one `runner.step()` → push each frame into its
+request's chunk accumulator and send full chunks to the codec; a finished or aborted request
+sends its final record (partial chunk or empty terminal). Every request the talker receives ends
+with exactly one final `CodeChunk`, whatever happens to it: the codec closes its stream on it.
+
+`TalkerLoop` is the loop logic (testable in-process); `main(spec)` is the process wrapper.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipc.errors import EndOfStream, PeerGone
+from ipc.messages import Abort, CodeChunk, Ready, Shutdown, Slots, StageError, Submit, TalkerInbox
+from stages.chunk_policy import ChunkAccumulator, ChunkSchedule
+from stages.registry import from_wire
+from stages.worker_common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
+                                  schedule_from)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One request inside the talker."""
+
+    client: int
+    chunks: ChunkAccumulator
+    max_frames: int
+    seq: int = 0
+
+
+class UnknownMessage(RuntimeError):
+    """A record this worker does not handle reached its inbox."""
+
+
+class TalkerLoop:
+    """Runner + chunk policy + channels. `step()` is one scheduler iteration."""
+
+    def __init__(self, runner: Any, inbox: Any, to_codec: Any, to_coord: Any,
+                 schedule: ChunkSchedule, n_vq: int) -> None:
+        self.runner = runner
+        self.inbox, self.to_codec, self.to_coord = inbox, to_codec, to_coord
+        self.schedule = schedule
+        self.n_vq = n_vq
+        self.waiting: deque[tuple[Submit, np.ndarray]] = deque()  # not yet admitted to the runner
+        self.streams: dict[int, _Stream] = {}
+        self.shutdown: Shutdown | None = None
+        self._slots_reported = -1
+
+    def has_work(self) -> bool:
+        return bool(self.streams or self.waiting)
+
+    def run(self) -> None:
+        while self.step():
+            pass
+
+    def step(self) -> bool:
+        """One iteration; False once a shutdown has been handled and nothing is left."""
+        try:
+            for msg, rec in drain(self.inbox, block=not self.has_work()):
+                self._handle(msg, rec)
+        except (EndOfStream, PeerGone) as exc:  # the coordinator is gone: stop, dropping work
+            log.warning("talker: inbox ended (%s): stopping", exc)
+            return False
+        self._admit()
+        if self.streams:
+            self._emit(self.runner.step())
+        self._report_slots()
+        return not (self.shutdown is not None and not self.has_work())
+
+    # ---- inbox ---------------------------------------------------------------------------------
+
+    def _handle(self, msg: TalkerInbox, rec: Any) -> None:
+        match msg:
+            case Submit():
+                prompt = payload_array(rec, np.int64, 1 + self.n_vq)  # [S, 1 + n_vq], owned
+                self.waiting.append((msg, prompt))
+            case Abort(rid=rid):
+                self._abort(rid)
+            case Shutdown(drain=drain_first):
+                self.shutdown = msg
+                if not drain_first:
+                    for rid in [s.rid for s, _ in self.waiting] + list(self.streams):
+                        self._abort(rid)
+            case _:
+                raise UnknownMessage(msg)
+
+    def _abort(self, rid: int) -> None:
+        for i, (submit, _) in enumerate(self.waiting):
+            if submit.rid == rid:
+                del self.waiting[i]
+                self._send_final(rid, submit.client, 0, None, "abort")
+                return
+        stream = self.streams.pop(rid, None)
+        if stream is not None:  # unknown: already finished, its final record is on its way
+            self.runner.remove(rid)
+            self._send_final(rid, stream.client, stream.seq, None, "abort")
+
+    def _admit(self) -> None:
+        while self.waiting and self.runner.can_admit(len(self.waiting[0][1])):
+            submit, prompt = self.waiting.popleft()
+            params = from_wire(submit.sampling)
+            try:
+                self.runner.add(submit.rid, prompt, params)
+            except Exception as exc:  # a bad request must not take the worker down
+                log.exception("talker: request %d rejected by the runner", submit.rid)
+                self.to_coord.send(StageError(stage="talker", message=str(exc), rid=submit.rid))
+                self._send_final(submit.rid, submit.client, 0, None, "error")
+                continue
+            self.streams[submit.rid] = _Stream(
+                client=submit.client, max_frames=params.max_new_frames,
+                chunks=ChunkAccumulator(self.schedule.with_initial(submit.initial_chunk_frames),
+                                        self.n_vq))
+
+    # ---- runner output -------------------------------------------------------------------------
+
+    def _emit(self, events: list[Any]) -> None:
+        for ev in events:
+            stream = self.streams.get(ev.rid)
+            if stream is None:
+                continue
+            if ev.codes is not None:
+                chunk = stream.chunks.push(np.asarray(ev.codes, dtype=np.int64))
+                if chunk is not None:
+                    self.to_codec.send(CodeChunk(rid=ev.rid, client=stream.client, seq=stream.seq,
+                                                 final=False), chunk)
+                    stream.seq += 1
+            reason = ev.reason if ev.finished else None
+            if reason is None and stream.chunks.frames_seen >= stream.max_frames:
+                reason = "length"  # runaway guard: the runner did not stop at the frame cap
+            if ev.finished or reason is not None:
+                del self.streams[ev.rid]
+                self.runner.remove(ev.rid)
+                self._send_final(ev.rid, stream.client, stream.seq, stream.chunks.finish(),
+                                 reason or "stop")
+
+    def _send_final(self, rid: int, client: int, seq: int, codes: np.ndarray | None,
+                    reason: str) -> None:
+        if codes is None:
+            codes = np.zeros((0, self.n_vq), dtype=np.int64)
+        self.to_codec.send(CodeChunk(rid=rid, client=client, seq=seq, final=True,
+                                     finish_reason=reason), codes)
+
+    def _report_slots(self) -> None:
+        in_use = self.runner.num_running()
+        if in_use != self._slots_reported:
+            self.to_coord.send(Slots(stage="talker", in_use=in_use))
+            self._slots_reported = in_use
+
+
+@dataclass
+class WarmUpJob:
+    """A short fixed request (the `SpeechJobLike` shape) used only to warm the runner up."""
+
+    text: str = "warm up"
+    language: str | None = None
+    instructions: str | None = None
+    ref_codes: np.ndarray | None = None
+    ref_text: str | None = None
+    sampling: dict = field(default_factory=lambda: {"seed": 0})
+    forced_frames: int | None = 2
+
+
+def warm_up(runner: Any, variant: Any) -> None:
+    """Run one short request through the runner so first requests do not pay for lazy set-up."""
+    prompt, sampling = variant.build_request(WarmUpJob())
+    rid = -1
+    runner.add(rid, prompt, from_wire(sampling))
+    for _ in range(8):
+        if any(ev.rid == rid and ev.finished for ev in runner.step()):
+            break
+    runner.remove(rid)
+
+
+def main(spec: WorkerSpec) -> None:
+    """Process entry: load the talker, warm up, say Ready, loop until shutdown."""
+    variant = prepare_process(spec, spec.profile.talker.torch_threads)
+    inbox, to_codec, to_coord = attach_talker(spec)
+    try:
+        runner = variant.make_talker_runner(spec.device)
+        warm_up(runner, variant)
+        to_coord.send(Ready(stage="talker", pid=os.getpid(),
+                            capacity=spec.profile.talker.max_running))
+        TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
+                   variant.n_vq).run()
+    except Exception as exc:
+        log.exception("talker worker failed")
+        to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        for ch in (inbox, to_codec, to_coord):
+            ch.close()

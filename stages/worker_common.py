@@ -1,0 +1,123 @@
+"""What the talker and codec worker processes share: their spawn spec, process set-up, inbox drain.
+
+Channel wiring at start-up (the launcher relays over each worker's set-up pipe):
+
+1. the launcher creates the coordinator-side channels and spawns both workers with their specs;
+2. the codec creates the channels it owns (talker → codec, reader end; codec → each client,
+   writer ends) and sends their specs up its pipe;
+3. the launcher forwards the talker → codec spec down the talker's pipe and keeps the client specs
+   (an in-process client opens one; a spawned API process gets one pickled at its spawn).
+
+Doorbell descriptors cross the pipes with `multiprocessing`'s resource sharer (DupFd).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from ipc.channel import Channel, ChannelSpec
+from ipc.messages import CodecInbox, ClientInbox
+from profiles import Profile
+from stages.chunk_policy import ChunkSchedule
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a spawned worker needs; picklable (channel specs carry their doorbells)."""
+
+    stage: str                      # "talker" | "codec"
+    model_dir: str
+    profile: Profile
+    device: str
+    instance: str                   # ipc instance id (segment names)
+    inbox: ChannelSpec              # coordinator -> worker
+    to_coord: ChannelSpec           # worker -> coordinator
+    setup: Connection               # set-up pipe to the launcher (spec relay)
+    parent_pid: int
+    num_clients: int = 0            # codec: rings to create, one per client
+
+
+def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Any:
+    """Die with the launcher, configure logging and torch threads; returns the `Variant`."""
+    _die_with_parent(spec.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the launcher, which stops us
+    level = spec.profile.engine.log_level.upper()
+    logging.basicConfig(level=level, format=f"%(asctime)s {spec.stage}[%(process)d] %(levelname)s "
+                                            "%(name)s: %(message)s")
+    import torch
+
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    from stages.registry import load_variant
+
+    return load_variant(spec.model_dir, spec.profile)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: rely on the launcher's stop
+        return
+    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def attach_talker(spec: WorkerSpec) -> tuple[Channel, Channel, Channel]:
+    """(inbox, to_codec, to_coord) of the talker; waits for the codec's spec via the launcher."""
+    inbox, to_coord = spec.inbox.open(), spec.to_coord.open()
+    to_codec_spec: ChannelSpec = spec.setup.recv()
+    return inbox, to_codec_spec.open(), to_coord
+
+
+def attach_codec(spec: WorkerSpec) -> tuple[Channel, Channel, Channel, list[Channel]]:
+    """(from_talker, from_coord, to_coord, to_clients) of the codec; creates the rings it owns."""
+    p = spec.profile.ipc
+    from_talker = Channel.create("talker-codec", msg_type=CodecInbox,
+                                 capacity=p.codes_ring_bytes, role="reader",
+                                 instance=spec.instance)
+    to_clients = [Channel.create(f"codec-client{i}", msg_type=ClientInbox,
+                                 capacity=p.pcm_ring_bytes, role="writer", instance=spec.instance)
+                  for i in range(spec.num_clients)]
+    spec.setup.send((from_talker.spec(), [c.spec() for c in to_clients]))
+    return from_talker, spec.inbox.open(), spec.to_coord.open(), to_clients
+
+
+def drain(channel: Channel, *, block: bool) -> Iterator[tuple[Any, Any]]:
+    """Yield (msg, received) for every record waiting; with `block`, sleep for the first one.
+
+    `received.array(dtype)` is a view of the ring valid only until the next iteration (the
+    record is released when the loop moves on): copy what must outlive it.
+    """
+    rec = channel.recv() if block else channel.try_recv()
+    while rec is not None:
+        try:
+            yield rec.msg, rec
+        finally:
+            rec.release()
+        rec = channel.try_recv()
+
+
+def payload_array(rec: Any, dtype: Any, width: int) -> np.ndarray:
+    """An owned copy of a record's payload as `[-1, width]` (empty when there is none)."""
+    if rec is None or rec.payload is None:
+        return np.zeros((0, width), dtype=dtype)
+    return np.array(rec.array(dtype).reshape(-1, width), copy=True)
+
+
+def schedule_from(profile: Profile) -> ChunkSchedule:
+    c = profile.chunking
+    return ChunkSchedule(c.initial_chunk_frames, tuple(c.ramp), c.chunk_frames)
