@@ -23,6 +23,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "mossvox"
 OUTCOMES = ("ok", "client_error", "rejected", "failed", "cancelled")
 
+# Engine counters that only grow (exported as Prometheus counters; the rest are gauges).
+ENGINE_CUMULATIVE = frozenset({"submitted", "rejected", "failed", "finished_stop", "finished_length",
+                               "aborted", "chunks", "audio_s", "decode_batches"})
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
@@ -78,7 +82,8 @@ class EngineCollector(Collector):
     """Engine counters as metrics, read when scraped.
 
     Numbers become gauges ``mossvox_engine_<key>`` (e.g. ``..._running``, ``..._queued``,
-    ``..._talker_slots``, ``..._codec_slots``); keys ending in ``_total`` become counters; a
+    ``..._talker_slots``, ``..._codec_slots``); ``ENGINE_CUMULATIVE`` keys and keys ending in
+    ``_total`` become counters (``..._total``); a
     mapping of ``{batch size: count}`` becomes a histogram ``mossvox_engine_<key>`` (talker and
     coalesced codec batch sizes)."""
 
@@ -98,8 +103,9 @@ class EngineCollector(Collector):
             if isinstance(value, bool):
                 value = float(value)
             if isinstance(value, (int, float)):
-                if name.endswith("_total"):
-                    metric = CounterMetricFamily(name[: -len("_total")], f"engine counter {key}")
+                if name.endswith("_total") or key in ENGINE_CUMULATIVE:
+                    base = name[: -len("_total")] if name.endswith("_total") else name
+                    metric = CounterMetricFamily(base, f"engine counter {key}")
                 else:
                     metric = GaugeMetricFamily(name, f"engine counter {key}")
                 metric.add_metric([], float(value))

@@ -72,7 +72,7 @@ async def test_unknown_route_is_404_envelope(client):
 
 
 def test_metrics_render_request_figures_and_engine_counters():
-    counters = {"running": 2, "queued": 1, "talker_slots": 3, "codec_slots": 2, "aborted_total": 5,
+    counters = {"running": 2, "queued": 1, "talker_slots": 3, "codec_slots": 2, "aborted": 5,
                 "codec_batch_sizes": {1: 4, 4: 2}}
     metrics = ApiMetrics(engine_counters=lambda: counters)
     metrics.requests.labels(outcome="ok").inc()

@@ -1,0 +1,100 @@
+"""The Starlette application: routes, middleware, and per-process state from ``lifespan``.
+
+``create_app(profile, connect)`` builds one API process's app. ``connect`` is an async context
+manager factory yielding this process's ``EngineClient`` (in-process, or rebuilt from a picklable
+spec in a spawned API process); the lifespan opens it, builds the :class:`ApiState` around it and
+yields it as ``request.state.api``. Nothing lives at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from api.auth import BearerAuthMiddleware
+from api.errors import EXCEPTION_HANDLERS
+from api.limits import BodyLimitMiddleware
+from api.metrics import ApiMetrics
+from api.ref_cache import ReferenceCodeCache, codec_namespace
+from api.reference import ReferenceLoader, ReferencePolicy
+from api.routes import demo, health, metrics, models, speech, voices
+from api.schemas import openapi_document
+from api.voices import VoiceRegistry
+
+Connect = Callable[[], AbstractAsyncContextManager]
+
+
+@dataclass
+class ApiState:
+    """Everything a request handler of this API process needs."""
+
+    profile: object  # profiles.Profile
+    client: object  # engine.client.EngineClient
+    metrics: ApiMetrics
+    references: ReferenceLoader
+    ref_cache: ReferenceCodeCache
+    voices: VoiceRegistry
+    served_name: str
+    model_names: set[str]
+    openapi_json: bytes
+    started_at: float
+
+
+def data_dir(profile) -> Path:
+    return Path(os.path.expanduser(profile.api.data_dir))
+
+
+def build_state(profile, client, *, codec_id: str = "") -> ApiState:
+    root = data_dir(profile)
+    namespace = codec_namespace(client.model_name, client.n_vq, client.sample_rate, client.channels, codec_id)
+    policy = ReferencePolicy.from_profile(profile.api, sample_rate=client.sample_rate, channels=client.channels)
+    served = profile.model.served_name
+    return ApiState(
+        profile=profile,
+        client=client,
+        metrics=ApiMetrics(engine_counters=client.counters),
+        references=ReferenceLoader(policy),
+        ref_cache=ReferenceCodeCache(root / "ref_codes", namespace, client.n_vq, client.encode_reference),
+        voices=VoiceRegistry(root / "voices"),
+        served_name=served,
+        model_names={served, client.model_name},
+        openapi_json=msgspec.json.encode(openapi_document()),
+        started_at=time.time(),
+    )
+
+
+def create_app(profile, connect: Connect, *, codec_id: str = "") -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        async with connect() as client:
+            yield {"api": build_state(profile, client, codec_id=codec_id)}
+
+    routes = [
+        Route("/v1/audio/speech", speech.create_speech, methods=["POST"]),
+        Route("/v1/audio/voices", voices.list_voices, methods=["GET"]),
+        Route("/v1/audio/voices", voices.create_voice, methods=["POST"]),
+        Route("/v1/audio/voices/{name}", voices.get_voice, methods=["GET"]),
+        Route("/v1/audio/voices/{name}", voices.delete_voice, methods=["DELETE"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/health", health.health, methods=["GET"]),
+        Route("/ready", health.ready, methods=["GET"]),
+        Route("/metrics", metrics.metrics, methods=["GET"]),
+        Route("/openapi.json", demo.openapi, methods=["GET"]),
+        Route("/", demo.index, methods=["GET"]),
+    ]
+    middleware = [
+        Middleware(BodyLimitMiddleware, max_bytes=profile.api.max_body_bytes),
+        Middleware(BearerAuthMiddleware, keys=tuple(profile.api.keys)),
+    ]
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,
+                     lifespan=lifespan)

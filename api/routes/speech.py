@@ -1,0 +1,242 @@
+"""``POST /v1/audio/speech``: whole files, raw audio streams and SSE, in every format.
+
+The first audio chunk is awaited before the response starts, so admission rejections and bad
+sampling values still get their HTTP status; after that, audio is encoded and sent as it arrives.
+A client that disconnects aborts its engine request (closing the chunk iterator does that). An
+engine failure after audio went out ends the stream visibly: an SSE error event, or a cut raw
+stream (the connection closes without the final chunk), and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api import sse
+from api.audio_encoding import AudioEncoder, make_encoder
+from api.errors import ApiError, bad_request
+from api.schemas import decode_speech_request
+from api.speech_job import check_request, output_plan, resolve_voice, sampling_overrides
+from api.streaming import AudioStreamResponse, ClientGone, run_until_disconnect
+from engine.client import EngineFailed, EngineRejected, SpeechJob
+
+log = logging.getLogger("mossvox.api")
+
+
+class StreamCut(Exception):
+    """Raised into the server after audio started, so it drops the connection mid-body."""
+
+
+class RequestTracker:
+    """Per-request timing and outcome, recorded into the process's metrics once."""
+
+    def __init__(self, metrics, sample_rate: int, started: float) -> None:
+        self.metrics = metrics
+        self.sample_rate = sample_rate
+        self.started = started
+        self.samples = 0
+        self.last_chunk: float | None = None
+        self.first_audio: float | None = None
+        self.done = False
+
+    def chunk(self, samples: int) -> None:
+        now = time.perf_counter()
+        if self.last_chunk is not None:
+            self.metrics.chunk_interval.observe(now - self.last_chunk)
+        self.last_chunk = now
+        self.samples += samples
+
+    def sent_audio(self) -> None:
+        if self.first_audio is None:
+            self.first_audio = time.perf_counter()
+            self.metrics.ttfa.observe(self.first_audio - self.started)
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.samples / self.sample_rate
+
+    def finish(self, outcome: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.metrics.requests.labels(outcome=outcome).inc()
+        if self.samples:
+            self.metrics.audio_seconds.inc(self.audio_seconds)
+        if outcome == "ok" and self.samples:
+            self.metrics.rtf.observe((time.perf_counter() - self.started) / self.audio_seconds)
+
+
+async def create_speech(request: Request) -> Response:
+    state = request.state.api
+    started = time.perf_counter()
+    tracker = RequestTracker(state.metrics, state.client.sample_rate, started)
+    try:
+        return await _create_speech(request, state, tracker)
+    except ApiError as exc:
+        tracker.finish("rejected" if exc.status in (429, 503) else
+                       "failed" if exc.status >= 500 else "client_error")
+        raise
+    except ClientGone:
+        tracker.finish("cancelled")
+        return Response(status_code=499)  # nobody is listening; the engine request was aborted
+    except BaseException:
+        tracker.finish("cancelled")
+        raise
+
+
+async def _create_speech(request: Request, state, tracker: RequestTracker) -> Response:
+    req = decode_speech_request(await request.body())
+    client = state.client
+    check_request(req, model_names=state.model_names, max_input_chars=state.profile.api.max_input_chars,
+                  sample_rate=client.sample_rate)
+    plan = output_plan(req)
+    if not client.ready():
+        raise ApiError(503, "The engine is not ready yet", code="not_ready",
+                       headers={"Retry-After": "1"})
+    voice = await resolve_voice(req, state)
+    job = SpeechJob(text=req.input, language=req.language, instructions=req.instructions,
+                    ref_codes=voice.codes, ref_text=voice.ref_text, sampling=sampling_overrides(req),
+                    initial_chunk_frames=req.initial_codec_chunk_frames, forced_frames=req.forced_frames)
+    try:
+        encoder = make_encoder(plan.response_format, client.sample_rate, client.channels,
+                               streaming=plan.mode != "file", speed=plan.speed)
+    except ValueError as exc:
+        raise bad_request(str(exc), param="response_format") from None
+    request_id = f"speech-{uuid.uuid4().hex[:16]}"
+    chunks = client.generate(job)
+    first = await run_until_disconnect(_first_chunk(chunks), request.receive)
+    headers = {"X-Request-Id": request_id, "X-Audio-Sample-Rate": str(client.sample_rate),
+               "X-Audio-Channels": str(client.channels), "X-Audio-Format": plan.response_format,
+               "Cache-Control": "no-store", "X-Api-Process": str(os.getpid())}
+    if voice.cache_hit is not None:
+        headers["X-Ref-Cache"] = "hit" if voice.cache_hit else "miss"
+    if plan.mode == "file":
+        body = await run_until_disconnect(_whole_file(first, chunks, encoder, tracker, request_id),
+                                          request.receive)
+        headers["X-Audio-Seconds"] = f"{tracker.audio_seconds:.3f}"
+        return Response(body, media_type=encoder.content_type, headers=headers)
+    if plan.mode == "sse":
+        body_iter = _sse_stream(first, chunks, encoder, tracker, request_id, req.input, plan.response_format,
+                                client.sample_rate, client.channels)
+        return AudioStreamResponse(body_iter, media_type=sse.CONTENT_TYPE, headers=headers)
+    body_iter = _raw_stream(first, chunks, encoder, tracker, request_id)
+    return AudioStreamResponse(body_iter, media_type=encoder.content_type, headers=headers)
+
+
+async def _first_chunk(chunks: AsyncIterator):
+    """The first chunk, with engine errors turned into HTTP statuses (nothing was sent yet)."""
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None
+    except EngineRejected as exc:
+        await chunks.aclose()
+        retry = str(max(1, math.ceil(exc.retry_after_s or 1)))
+        status = 503 if _is_unavailable(exc.reason) else 429
+        raise ApiError(status, f"Request rejected by admission: {exc.reason}", code="overloaded",
+                       headers={"Retry-After": retry}) from None
+    except ValueError as exc:  # the variant's request adapter refused a field
+        await chunks.aclose()
+        raise bad_request(str(exc)) from None
+    except EngineFailed as exc:
+        await chunks.aclose()
+        raise ApiError(500, f"The engine failed this request: {exc}") from None
+
+
+def _is_unavailable(reason: str | None) -> bool:
+    text = (reason or "").lower()
+    return any(word in text for word in ("ready", "unhealthy", "shutting", "stopp", "draining", "dead"))
+
+
+async def _all_chunks(first, chunks: AsyncIterator) -> AsyncIterator:
+    if first is not None:
+        yield first
+    async for chunk in chunks:
+        yield chunk
+
+
+async def _whole_file(first, chunks: AsyncIterator, encoder: AudioEncoder, tracker: RequestTracker,
+                      request_id: str) -> bytes:
+    pieces: list[bytes] = []
+    try:
+        async for chunk in _all_chunks(first, chunks):
+            tracker.chunk(chunk.pcm.shape[0])
+            pieces.append(encoder.encode(chunk.pcm))
+        pieces.append(encoder.finish())
+    except EngineFailed as exc:
+        tracker.finish("failed")
+        log.error("%s failed: %s", request_id, exc)
+        raise ApiError(500, f"The engine failed this request: {exc}") from None
+    finally:
+        await chunks.aclose()
+    tracker.sent_audio()
+    tracker.finish("ok")
+    return b"".join(pieces)
+
+
+async def _raw_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, tracker: RequestTracker,
+                      request_id: str) -> AsyncIterator[bytes]:
+    outcome = "cancelled"
+    try:
+        async for chunk in _all_chunks(first, chunks):
+            tracker.chunk(chunk.pcm.shape[0])
+            data = encoder.encode(chunk.pcm)
+            if data:
+                tracker.sent_audio()
+                yield data
+        tail = encoder.finish()
+        if tail:
+            tracker.sent_audio()
+            yield tail
+        outcome = "ok"
+    except EngineFailed as exc:
+        outcome = "failed"
+        log.error("%s failed after %.2f s of audio; cutting the stream: %s", request_id,
+                  tracker.audio_seconds, exc)
+        raise StreamCut(str(exc)) from None
+    finally:
+        tracker.finish(outcome)
+        await chunks.aclose()
+
+
+async def _sse_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, tracker: RequestTracker,
+                      request_id: str, text: str, response_format: str, sample_rate: int,
+                      channels: int) -> AsyncIterator[bytes]:
+    outcome = "cancelled"
+    sent_any = False
+
+    def delta(data: bytes) -> bytes:
+        nonlocal sent_any
+        first_delta = not sent_any
+        sent_any = True
+        tracker.sent_audio()
+        return sse.delta(data, response_format, sample_rate=sample_rate if first_delta else None,
+                         channels=channels if first_delta else None)
+
+    try:
+        async for chunk in _all_chunks(first, chunks):
+            tracker.chunk(chunk.pcm.shape[0])
+            data = encoder.encode(chunk.pcm)
+            if data:
+                yield delta(data)
+        tail = encoder.finish()
+        if tail:
+            yield delta(tail)
+        frames = round(tracker.audio_seconds * 12.5)
+        yield sse.done({"input_characters": len(text), "output_tokens": frames, "output_frames": frames,
+                        "audio_seconds": round(tracker.audio_seconds, 4)})
+        outcome = "ok"
+    except EngineFailed as exc:
+        outcome = "failed"
+        log.error("%s failed after %.2f s of audio: %s", request_id, tracker.audio_seconds, exc)
+        yield sse.error(f"The engine failed this request: {exc}", partial_audio=sent_any)
+    finally:
+        tracker.finish(outcome)
+        await chunks.aclose()

@@ -1,0 +1,215 @@
+"""``mossvox serve``: the engine, then N API processes on one port.
+
+The supervisor (this process) resolves the model (the embedded tiny random-weight demo model when
+none is given), logs the resolved profile and its hash, binds the listening socket, launches the
+engine (coordinator + talker + codec workers), and spawns ``api.api_servers`` API processes. Each
+API process gets the shared socket (the kernel spreads connections over the processes that
+accept on it) and its own ``EngineClient`` spec (its own PCM ring). On SIGINT/SIGTERM, or when any
+API process dies, everything is stopped: API processes first, then the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import hashlib
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("mossvox.server")
+
+STOP_TIMEOUT_S = 10.0
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s")
+
+
+def resolve_model_dir(profile, model_dir: str | None) -> Path:
+    """The checkpoint to serve: the argument, the profile's ``model.path``, or the demo model."""
+    chosen = model_dir or profile.model.path
+    if chosen:
+        return Path(chosen).expanduser().resolve()
+    from stages.demo_model import ensure_demo_model
+
+    return ensure_demo_model(profile.model.demo_cache_dir)
+
+
+def codec_fingerprint(model_dir: Path, codec_path: str | None) -> str:
+    """What else the cached reference codes depend on: both configs and the weight files' sizes."""
+    digest = hashlib.sha256()
+    for folder in (model_dir, Path(codec_path).expanduser() if codec_path else model_dir / "audio_tokenizer"):
+        for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*.safetensors")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes() if path.suffix == ".json" else str(path.stat().st_size).encode())
+    return digest.hexdigest()[:16]
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(profile, model_dir: str | None) -> int:
+    """Run the server until a signal or an API-process death; returns the exit status."""
+    setup_logging(profile.engine.log_level)
+    resolved = resolve_model_dir(profile, model_dir)
+    log.info("serving model %s", resolved)
+    if not (model_dir or profile.model.path):
+        log.warning("no model given: serving the embedded tiny demo model; its weights are RANDOM "
+                    "(noise-like audio, length forced from the text)")
+    log.info("resolved profile (sha256 %s):\n%s", profile.sha256(), _profile_text(profile))
+    metrics_dir = Path(tempfile.mkdtemp(prefix="mossvox-metrics-"))
+    # prometheus-client's multiprocess mode is switched by this variable (read when the library
+    # is imported, in each spawned API process); it is the library's mechanism, not a setting.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    sock = bind_socket(profile.api.host, profile.api.port)
+    stop = _StopSignal()
+    try:
+        import uvloop
+
+        return uvloop.run(_serve(profile, resolved, sock, stop))
+    finally:
+        stop.restore()
+        sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        log.info("stopped")
+
+
+async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSignal") -> int:
+    """The coordinator runs on this loop; the API processes are spawned beside it."""
+    from engine.launcher import launch
+
+    api = profile.api
+    host, port = sock.getsockname()[:2]
+    engine = await launch(profile, model_dir, clients=api.api_servers)
+    procs: list = []
+    try:
+        codec_id = codec_fingerprint(model_dir, profile.model.codec_path)
+        ctx = mp.get_context("spawn")
+        for index in range(api.api_servers):
+            proc = ctx.Process(target=api_process_main, name=f"mossvox-api-{index}",
+                               args=(profile, engine.client_spec(index), sock, codec_id, os.getpid()))
+            proc.start()
+            procs.append(proc)
+        print(f"mossvox: serving on http://{host}:{port} with {api.api_servers} API process(es)",
+              flush=True)
+        return await _supervise(procs, stop)
+    finally:
+        await asyncio.to_thread(_stop_processes, procs)
+        await engine.stop()
+
+
+def _profile_text(profile) -> str:
+    to_yaml = getattr(profile, "to_yaml", None)
+    if to_yaml is not None:
+        return to_yaml()
+    import json
+
+    return json.dumps(profile.to_dict(), indent=2, sort_keys=True)
+
+
+async def _supervise(procs: list, stop: "_StopSignal") -> int:
+    """Wait (on the loop, no polling) for a stop signal or the death of an API process."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+
+    def on_signal() -> None:
+        log.info("signal %s: shutting down", stop.received())
+        if not done.done():
+            done.set_result(0)
+
+    def on_exit(proc) -> None:
+        if not done.done():
+            log.error("API process %s exited with %s; shutting down", proc.name, proc.exitcode)
+            done.set_result(1)
+
+    loop.add_reader(stop.fd, on_signal)
+    for proc in procs:
+        loop.add_reader(proc.sentinel, on_exit, proc)
+    try:
+        return await done
+    finally:
+        loop.remove_reader(stop.fd)
+        for proc in procs:
+            loop.remove_reader(proc.sentinel)
+
+
+def _stop_processes(procs: list) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()  # uvicorn shuts down gracefully on SIGTERM
+    for proc in procs:
+        proc.join(STOP_TIMEOUT_S)
+        if proc.is_alive():
+            log.warning("API process %s did not stop in %.0f s; killing it", proc.name, STOP_TIMEOUT_S)
+            proc.kill()
+            proc.join()
+
+
+class _StopSignal:
+    """SIGINT/SIGTERM written to a pipe the supervisor waits on (handlers only record)."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self.fd = self._read
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._write, bytes([signum]))
+
+    def received(self) -> str:
+        data = os.read(self._read, 16)
+        return ",".join(signal.Signals(b).name for b in data)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when the supervisor dies (no orphaned API processes)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_pid: int) -> None:
+    """One API process: uvicorn (uvloop) serving the app on the shared socket."""
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the supervisor died before we armed the signal
+        return
+    setup_logging(profile.engine.log_level)
+    import uvicorn
+
+    from api.app import create_app
+    from engine.client import EngineClient
+
+    @contextlib.asynccontextmanager
+    async def connect():
+        client = EngineClient.connect(spec)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+    app = create_app(profile, connect, codec_id=codec_id)
+    config = uvicorn.Config(app, loop="uvloop", http="h11", lifespan="on", access_log=False,
+                            log_level=profile.engine.log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])

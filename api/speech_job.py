@@ -1,0 +1,108 @@
+"""From a validated ``SpeechRequest`` to the engine-level ``SpeechJob`` and output settings.
+
+Checks what the schema cannot (model name, input length, sample rate), merges the sampling
+fields (top level over ``extra_params``), and resolves the voice: an inline ``ref_audio`` goes
+through the reference loader and the shared code cache; a registered voice brings its stored
+codes (and transcript); ``default`` or an OpenAI built-in name means the model's own voice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from api.errors import ApiError, bad_request
+from api.schemas import SpeechRequest, VoiceObject
+
+OPENAI_VOICES = frozenset({"default", "alloy", "ash", "ballad", "coral", "echo", "fable", "onyx",
+                           "nova", "sage", "shimmer", "verse", "marin", "cedar"})
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """How the response is delivered."""
+
+    response_format: str
+    mode: str  # "file" (whole file), "audio" (raw stream) or "sse"
+    speed: float
+
+
+def output_plan(req: SpeechRequest) -> OutputPlan:
+    if req.stream_format is not None:
+        mode = req.stream_format
+    elif req.stream:
+        mode = "sse"
+    else:
+        mode = "file"
+    return OutputPlan(response_format=req.response_format, mode=mode, speed=req.speed)
+
+
+def check_request(req: SpeechRequest, *, model_names: set[str], max_input_chars: int, sample_rate: int) -> None:
+    if req.model is not None and req.model not in model_names:
+        raise ApiError(404, f"The model '{req.model}' does not exist; this server serves "
+                            f"{sorted(model_names)}", param="model", code="model_not_found")
+    if not req.input.strip():
+        raise bad_request("Input text cannot be empty", param="input")
+    if len(req.input) > max_input_chars:
+        raise bad_request(f"Input is {len(req.input)} characters; the limit is {max_input_chars} "
+                          f"(api.max_input_chars)", param="input")
+    if req.sample_rate is not None and req.sample_rate != sample_rate:
+        raise bad_request(f"sample_rate {req.sample_rate} is not supported: this model produces "
+                          f"{sample_rate} Hz", param="sample_rate")
+
+
+def sampling_overrides(req: SpeechRequest) -> dict:
+    """The request's sampling fields for the variant's adapter (only those that were given)."""
+    merged: dict = {}
+    if req.extra_params is not None:
+        merged.update({k: getattr(req.extra_params, k) for k in SAMPLING_FIELDS})
+    for key in SAMPLING_FIELDS:
+        value = getattr(req, key)
+        if value is not None:
+            merged[key] = value
+    if req.seed is not None:
+        merged["seed"] = req.seed
+    if req.max_new_tokens is not None:
+        merged["max_new_frames"] = req.max_new_tokens
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ResolvedVoice:
+    codes: np.ndarray | None  # [T, n_vq] int64
+    ref_text: str | None
+    source: str  # "none", "ref_audio" or "voice:<name>"
+    cache_hit: bool | None = None
+
+
+async def resolve_voice(req: SpeechRequest, state) -> ResolvedVoice:
+    """Reference codes for the request, from ``ref_audio`` or a registered voice."""
+    ref_text = req.ref_text if req.ref_text and req.ref_text.strip() else None
+    if req.ref_audio is not None:
+        prepared = await state.references.load(req.ref_audio)
+        codes, hit = await state.ref_cache.get_or_encode(prepared.digest, prepared.wav)
+        state.metrics.ref_cache.labels(result="hit" if hit else "miss").inc()
+        return ResolvedVoice(codes=codes, ref_text=ref_text, source="ref_audio", cache_hit=hit)
+    name = req.voice.id if isinstance(req.voice, VoiceObject) else req.voice
+    if name is None or not name.strip():
+        return _own_voice(ref_text)
+    voice = await asyncio.to_thread(state.voices.get, name)
+    if voice is None:
+        if name.lower() in OPENAI_VOICES:
+            return _own_voice(ref_text)
+        raise ApiError(404, f"Voice '{name}' is not registered; see GET /v1/audio/voices, or use "
+                            f"'default' for the model's own voice", param="voice", code="voice_not_found")
+    if voice.namespace != state.ref_cache.namespace:
+        raise bad_request(f"Voice '{name}' was registered for another model or codec setup; "
+                          f"upload it again", param="voice")
+    return ResolvedVoice(codes=voice.codes, ref_text=ref_text or voice.info.ref_text, source=f"voice:{name}")
+
+
+def _own_voice(ref_text: str | None) -> ResolvedVoice:
+    if ref_text is not None:
+        raise bad_request("ref_text needs reference audio: send ref_audio or a registered voice",
+                          param="ref_text")
+    return ResolvedVoice(codes=None, ref_text=None, source="none")

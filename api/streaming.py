@@ -1,0 +1,66 @@
+"""An ASGI response that streams an async byte iterator and stops it when the client leaves.
+
+Starlette's ``StreamingResponse`` only watches for disconnects on ASGI servers older than spec
+2.4; newer ones report a disconnect only when the next write fails, which for audio can be a
+whole chunk later. This response always watches ``receive`` next to the writer, so a client
+that goes away cancels the body iterator at once (its ``aclose`` aborts the engine request).
+An exception raised by the iterator after the headers went out propagates, so the server cuts
+the connection instead of finishing the body: the client sees a truncated stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+
+class AudioStreamResponse(StreamingResponse):
+    def __init__(self, body: AsyncIterator[bytes], *, media_type: str, headers: dict[str, str]) -> None:
+        super().__init__(body, media_type=media_type, headers=headers)
+        self.body_iterator = body  # the generator itself, so closing it runs its cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with contextlib.aclosing(self.body_iterator):  # type: ignore[type-var]
+            with contextlib.suppress(ClientGone):
+                await run_until_disconnect(self._write(send), receive)
+
+    async def _write(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_until_disconnect(work: Awaitable, receive: Receive | Callable) -> object:
+    """Run ``work``; if the client disconnects first, cancel it and raise ``ClientGone``."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    if not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone()
+    return task.result()
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response was complete."""

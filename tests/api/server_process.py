@@ -1,0 +1,76 @@
+"""Test helper: a real `mossvox serve` process on loopback (tiny demo model, cpu profile)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 180.0
+
+
+class ServerProcess:
+    """Start with ``start()``; ``url`` is the base URL; ``stop()`` sends SIGTERM and waits."""
+
+    def __init__(self, data_dir: Path, *args: str, sets: tuple[str, ...] = ()) -> None:
+        self.data_dir = Path(data_dir)
+        self.args = args
+        self.sets = sets
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.log: list[str] = []
+
+    def start(self) -> "ServerProcess":
+        cmd = [sys.executable, "-c", "import sys; from api.cli import main; sys.exit(main())", "serve",
+               "--profile", "cpu", "--port", "0", *self.args,
+               "--set", f"api.data_dir={self.data_dir}"]
+        for item in self.sets:
+            cmd += ["--set", item]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        found = threading.Event()
+
+        def pump() -> None:
+            assert self.proc and self.proc.stdout
+            for line in self.proc.stdout:
+                self.log.append(line.rstrip())
+                match = re.search(r"serving on (http://\S+)", line)
+                if match:
+                    self.url = match.group(1)
+                    found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not found.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("server did not start:\n" + "\n".join(self.log[-40:]))
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("server never became ready:\n" + "\n".join(self.log[-40:]))
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
