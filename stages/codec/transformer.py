@@ -28,43 +28,39 @@ from stages.codec.config import TransformerStage
 class LayerCache:
     """One attention layer's streaming ring for a pool of slots.
 
-    keys/values: [S, H, C, Dh]; slot s holds the keys of its positions p at ring index p % C.
+    kv: [S, 2, H, C, Dh] (keys, values); slot s holds position p at ring index p % C.
     """
 
-    keys: torch.Tensor
-    values: torch.Tensor
+    kv: torch.Tensor
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return self.kv.shape[3]
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, T] (long) -> (cos, sin) [B, 1, T, Dh/2] in fp32, as upstream computes them."""
+def rope_rotor(positions: torch.Tensor, head_dim: int, max_period: float) -> torch.Tensor:
+    """positions [B, T] (long) -> cos + i sin, complex64 [B, 1, T, Dh/2], angles in fp32 as upstream."""
     ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))  # [Dh/2]
     angles = positions.float()[:, None, :, None] * freqs  # [B, 1, T, Dh/2]
-    return torch.cos(angles), torch.sin(angles)
+    return torch.polar(torch.ones_like(angles), angles)
 
 
-def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (2i, 2i+1) of x [B, H, T, Dh] by cos/sin [B, 1, T, Dh/2]; math in fp32."""
-    pairs = x.unflatten(-1, (-1, 2))  # [B, H, T, Dh/2, 2]
-    re, im = pairs[..., 0].float(), pairs[..., 1].float()
-    out = torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], dim=-1)
-    return out.flatten(-2)
+def apply_interleaved_rope(x: torch.Tensor, rotor: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (2i, 2i+1) of x [..., B, H, T, Dh] as complex numbers by rotor [B, 1, T, Dh/2]; fp32 math."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # [..., B, H, T, Dh/2]
+    return torch.view_as_real(pairs * rotor).flatten(-2).to(x.dtype)
 
 
 @dataclass
 class WindowPlan:
     """What every layer of one stage shares for one call: RoPE tables and the visibility mask.
 
-    cos, sin [B, 1, T, Dh/2]; mask [T, T] (whole sequence) or [B, 1, T, C] over ring indices
+    rotor [B, 1, T, Dh/2] complex; mask [T, T] (whole sequence) or [B, 1, T, C] over ring indices
     (streaming); ring_index [B, T] where the chunk's keys go (streaming only).
     """
 
-    cos: torch.Tensor
-    sin: torch.Tensor
+    rotor: torch.Tensor
     mask: torch.Tensor
     ring_index: torch.Tensor | None = None
 
@@ -73,7 +69,7 @@ class WindowPlan:
         pos = torch.arange(T, device=device)
         delta = pos[:, None] - pos[None, :]  # [T, T] query - key
         mask = (delta >= 0) & (delta < stage.context)
-        return cls(*rope_cos_sin(pos.expand(B, T), stage.head_dim, stage.max_period), mask)
+        return cls(rope_rotor(pos.expand(B, T), stage.head_dim, stage.max_period), mask)
 
     @classmethod
     def chunk(cls, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int) -> WindowPlan:
@@ -86,7 +82,7 @@ class WindowPlan:
         pos_k = last - (last - ring) % capacity  # [B, C] absolute position held at each ring index
         delta = pos_q[:, :, None] - pos_k[:, None, :]  # [B, T, C]
         mask = (pos_k[:, None, :] >= 0) & (delta >= 0) & (delta < stage.context)
-        return cls(*rope_cos_sin(pos_q, stage.head_dim, stage.max_period), mask[:, None], pos_q % capacity)
+        return cls(rope_rotor(pos_q, stage.head_dim, stage.max_period), mask[:, None], pos_q % capacity)
 
 
 class CausalWindowAttention(nn.Module):
@@ -105,13 +101,12 @@ class CausalWindowAttention(nn.Module):
         values are written into their rings first, then the queries attend over the rings."""
         B, T, D = x.shape
         qkv = self.in_projs[0](x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q = apply_interleaved_rope(qkv[0], plan.cos, plan.sin)  # [B, H, T, Dh]
-        k = apply_interleaved_rope(qkv[1], plan.cos, plan.sin)  # [B, H, T, Dh]
+        q, k = apply_interleaved_rope(qkv[:2], plan.rotor)  # [B, H, T, Dh] each
         v = qkv[2]
         if cache is not None:
-            cache.keys[slots[:, None], :, plan.ring_index] = k.transpose(1, 2)  # [B, T, H, Dh] into [S, H, C, Dh]
-            cache.values[slots[:, None], :, plan.ring_index] = v.transpose(1, 2)
-            k, v = cache.keys[slots], cache.values[slots]  # [B, H, C, Dh]
+            new = torch.stack((k, v), dim=1).permute(0, 3, 1, 2, 4)  # [B, T, 2, H, Dh]
+            cache.kv[slots[:, None], :, :, plan.ring_index] = new  # into [S, 2, H, C, Dh]
+            k, v = cache.kv[slots].unbind(1)  # [B, H, C, Dh] each
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask)  # [B, H, T, Dh]
         return self.out_projs[0](out.transpose(1, 2).reshape(B, T, D))
 
@@ -142,8 +137,8 @@ class TransformerLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, plan: WindowPlan, cache: LayerCache | None = None,
                 slots: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), plan, cache, slots))
-        return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
+        x = torch.addcmul(x, self.layer_scale_1.scale, self.self_attn(self.norm1(x), plan, cache, slots))
+        return torch.addcmul(x, self.layer_scale_2.scale, self.linear2(F.gelu(self.linear1(self.norm2(x)))))
 
 
 class Transformer(nn.Module):
