@@ -84,6 +84,29 @@ def bench(model: CodecModel, batch: int, chunk: int, n_vq: int, iters: int, devi
     return first_ms, (time.perf_counter() - t0) * 1e3 / iters
 
 
+def bench_graph(model: CodecModel, batch: int, chunk: int, n_vq: int, iters: int, device: str) -> float:
+    """ms per steady `chunk`-frame call replayed from one captured CUDA graph (a lead for issue 7)."""
+    decoder = StreamingDecoder(model, num_slots=batch, max_chunk_frames=chunk)
+    slots = torch.arange(batch, device=device)
+    codes = torch.randint(0, 1024, (n_vq, batch, chunk), device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            decoder.decode(codes, slots)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decoder.decode(codes, slots)
+    graph.replay()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        graph.replay()
+    sync(device)
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", choices=["v1", "v2"], default="v2")
@@ -94,6 +117,7 @@ def main() -> None:
     parser.add_argument("--n-vq", type=int, default=12)
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--graphs", action="store_true", help="also time CUDA-graph replay of the steady chunk")
     args = parser.parse_args()
 
     err, rms = check_exact(args.device, args.version)
@@ -108,6 +132,10 @@ def main() -> None:
         rate = batch * args.chunk * frame_s / (step_ms / 1e3)
         print(f"batch {batch:4d}: first 1-frame chunk {first_ms:8.1f} ms | {args.chunk}-frame chunk "
               f"{step_ms:8.1f} ms | {rate:8.1f} audio-s/s")
+        if args.graphs:
+            graph_ms = bench_graph(model, batch, args.chunk, args.n_vq, args.iters, args.device)
+            rate = batch * args.chunk * frame_s / (graph_ms / 1e3)
+            print(f"batch {batch:4d}: CUDA graph replay, {args.chunk}-frame chunk {graph_ms:8.1f} ms | {rate:8.1f} audio-s/s")
 
 
 if __name__ == "__main__":
