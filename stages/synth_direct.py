@@ -1,0 +1,163 @@
+"""Direct synthesis, in this process, without workers: text (+ reference clip) -> PCM.
+
+processor -> talker runner -> chunk policy -> codec runner streaming decode, one request at a
+time. It is `mossvox synth` until the engine routes that through the worker processes, and the
+single-request baseline of `mossvox bench engine`.
+
+Reference audio: decoded with soundfile, prepared for the codec (`stages.audio_prep`), encoded
+with the codec runner; it becomes a voice-clone prompt, or a continuation prompt when its
+transcript (`ref_text`) is given. In continuation the generated frames continue the reference's
+audio block, so the codec slot is first fed the reference codes (their audio is dropped): the
+decoder then starts the new audio with the reference as its left context, as upstream's decode of
+the whole block followed by trimming the prompt part does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from profiles import Profile
+from stages.audio_prep import prepare_reference, read_audio
+from stages.chunk_policy import ChunkAccumulator, ChunkSchedule
+from stages.registry import from_wire, load_variant
+
+log = logging.getLogger(__name__)
+
+RID = 0
+AudioSource = str | Path | bytes | tuple[np.ndarray, int]  # file, its bytes, or (wav [C, N], rate)
+
+
+@dataclass
+class SynthJob:
+    """The fields the variant's request adapter reads (`stages.registry.SpeechJobLike`)."""
+
+    text: str
+    language: str | None = None
+    instructions: str | None = None
+    ref_codes: np.ndarray | None = None  # [T, n_vq] int64
+    ref_text: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    forced_frames: int | None = None
+
+
+@dataclass(frozen=True)
+class SynthStats:
+    """What one synthesis did: frames, why it ended, and its wall-clock timings in seconds."""
+
+    frames: int
+    finish_reason: str | None
+    prompt_rows: int
+    first_chunk_s: float
+    total_s: float
+
+
+def resolve_device(device: str) -> str:
+    """A profile's `model.device`: auto = cuda when available, else cpu."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference_codes(codec: Any, source: AudioSource) -> np.ndarray:
+    """Encode a reference clip for the codec: decode, fix channels, resample, normalise, encode."""
+    wav, rate = source if isinstance(source, tuple) else read_audio(source)
+    prepared = prepare_reference(wav, rate, target_rate=codec.sample_rate, channels=codec.channels)
+    return codec.encode([prepared])[0]  # [T, n_vq]
+
+
+class DirectSynthesizer:
+    """One model's talker and codec runners, loaded once, synthesising requests one by one."""
+
+    def __init__(self, model_dir: str | Path, profile: Profile, device: str | None = None) -> None:
+        self.device = resolve_device(device or profile.model.device)
+        self.variant = load_variant(model_dir, profile)
+        self.talker = self.variant.make_talker_runner(self.device)
+        self.codec = self.variant.make_codec_runner(self.device)
+        c = profile.chunking
+        self.schedule = ChunkSchedule(c.initial_chunk_frames, tuple(c.ramp), c.chunk_frames)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.variant.sample_rate
+
+    def synthesize(
+        self,
+        text: str,
+        *,
+        ref_audio: AudioSource | None = None,
+        ref_text: str | None = None,
+        language: str | None = None,
+        seed: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        forced_frames: int | None = None,
+        on_chunk: Callable[[np.ndarray], None] | None = None,
+    ) -> tuple[np.ndarray, SynthStats]:
+        """PCM float32 `[channels, samples]` at `sample_rate`, and what it took.
+
+        on_chunk: called with each decoded chunk `[channels, n]` as soon as it exists.
+        """
+        start = time.perf_counter()
+        codes = reference_codes(self.codec, ref_audio) if ref_audio is not None else None
+        if ref_text and codes is None:
+            raise ValueError("ref_text needs reference audio")
+        overrides = dict(sampling or {})
+        if seed is not None:
+            overrides["seed"] = seed
+        job = SynthJob(text=text, language=language, ref_codes=codes, ref_text=ref_text or None,
+                       sampling=overrides, forced_frames=forced_frames)
+        prompt, wire_sampling = self.variant.build_request(job)
+        params = from_wire(wire_sampling)
+        chunks: list[np.ndarray] = []
+        first_chunk_s = 0.0
+
+        def emit(chunk_codes: np.ndarray) -> None:
+            nonlocal first_chunk_s
+            if chunk_codes.shape[0] == 0:
+                return
+            pcm = self.codec.decode([(RID, chunk_codes)])[0]  # [channels, T * samples_per_frame]
+            if not chunks:
+                first_chunk_s = time.perf_counter() - start
+            chunks.append(pcm)
+            if on_chunk is not None:
+                on_chunk(pcm)
+
+        self.talker.add(RID, prompt, params)
+        self.codec.open(RID)
+        frames, reason = 0, None
+        try:
+            if codes is not None and ref_text:
+                self.codec.decode([(RID, codes)])  # left context of the continuation; audio dropped
+            accumulator = ChunkAccumulator(self.schedule, self.variant.n_vq)
+            finished = False
+            while not finished:
+                for event in self.talker.step():
+                    if event.codes is not None:
+                        frames += 1
+                        chunk = accumulator.push(event.codes)
+                        if chunk is not None:
+                            emit(chunk)
+                    if event.finished:
+                        finished, reason = True, event.reason
+            emit(accumulator.finish())
+        finally:
+            self.talker.remove(RID)
+            self.codec.close(RID)
+        channels = self.variant.channels
+        pcm = np.concatenate(chunks, axis=1) if chunks else np.zeros((channels, 0), dtype=np.float32)
+        stats = SynthStats(frames, reason, int(prompt.shape[0]), first_chunk_s, time.perf_counter() - start)
+        return pcm, stats
+
+
+def synthesize(model_dir: str | Path, text: str, *, profile: Profile, **kwargs: Any) -> np.ndarray:
+    """One-shot `DirectSynthesizer(model_dir, profile).synthesize(text, ...)`: PCM `[channels, samples]`."""
+    pcm, _ = DirectSynthesizer(model_dir, profile).synthesize(text, **kwargs)
+    return pcm
