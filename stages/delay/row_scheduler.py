@@ -22,6 +22,23 @@ import torch
 
 from stages.attention import AttentionMetadata, build_attention_metadata
 from stages.kv_cache import KVCacheExhausted, PagedKVCache
+from stages.qwen3 import Qwen3Config
+
+DEFAULT_CPU_TOKENS_PER_REQUEST = 2048  # KV sizing on CPU when no block count is given
+
+
+def make_paged_cache(backbone: Qwen3Config, *, device: torch.device, dtype: torch.dtype, max_running: int,
+                     block_size: int = 16, num_blocks: int | None = None,
+                     memory_fraction: float = 0.5) -> PagedKVCache:
+    """A KV pool of `num_blocks`, or sized from free GPU memory (CUDA) / a fixed per-request budget (CPU)."""
+    if num_blocks is None:
+        spec = backbone.kv_cache_spec(1, block_size)
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            num_blocks = max(1, int(free * memory_fraction) // spec.bytes_per_block(dtype))
+        else:
+            num_blocks = max_running * spec.blocks_for(DEFAULT_CPU_TOKENS_PER_REQUEST)
+    return PagedKVCache(backbone.kv_cache_spec(num_blocks, block_size), dtype=dtype, device=device)
 
 
 class RowBuffer:

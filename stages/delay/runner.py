@@ -33,13 +33,10 @@ from stages.attention import AttentionBackend, ReferenceAttention
 from stages.delay.config import DelayConfig
 from stages.delay.delay_pattern import IncrementalDeDelayer
 from stages.delay.model import DelayModel
-from stages.delay.row_scheduler import RowRequest, RowScheduler
+from stages.delay.row_scheduler import RowRequest, RowScheduler, make_paged_cache
 from stages.delay.state import INSIDE_AUDIO, DelayState
-from stages.kv_cache import PagedKVCache
 from stages.runner import FrameEvent
 from stages.sampling import RowSampling, SamplingParams, sample_tokens
-
-DEFAULT_CPU_TOKENS_PER_REQUEST = 2048
 
 
 @dataclass(eq=False)
@@ -79,15 +76,9 @@ class DelayRunner:
         self.n_vq = cfg.n_vq
         self.finish_on_audio_end = finish_on_audio_end
         self.attention = attention or ReferenceAttention()
-        spec = model.backbone_config.kv_cache_spec(1, kv_block_size)
-        if num_kv_blocks is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                num_kv_blocks = max(1, int(free * kv_memory_fraction) // spec.bytes_per_block(self.dtype))
-            else:
-                num_kv_blocks = max_running * spec.blocks_for(DEFAULT_CPU_TOKENS_PER_REQUEST)
-        cache = PagedKVCache(model.backbone_config.kv_cache_spec(num_kv_blocks, kv_block_size),
-                             dtype=self.dtype, device=self.device)
+        cache = make_paged_cache(model.backbone_config, device=self.device, dtype=self.dtype, max_running=max_running,
+                                 block_size=kv_block_size, num_blocks=num_kv_blocks,
+                                 memory_fraction=kv_memory_fraction)
         self.scheduler = RowScheduler(cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
                                       max_prefill_tokens_per_step=max_prefill_tokens_per_step)
         dev = self.device
