@@ -11,8 +11,8 @@ config-driven here:
 | per-stage `context_duration` | accepted (falls back to the global one) | accepted |
 | channels | 1 | `number_channels`, interleaved L,R,L,R into one stream |
 
-A v2 config is recognised by its v2-only keys (`number_channels`, `enable_channel_interleave`,
-`compute_dtype`, `codec_weight_dtype`); everything else parses as v1.
+A v2 config is recognised by its channel keys (`number_channels`, `enable_channel_interleave`);
+everything else parses as v1 (dtype keys such as `codec_weight_dtype` may appear in either).
 
 `tiny_v1_config()` / `tiny_v2_config()` / `full_size_v1_config()` / `full_size_v2_config()` return
 `config.json` dicts (the real layouts) for random-weight checkpoints.
@@ -24,7 +24,7 @@ import copy
 from dataclasses import dataclass
 from typing import Literal
 
-V2_ONLY_KEYS = ("number_channels", "enable_channel_interleave", "compute_dtype", "codec_weight_dtype")
+V2_ONLY_KEYS = ("number_channels", "enable_channel_interleave")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,14 @@ def test_config_is_v1(model):
     assert isinstance(model.decoder[0].output_proj, torch.nn.Identity)
 
 
+def test_v1_config_with_a_dtype_key_stays_v1():
+    import json
+
+    cfg = json.loads((GOLDEN / "config.json").read_text())
+    cfg["codec_weight_dtype"] = "bf16"  # written by make-checkpoint into either version
+    assert CodecConfig.from_json(cfg).version == "v1"
+
+
 def test_decode(model, g):
     audio = model.decode(torch.from_numpy(g["decode_codes"]))
     assert report("decode_audio", audio.numpy(), g["decode_audio"]) < 1e-3
