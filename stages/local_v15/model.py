@@ -29,34 +29,39 @@ from stages.qwen3 import Qwen3Model
 TIED_CHECKPOINT_NAMES = (r"text_lm_head\.weight", r"audio_lm_heads\.\d+\.weight")
 
 
-def rope_interleaved(x: torch.Tensor, position: torch.Tensor | int, base: float) -> torch.Tensor:
-    """GPT-J RoPE on pairs (2i, 2i+1): x `[..., heads, D]`, one position for all rows or `[...]`."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    pos = torch.as_tensor(position, device=x.device, dtype=torch.float32)
-    freqs = pos[..., None] * inv_freq  # [..., D/2]
-    cos = freqs.cos().repeat_interleave(2, -1).unsqueeze(-2).to(x.dtype)  # [..., 1, D]
-    sin = freqs.sin().repeat_interleave(2, -1).unsqueeze(-2).to(x.dtype)
+def rope_interleaved_tables(
+    positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT-J RoPE tables for `positions [P]`: cos, sin [P, D], each frequency repeated for its pair."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.to(torch.float32)[:, None] * inv_freq  # [P, D/2]
+    return freqs.cos().repeat_interleave(2, -1).to(dtype), freqs.sin().repeat_interleave(2, -1).to(dtype)
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (2i, 2i+1) of x [..., heads, D]; cos/sin [..., D] broadcast over heads."""
     rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).reshape_as(x)
-    return x * cos + rotated * sin
+    return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
 
 
 class LocalAttention(nn.Module):
     def __init__(self, cfg: LocalBlockConfig) -> None:
         super().__init__()
-        self.num_heads, self.head_dim, self.rope_base = cfg.num_heads, cfg.head_dim, cfg.rope_base
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.c_attn = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # q | k | v
         self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def _qkv(self, x: torch.Tensor, positions: torch.Tensor | int):
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)
         shape = (*x.shape[:-1], self.num_heads, self.head_dim)
         q, k, v = q.view(shape), k.view(shape), v.view(shape)
-        return rope_interleaved(q, positions, self.rope_base), rope_interleaved(k, positions, self.rope_base), v
+        return apply_rope_interleaved(q, cos, sin), apply_rope_interleaved(k, cos, sin), v
 
-    def step(self, x: torch.Tensor, pos: int, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """x [B, H] at local position `pos`; keys/values [B, P, heads, D] static per-frame cache."""
-        q, k, v = self._qkv(x, pos)  # [B, heads, D]
+    def step(self, x: torch.Tensor, pos: int, rope: tuple[torch.Tensor, torch.Tensor],
+             keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """x [B, H] at local position `pos`; rope tables [P, D]; keys/values [B, P, heads, D]
+        static per-frame cache."""
+        q, k, v = self._qkv(x, rope[0][pos], rope[1][pos])  # [B, heads, D]
         keys[:, pos] = k
         values[:, pos] = v
         o = F.scaled_dot_product_attention(
@@ -64,9 +69,10 @@ class LocalAttention(nn.Module):
         )  # [B, heads, 1, D]
         return self.c_proj(o.reshape(x.shape))
 
-    def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, S, H] at positions 0..S-1, causal."""
-        q, k, v = self._qkv(x, torch.arange(x.shape[1], device=x.device))  # [B, S, heads, D]
+    def forward_dense(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [B, S, H] at positions 0..S-1, causal; rope tables [>= S, D]."""
+        S = x.shape[1]
+        q, k, v = self._qkv(x, rope[0][:S], rope[1][:S])  # [B, S, heads, D]
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.c_proj(o.transpose(1, 2).reshape(x.shape))
 
@@ -104,17 +110,24 @@ class LocalTransformer(nn.Module):
         shape = (batch, length, self.config.num_heads, self.config.head_dim)
         return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.h]
 
-    def step(self, x: torch.Tensor, pos: int, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def rope_tables(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [length, D] for positions 0..length-1 (computed on the device, no host copy)."""
+        positions = torch.arange(length, device=like.device)
+        return rope_interleaved_tables(positions, self.config.head_dim, self.config.rope_base, like.dtype)
+
+    def step(self, x: torch.Tensor, pos: int, rope: tuple[torch.Tensor, torch.Tensor],
+             cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """One local position for a batch: x [B, H] -> ln_f output [B, H]."""
         for block, (keys, values) in zip(self.h, cache):
-            x = x + block.attn.step(block.ln_1(x), pos, keys, values)
+            x = x + block.attn.step(block.ln_1(x), pos, rope, keys, values)
             x = x + block.mlp(block.ln_2(x))
         return self.ln_f(x)
 
     def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
         """Whole local sequences x [B, S, H] -> [B, S, H] (teacher forcing)."""
+        rope = self.rope_tables(x.shape[1], x)
         for block in self.h:
-            x = x + block.attn.forward_dense(block.ln_1(x))
+            x = x + block.attn.forward_dense(block.ln_1(x), rope)
             x = x + block.mlp(block.ln_2(x))
         return self.ln_f(x)
 
@@ -167,15 +180,17 @@ class LocalV15Talker(nn.Module):
         (stop [B] bool, codes [B, n_vq] int64). Codes are computed for every row; rows that stop
         carry codes that the caller drops."""
         n_vq = self.config.n_vq
-        cache = self.local_transformer.new_cache(h.shape[0], n_vq, h)
-        y = self.local_transformer.step(h, 0, cache)  # [B, H]
+        local = self.local_transformer
+        cache = local.new_cache(h.shape[0], n_vq, h)
+        rope = local.rope_tables(n_vq, h)
+        y = local.step(h, 0, rope, cache)  # [B, H]
         stop = sampler.stop(self.local_text_lm_head(y))
         codes = []
         for k in range(n_vq):
             code = sampler.code(k, self.audio_logits(k, y))  # [B]
             codes.append(code)
             if k + 1 < n_vq:
-                y = self.local_transformer.step(self.audio_embeddings[k](code), k + 1, cache)
+                y = local.step(self.audio_embeddings[k](code), k + 1, rope, cache)
         return stop, torch.stack(codes, dim=-1)
 
     def teacher_forced_logits(
