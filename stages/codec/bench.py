@@ -43,17 +43,20 @@ def random_codec(cfg: CodecConfig, device: str, dtype: torch.dtype, seed: int = 
 
 def check_exact(device: str, version: str) -> tuple[float, float]:
     """(max |chunked - whole|, RMS of whole) of a 40-frame tiny decode in chunks 1, 15, 15, 9 (fp32, no TF32)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    cfg = CodecConfig.from_json(CONFIGS[(version, "tiny")]())
-    model = random_codec(cfg, device, torch.float32)
-    codes = torch.randint(0, 1024, (cfg.quantizer.num_quantizers, 1, 40), device=device)
-    whole = model.decode(codes)
-    decoder = StreamingDecoder(model, num_slots=2, max_chunk_frames=15)
-    parts, begin = [], 0
-    for n in (1, 15, 15, 9):
-        parts.append(decoder.decode(codes[:, :, begin: begin + n], torch.tensor([1])))
-        begin += n
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        cfg = CodecConfig.from_json(CONFIGS[(version, "tiny")]())
+        model = random_codec(cfg, device, torch.float32)
+        codes = torch.randint(0, 1024, (cfg.quantizer.num_quantizers, 1, 40), device=device)
+        whole = model.decode(codes)
+        decoder = StreamingDecoder(model, num_slots=2, max_chunk_frames=15)
+        parts, begin = [], 0
+        for n in (1, 15, 15, 9):
+            parts.append(decoder.decode(codes[:, :, begin: begin + n], torch.tensor([1])))
+            begin += n
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
     return (torch.cat(parts, dim=-1) - whole).abs().max().item(), whole.pow(2).mean().sqrt().item()
 
 

@@ -131,3 +131,11 @@ def test_encode_gives_golden_codes(v2, v1, version, n_vq):
     want = g[f"encode_nq{n_vq}_audio_codes"][:, 0, : int(g["encode_audio_codes_lengths"][0])].T
     assert full_codes.dtype == np.int64 and np.array_equal(full_codes, want)
     assert short_codes.shape == (7, n_vq) and np.array_equal(short_codes, want[:7])  # causal: a prefix
+
+
+def test_empty_terminal_chunk_gives_empty_pcm(v2):
+    model, _ = v2
+    runner = CodecRunner(model, n_vq=12, max_slots=1)
+    runner.open(1)
+    (pcm,) = runner.decode([(1, np.zeros((0, 12), dtype=np.int64))])
+    assert pcm.shape == (2, 0) and pcm.dtype == np.float32

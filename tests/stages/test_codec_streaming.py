@@ -93,3 +93,15 @@ def test_slot_state_bytes_matches_the_allocated_pool(case):
     decoder = StreamingDecoder(model, num_slots=3, max_chunk_frames=15)
     allocated = sum(c.kv.numel() * c.kv.element_size() for stage in decoder.caches for c in stage)
     assert allocated == 3 * slot_state_bytes(model.cfg, 15, element_size=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_streaming_equals_whole_on_cuda(version):
+    """Same property on the GPU kernels (fp32, TF32 off), on a seeded random tiny codec."""
+    from stages.codec.bench import check_exact
+
+    err, rms = check_exact("cuda", version)
+    print(f"{version} cuda streaming 1/15/15/9: max abs error {err:.3g} (output RMS {rms:.3g})")
+    assert err < 1e-4 * max(1.0, rms)
