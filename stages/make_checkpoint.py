@@ -127,7 +127,8 @@ def _write_json(path: Path, data: dict) -> None:
 def write_codec(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, max_shard_bytes: int) -> WrittenWeights:
     """The v2 codec: config.json + seeded weights (quantizer projections stored weight-normed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = dict(config, codec_weight_dtype=DTYPE_NAMES[dtype][1])
+    if "codec_weight_dtype" in config:  # a v2 key; v1 configs do not carry it
+        config = dict(config, codec_weight_dtype=DTYPE_NAMES[dtype][1])
     _write_json(out_dir / "config.json", config)
     specs = module_specs(_meta_codec(config), "codec", weight_norm=_is_pointwise_conv)
     return write_weights(specs, out_dir, seed=seed, style="codec", dtype=dtype, max_shard_bytes=max_shard_bytes)
