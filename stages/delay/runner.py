@@ -34,7 +34,7 @@ from stages.delay.config import DelayConfig
 from stages.delay.delay_pattern import IncrementalDeDelayer
 from stages.delay.model import DelayModel
 from stages.delay.row_scheduler import RowRequest, RowScheduler, make_paged_cache
-from stages.delay.state import INSIDE_AUDIO, DelayState
+from stages.delay.state import INSIDE_AUDIO, DelayState, TextRule
 from stages.runner import FrameEvent
 from stages.sampling import RowSampling, SamplingParams, sample_tokens
 
@@ -90,6 +90,7 @@ class DelayRunner:
         inside = torch.ones(vocab, dtype=torch.bool)
         inside[[cfg.gen_slot, cfg.delay_slot]] = False
         self._text_bans = torch.stack([outside, inside]).to(dev)  # [2, V]: banned ids per mode
+        self._inside_ids = torch.tensor(sorted((cfg.gen_slot, cfg.delay_slot)), device=dev)  # the 2 ids allowed in audio
         self._codebooks = torch.arange(cfg.n_vq, device=dev)
         self._requests: dict[int, _Delay] = {}
 
@@ -158,16 +159,14 @@ class DelayRunner:
     def _sample_rows(self, ready: list[_Delay], h: torch.Tensor) -> torch.Tensor:
         """h [B, H] -> new rows [B, 1 + n_vq] (device)."""
         cfg, dev, n_vq = self.config, self.device, self.n_vq
-        forced, modes, ban_delay, ban_end, lo, hi = [], [], [], [], [], []
+        rules, forced, lo, hi = [], [], [], []
         for req in ready:
             rule = req.state.text_rule(cfg)
             override = req.state.length_override(cfg, self._frame_limit(req), req.params.forced_frames is not None)
             if override == cfg.delay_slot:
                 req.length_forced = req.params.forced_frames is None
-            forced.append(override if override is not None else (rule.forced if rule.forced is not None else -1))
-            modes.append(rule.mode)
-            ban_delay.append(rule.ban_delay_slot)
-            ban_end.append(rule.ban_im_end)
+            rules.append(rule)
+            forced.append(override if override is not None else rule.forced)
             a, b = req.state.audio_channels()
             lo.append(a)
             hi.append(b)
@@ -179,19 +178,7 @@ class DelayRunner:
             return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
 
         seed = per_row([x.seed for x in p], torch.long)
-        # ---- text channel: temperature, masks by state, then top-k / top-p / draw
-        text_t = per_row([x.text_temperature if x.text_temperature > 0 else 1.0 for x in p], torch.float32)
-        text_logits = self.model.text_logits(h).float() / text_t[:, None]  # [B, V]
-        bans = self._text_bans[per_row(modes, torch.long)]  # [B, V]
-        bans[:, cfg.delay_slot] |= per_row(ban_delay, torch.bool)
-        bans[:, cfg.im_end] |= per_row(ban_end, torch.bool)
-        text_rows = RowSampling(
-            temperature=torch.ones_like(text_t), top_k=per_row([x.text_top_k for x in p], torch.long),
-            top_p=per_row([x.text_top_p for x in p], torch.float32), repetition_penalty=torch.ones_like(text_t),
-            greedy=per_row([x.greedy or x.text_temperature <= 0 for x in p], torch.bool), seed=seed)
-        text = sample_tokens(text_logits.masked_fill(bans, float("-inf")), text_rows, steps * (n_vq + 1), stream=0)
-        forced_t = per_row(forced, torch.long)
-        text = torch.where(forced_t >= 0, forced_t, text)  # [B]
+        text = self._sample_text(h, p, rules, forced, steps, seed)  # [B]
         # ---- audio channels: temperature, then repetition penalty, top-k, top-p, draw (all codebooks at once)
         audio_t = per_row([x.temperature if x.temperature > 0 else 1.0 for x in p], torch.float32)
         audio_logits = self.model.audio_logits(h).float() / audio_t[:, None, None]  # [B, n_vq, R]
@@ -218,6 +205,48 @@ class DelayRunner:
         self.seen[slots, 0, codes[:, 0]] = True
         self.seen[slots[:, None], 1, codes[:, 1:]] = True
         return torch.cat([text[:, None], codes], dim=1)
+
+    def _sample_text(self, h: torch.Tensor, p: list[SamplingParams], rules: list[TextRule],
+                     forced: list[int | None], steps: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+        """The text channel of every ready row: h [B, H] -> ids [B].
+
+        Forced rows need no head. Rows sampled inside audio may only be gen_slot or delay_slot,
+        so their head is those 2 rows of `lm_heads.0` (exact: every other logit is -inf there);
+        only rows outside audio compute the full vocabulary. Temperature first, then the state's
+        masks, then top-k / top-p / the seeded draw, as upstream.
+        """
+        cfg, dev, n_vq = self.config, self.device, self.n_vq
+        text = torch.tensor([-1 if f is None else f for f in forced], dtype=torch.long).to(dev, non_blocking=True)
+        inside = [i for i, (r, f) in enumerate(zip(rules, forced)) if f is None and r.mode == INSIDE_AUDIO]
+        outside = [i for i, (r, f) in enumerate(zip(rules, forced)) if f is None and r.mode != INSIDE_AUDIO]
+        head = self.model.lm_heads[0].weight  # [V, H]
+        for rows, is_inside in ((inside, True), (outside, False)):
+            if not rows:
+                continue
+            index = torch.tensor(rows, dtype=torch.long).to(dev, non_blocking=True)
+            sub = [p[i] for i in rows]
+            temp = torch.tensor([x.text_temperature if x.text_temperature > 0 else 1.0 for x in sub]).to(dev)
+            ban_delay = torch.tensor([rules[i].ban_delay_slot for i in rows]).to(dev, non_blocking=True)
+            if is_inside:
+                ids = self._inside_ids  # [2]: gen_slot, delay_slot in id order
+                logits = (h[index] @ head[ids].T).float() / temp[:, None]  # [b, 2]
+                bans = (ids == cfg.delay_slot)[None, :] & ban_delay[:, None]
+            else:
+                logits = self.model.text_logits(h[index]).float() / temp[:, None]  # [b, V]
+                bans = self._text_bans[0].expand_as(logits).clone()
+                bans[:, cfg.delay_slot] |= ban_delay
+                bans[:, cfg.im_end] |= torch.tensor([rules[i].ban_im_end for i in rows]).to(dev, non_blocking=True)
+            sampling = RowSampling(
+                temperature=torch.ones_like(temp),
+                top_k=torch.tensor([x.text_top_k for x in sub], dtype=torch.long).to(dev, non_blocking=True),
+                top_p=torch.tensor([x.text_top_p for x in sub], dtype=torch.float32).to(dev, non_blocking=True),
+                repetition_penalty=torch.ones_like(temp),
+                greedy=torch.tensor([x.greedy or x.text_temperature <= 0 for x in sub]).to(dev, non_blocking=True),
+                seed=seed[index])
+            choice = sample_tokens(logits.masked_fill(bans, float("-inf")), sampling, steps[index] * (n_vq + 1),
+                                   stream=0)
+            text[index] = self._inside_ids[choice] if is_inside else choice
+        return text
 
     def _advance(self, req: _Delay, row: np.ndarray) -> FrameEvent | None:
         """Apply one sampled row on the host: state machine, de-delay, finish rules."""

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from stages.delay.delay_pattern import de_delay, is_pad_frame
+from stages.delay.model import DelayModel
 from stages.delay.runner import DelayRunner
 from stages.sampling import SamplingParams
 
@@ -108,3 +109,30 @@ def test_max_new_frames_finishes_with_length():
             frames += e.codes is not None
             last = e
     assert frames == 4 and last.finished and last.reason == "length"
+
+
+def test_sixteen_codebook_variant_streams_after_n_vq_plus_one_steps():
+    """TTSD / SoundEffect / VoiceGenerator shape (n_vq 16), tiny random weights, forced length."""
+    import torch
+
+    from stages.delay.config import DelayConfig, tiny_config
+    from stages.delay.processor import DelayProcessor
+    from stages.tokenizer import TextTokenizer
+
+    torch.manual_seed(0)
+    config = DelayConfig.from_dict(tiny_config(n_vq=16))
+    model = DelayModel(config).fuse_().eval()
+    prompt = DelayProcessor(TextTokenizer.from_dir(GOLDEN), config).build_prompt("Rain on a roof.")
+    runner = DelayRunner(model, max_running=2, num_kv_blocks=32)
+    runner.add(9, prompt, SamplingParams(seed=1, forced_frames=3, max_new_frames=100))
+    frame_steps, finished = [], None
+    for step in range(1, 40):
+        for e in runner.step():
+            if e.codes is not None:
+                frame_steps.append(step)
+                assert e.codes.shape == (16,) and (e.codes < 1024).all()
+            if e.finished:
+                finished = (step, e.reason)
+        if finished:
+            break
+    assert frame_steps == [17, 18, 19] and finished == (19, "stop")
