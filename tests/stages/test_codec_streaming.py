@@ -15,7 +15,6 @@ from stages.codec import load_codec
 from stages.codec.streaming import StreamingDecoder, slot_state_bytes
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
-pytestmark = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,6 +28,8 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module", params=["v2", "v1"])
 def case(request):
+    if not GOLDEN.is_dir():
+        pytest.skip(f"golden fixtures not found at {GOLDEN}")
     folder = GOLDEN / f"moss_audio_tokenizer_{request.param}"
     model = load_codec(folder)
     codes = torch.from_numpy(np.load(folder / "cases.npz")["decode_codes"])  # [nq, 1, T]
