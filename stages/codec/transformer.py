@@ -56,20 +56,38 @@ def apply_interleaved_rope(x: torch.Tensor, rotor: torch.Tensor) -> torch.Tensor
 class WindowPlan:
     """What every layer of one stage shares for one call: RoPE tables and the visibility mask.
 
-    rotor [B, 1, T, Dh/2] complex; mask [T, T] (whole sequence) or [B, 1, T, C] over ring indices
-    (streaming); ring_index [B, T] where the chunk's keys go (streaming only).
+    rotor [B, 1, T, Dh/2] complex. mask: [T, T] (whole sequence), [2, blk, blk + context - 1]
+    (whole sequence in query blocks of `block`: the first block's mask, then every later one's, over
+    keys left-padded by context - 1), or [B, 1, T, C] over ring indices (streaming).
+    ring_index [B, T]: where the chunk's keys go (streaming only).
     """
 
     rotor: torch.Tensor
     mask: torch.Tensor
     ring_index: torch.Tensor | None = None
+    block: int | None = None
+    context: int = 0
 
     @classmethod
-    def whole(cls, B: int, T: int, stage: TransformerStage, device: torch.device) -> WindowPlan:
+    def whole(cls, B: int, T: int, stage: TransformerStage, device: torch.device,
+              block: int | None = None) -> WindowPlan:
+        """Positions 0..T-1. block: queries per attention block; None picks max(context, 256) when
+        T exceeds two blocks (memory linear in T), 0 never blocks."""
+        rotor = rope_rotor(torch.arange(T, device=device).expand(B, T), stage.head_dim, stage.max_period)
+        context = stage.context
+        if block is None:
+            block = max(context, 256) if T > 2 * max(context, 256) else 0
+        if block:
+            if block < context - 1:
+                raise ValueError(f"attention block {block} shorter than the context - 1 ({context - 1})")
+            r = torch.arange(block, device=device)[:, None]  # query within the block
+            c = torch.arange(block + context - 1, device=device)[None, :]  # padded key within the block
+            later = (c >= r) & (c <= r + context - 1)  # [blk, blk + P]
+            first = later & (c >= context - 1)  # the first block's padding holds no keys
+            return cls(rotor, torch.stack([first, later]), block=block, context=context)
         pos = torch.arange(T, device=device)
         delta = pos[:, None] - pos[None, :]  # [T, T] query - key
-        mask = (delta >= 0) & (delta < stage.context)
-        return cls(rope_rotor(pos.expand(B, T), stage.head_dim, stage.max_period), mask)
+        return cls(rotor, (delta >= 0) & (delta < context), context=context)
 
     @classmethod
     def chunk(cls, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int) -> WindowPlan:
@@ -107,8 +125,26 @@ class CausalWindowAttention(nn.Module):
             new = torch.stack((k, v), dim=1).permute(0, 3, 1, 2, 4)  # [B, T, 2, H, Dh]
             cache.kv[slots[:, None], :, :, plan.ring_index] = new  # into [S, 2, H, C, Dh]
             k, v = cache.kv[slots].unbind(1)  # [B, H, C, Dh] each
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask)  # [B, H, T, Dh]
+        if plan.block:
+            out = _blocked_window_attention(q, k, v, plan)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask)  # [B, H, T, Dh]
         return self.out_projs[0](out.transpose(1, 2).reshape(B, T, D))
+
+
+def _blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
+    """Whole-sequence windowed attention, `plan.block` queries at a time over their window only:
+    q, k, v [B, H, T, Dh] -> [B, H, T, Dh], memory O(T * (block + context))."""
+    T, blk, pad = q.shape[2], plan.block, plan.context - 1
+    k = F.pad(k, (0, 0, pad, 0))  # [B, H, pad + T, Dh]
+    v = F.pad(v, (0, 0, pad, 0))
+    outs = []
+    for b0 in range(0, T, blk):
+        n = min(blk, T - b0)
+        mask = plan.mask[0 if b0 == 0 else 1, :n, : n + pad]
+        outs.append(F.scaled_dot_product_attention(
+            q[:, :, b0: b0 + n], k[:, :, b0: b0 + n + pad], v[:, :, b0: b0 + n + pad], attn_mask=mask))
+    return torch.cat(outs, dim=2)
 
 
 class LayerScale(nn.Module):

@@ -106,3 +106,27 @@ def test_streaming_equals_whole_on_cuda(version):
     err, rms = check_exact("cuda", version)
     print(f"{version} cuda streaming 1/15/15/9: max abs error {err:.3g} (output RMS {rms:.3g})")
     assert err < 1e-4 * max(1.0, rms)
+
+
+def test_blocked_whole_attention_equals_the_full_mask(case):
+    """Long whole decodes/encodes attend in query blocks (memory linear in T); same result."""
+    from stages.codec.transformer import WindowPlan
+
+    _, model, _, _ = case
+    stage_module = model.decoder[-2]  # the fastest stage, the longest sequences
+    stage, layer = stage_module.stage, stage_module.transformer.layers[0]
+    x = torch.randn(2, 3 * stage.context + 5, stage.d_model, generator=torch.Generator().manual_seed(0))
+    full = layer(x, WindowPlan.whole(2, x.shape[1], stage, x.device, block=0))
+    for block in (stage.context - 1, stage.context + 7):
+        blocked = layer(x, WindowPlan.whole(2, x.shape[1], stage, x.device, block=block))
+        assert (blocked - full).abs().max().item() < 1e-5
+
+
+def test_long_whole_decode_equals_streaming(case):
+    """80 frames: the whole decode's fast stages run blocked; streaming reaches the same audio."""
+    _, model, codes, _ = case
+    long_codes = torch.cat([codes, torch.flip(codes, dims=[-1]), codes], dim=-1)[:, :, :80]
+    whole = model.decode(long_codes)
+    decoder = StreamingDecoder(model, num_slots=1, max_chunk_frames=15)
+    streamed = stream(decoder, long_codes, schedule("1/15/15/partial", 80), slot=0)
+    assert (streamed - whole).abs().max().item() < 1e-4
