@@ -24,7 +24,7 @@ GENERATOR_VERSION = "local-v1.5-demo/1"
 DEMO_SEED = 0
 RANDOM_WEIGHTS_WARNING = (
     "demo model %s has RANDOM weights (no real checkpoint given): the audio is noise-like and "
-    "the length is forced from the text"
+    "the model never stops by itself (model.force_length_from_text forces each length)"
 )
 
 

@@ -225,3 +225,20 @@ def test_demo_key_follows_the_generator_version(monkeypatch):
     key = demo_key()
     monkeypatch.setattr(demo_model, "GENERATOR_VERSION", demo_model.GENERATOR_VERSION + "+changed")
     assert demo_key() != key
+
+
+def test_demo_model_creation_race_keeps_one_complete_copy(tmp_path, monkeypatch):
+    """Another process renames its copy into place while this one is writing: ours is dropped."""
+    import stages.make_checkpoint as mc
+
+    real = mc.make_checkpoint
+    target = tmp_path / f"demo-local-v1.5-{demo_key()}"
+
+    def racing(out, **kwargs):
+        real(target, **kwargs)  # the other process finishes first
+        return real(out, **kwargs)
+
+    monkeypatch.setattr(mc, "make_checkpoint", racing)
+    assert ensure_demo_model(tmp_path) == target
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+    load_talker(target)
