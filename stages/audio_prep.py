@@ -10,6 +10,8 @@ The processor rules of models.md §1.2, in upstream's order (channels, resample,
 
 Resampling uses soxr (high quality); upstream uses torchaudio's sinc resampler, which has no build
 for every torch version, so the samples differ slightly from upstream but not the rules.
+soundfile and soxr are imported when first used, so code that never touches reference audio
+(a GPU benchmark image without them, say) can import this module.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
-import soxr
 
 TARGET_DBFS = -20.0
 MAX_GAIN_DB = 3.0
@@ -27,6 +27,8 @@ MAX_GAIN_DB = 3.0
 
 def read_audio(source: str | Path | bytes) -> tuple[np.ndarray, int]:
     """Decode a WAV/FLAC/OGG file or its bytes: (float32 `[channels, samples]`, sample rate)."""
+    import soundfile as sf
+
     handle = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else str(source)
     data, rate = sf.read(handle, dtype="float32", always_2d=True)  # [N, C]
     return np.ascontiguousarray(data.T), int(rate)
@@ -52,6 +54,8 @@ def resample(wav: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     """Resample `[C, N]` from `rate_in` to `rate_out` Hz (soxr, high quality)."""
     if rate_in == rate_out:
         return wav
+    import soxr
+
     out = soxr.resample(np.ascontiguousarray(wav.T), rate_in, rate_out, quality="HQ")  # [M, C]
     return np.ascontiguousarray(out.T, dtype=np.float32)
 
