@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.attention import AttentionBackend, ReferenceAttention, build_attention_metadata
+from stages.attention import AttentionBackend, BatchedDecodeAttention, ReferenceAttention, build_attention_metadata
 from stages.kv_cache import KVCacheExhausted, PagedKVCache
+from stages.local_v15.graphs import DecodeGraphs
 from stages.local_v15.loader import load_talker
 from stages.local_v15.model import LocalV15Talker
 from stages.runner import FrameEvent
@@ -84,6 +85,7 @@ class LocalV15Runner:
         prefill_chunk_tokens: int = 512,
         max_prefill_tokens_per_step: int = 2048,
         attention: AttentionBackend | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         param = next(model.parameters())
         self.model, self.device, self.dtype = model.eval(), param.device, param.dtype
@@ -92,15 +94,28 @@ class LocalV15Runner:
         self.max_running = max_running
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
+        use_graphs = cuda_graphs and self.device.type == "cuda"
+        if use_graphs:
+            attention = attention or BatchedDecodeAttention()
         self.attention = attention or ReferenceAttention()
         if num_kv_blocks is None:
             num_kv_blocks = self._derive_kv_blocks(kv_block_size, kv_memory_fraction)
-        self.cache = PagedKVCache(cfg.backbone.kv_cache_spec(num_kv_blocks, kv_block_size),
+        # with graphs, one extra slot and one extra block take the padding rows of a bucket
+        extra = 1 if use_graphs else 0
+        self.cache = PagedKVCache(cfg.backbone.kv_cache_spec(num_kv_blocks + extra, kv_block_size),
                                   dtype=self.dtype, device=self.device)
-        self.sampling = SamplingSlots(max_running, self.device)
-        self.seen = torch.zeros(max_running, cfg.n_vq, cfg.codebook_size, dtype=torch.bool, device=self.device)
-        self.next_row = torch.full((max_running, 1 + cfg.n_vq), cfg.audio_pad_code, dtype=torch.long,
+        self.sampling = SamplingSlots(max_running + extra, self.device)
+        self.seen = torch.zeros(max_running + extra, cfg.n_vq, cfg.codebook_size, dtype=torch.bool,
+                                device=self.device)
+        self.next_row = torch.full((max_running + extra, 1 + cfg.n_vq), cfg.audio_pad_code, dtype=torch.long,
                                    device=self.device)  # [slots, 1 + n_vq]: the row each request feeds next
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            (scratch_block,) = self.cache.allocator.allocate(1)
+            self.next_row[max_running, 0] = cfg.gen_slot
+            self.graphs = DecodeGraphs(self._decode_body, max_batch=max_running, max_blocks=num_kv_blocks,
+                                       scratch_slot=max_running, scratch_block=scratch_block,
+                                       block_size=kv_block_size, n_vq=cfg.n_vq, device=self.device)
         self._codebooks = torch.arange(cfg.n_vq, device=self.device)
         self._free_slots = list(range(max_running - 1, -1, -1))
         self._requests: dict[int, _Request] = {}
@@ -167,6 +182,8 @@ class LocalV15Runner:
         if not self._requests:
             return []
         decode, prefill = self._schedule()
+        if self.graphs is not None and not prefill:
+            return self._graph_decode(decode)
         batch = [(r.rid, 1) for r in decode] + [(r.rid, n) for r, n in prefill]
         parts = []
         if decode:
@@ -241,11 +258,37 @@ class LocalV15Runner:
         dev = self.device
         slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)
         frames = torch.tensor([r.frames for r in ready]).to(dev, non_blocking=True)
+        with torch.inference_mode():
+            stop, codes = self.model.decode_frame(h, _SlotSampler(self, slots, frames))  # [B], [B, n_vq]
+        return self._finish_frames(ready, slots, stop, codes)
+
+    def _decode_body(self, slots: torch.Tensor, frames: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode-only step as pure device work (what `DecodeGraphs` records)."""
+        hidden = self.model.transformer(self.model.embed_rows(self.next_row[slots]), meta, self.cache,
+                                        self.attention)  # [B, H]: one new token per request
+        return self.model.decode_frame(hidden, _SlotSampler(self, slots, frames))
+
+    def _graph_decode(self, decode: list[_Request]) -> list[FrameEvent]:
+        cache = self.cache
+        positions, kv_slots = [], []
+        for r in decode:
+            start, (slot,) = cache.append_slots(r.rid, 1)
+            positions.append(start)
+            kv_slots.append(slot)
+        packed, key = self.graphs.pack([r.slot for r in decode], [r.frames for r in decode], positions, kv_slots,
+                                       [p + 1 for p in positions], [cache.block_table(r.rid) for r in decode])
+        stop, codes = self.graphs.run(packed, key, len(decode))
+        slots = torch.tensor([r.slot for r in decode]).to(self.device, non_blocking=True)
+        return self._finish_frames(decode, slots, stop, codes)
+
+    def _finish_frames(self, ready: list[_Request], slots: torch.Tensor, stop: torch.Tensor,
+                       codes: torch.Tensor) -> list[FrameEvent]:
+        """Apply forced lengths, record the frame in the request's state, build the events."""
+        dev = self.device
         forced = [r.params.forced_frames for r in ready]
         model_decides = torch.tensor([f is None for f in forced]).to(dev, non_blocking=True)
         forced_stop = torch.tensor([f is not None and r.frames >= f for f, r in zip(forced, ready)]).to(dev)
         with torch.inference_mode():
-            stop, codes = self.model.decode_frame(h, _SlotSampler(self, slots, frames))  # [B], [B, n_vq]
             stop = torch.where(model_decides, stop, forced_stop)
             self.seen[slots[:, None], self._codebooks[None, :], codes] = True
             self.next_row[slots, 1:] = codes

@@ -1,0 +1,122 @@
+"""CUDA graphs of the Local-v1.5 decode step: backbone token + local loop + sampling in one replay.
+
+A decode-only step (every request feeds one row, no prefill chunk) has fixed shapes once the batch
+is padded to a bucket of B (requests) and M (KV blocks per request). One graph per (B, M) bucket
+is captured on first use and replayed afterwards. Everything the step reads is a device tensor:
+the static inputs below (written with one host-to-device copy per step) and the runner's
+slot-indexed state (next rows, sampling settings, repetition history), read by slot inside the
+graph. Padding rows point at a scratch request slot and a scratch KV block, so they compute
+garbage nobody reads and write only there.
+
+Capture runs the step once eagerly (warm-up) and then records it. Re-running a step is harmless:
+KV writes go to the same slots with the same values and the sampling noise is a pure function of
+(seed, frame, codebook), so the recorded step is the real one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stages.attention import AttentionMetadata
+
+
+def bucket(n: int, cap: int) -> int:
+    """Smallest power of two >= n, at most cap (cap itself when n > the largest power below it)."""
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, cap) if n <= cap else n
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    packed: torch.Tensor  # [B, 5 + M] int64 static input, see DecodeGraphs.pack
+    meta: AttentionMetadata
+    slots: torch.Tensor  # [B] views into packed
+    frames: torch.Tensor
+    stop: torch.Tensor  # [B] bool output
+    codes: torch.Tensor  # [B, n_vq] int64 output
+
+
+class DecodeGraphs:
+    """Per-bucket CUDA graphs of `body(slots, frames, meta) -> (stop, codes)`."""
+
+    def __init__(self, body, *, max_batch: int, max_blocks: int, scratch_slot: int, scratch_block: int,
+                 block_size: int, n_vq: int, device: torch.device) -> None:
+        self.body = body
+        self.max_batch, self.max_blocks = max_batch, max_blocks
+        self.scratch_slot, self.scratch_block, self.block_size = scratch_slot, scratch_block, block_size
+        self.n_vq, self.device = n_vq, device
+        self.pool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+
+    def pack(self, slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],
+             seq_lens: list[int], tables: list[list[int]]) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Host tensor [B, 5 + M]: slot, frame, position, kv slot, seq len, block table (padded)."""
+        n = len(slots)
+        key = (bucket(n, self.max_batch), bucket(max(len(t) for t in tables), self.max_blocks))
+        B, M = key
+        packed = torch.empty(B, 5 + M, dtype=torch.int64)
+        packed[:, 0] = self.scratch_slot
+        packed[:, 1:5] = torch.tensor([0, 0, self.scratch_block * self.block_size, 1])
+        packed[:, 5:] = self.scratch_block
+        packed[:n, 0] = torch.tensor(slots)
+        packed[:n, 1] = torch.tensor(frames)
+        packed[:n, 2] = torch.tensor(positions)
+        packed[:n, 3] = torch.tensor(slot_mapping)
+        packed[:n, 4] = torch.tensor(seq_lens)
+        for i, t in enumerate(tables):
+            packed[i, 5 : 5 + len(t)] = torch.tensor(t)
+        return packed, key
+
+    def run(self, packed_host: torch.Tensor, key: tuple[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay (capturing first if new) the bucket's graph; returns stop [n], codes [n, n_vq]."""
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._capture(packed_host, key)
+        else:
+            g.packed.copy_(packed_host, non_blocking=True)
+            g.graph.replay()
+        return g.stop[:n], g.codes[:n]
+
+    def _capture(self, packed_host: torch.Tensor, key: tuple[int, int]) -> _Graph:
+        B, M = key
+        dev = self.device
+        packed = packed_host.to(dev)
+        arange = torch.arange(B, device=dev)
+        meta = AttentionMetadata(
+            seq_ids=tuple(range(B)),
+            query_start_loc=torch.arange(B + 1, device=dev, dtype=torch.int32),
+            seq_lens=packed[:, 4],
+            context_lens=packed[:, 4] - 1,
+            block_tables=packed[:, 5:],
+            slot_mapping=packed[:, 3],
+            positions=packed[:, 2],
+            last_token_index=arange,
+            decode_rows=arange,
+            decode_seqs=arange,
+            query_lens_host=(1,) * B,
+            seq_lens_host=(M * self.block_size,) * B,  # upper bound; the graph path reads tensors only
+            max_query_len=1,
+            max_seq_len=M * self.block_size,
+        )
+        slots, frames = packed[:, 0], packed[:, 1]
+        stop = torch.empty(B, dtype=torch.bool, device=dev)
+        codes = torch.empty(B, self.n_vq, dtype=torch.int64, device=dev)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side), torch.inference_mode():
+            self.body(slots, frames, meta)  # warm-up: allocator, cuBLAS workspaces, lazy init
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            s, c = self.body(slots, frames, meta)
+            stop.copy_(s)
+            codes.copy_(c)
+        graph.replay()
+        g = _Graph(graph, packed, meta, slots, frames, stop, codes)
+        self._graphs[key] = g
+        return g
