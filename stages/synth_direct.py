@@ -157,7 +157,14 @@ class DirectSynthesizer:
         return pcm, stats
 
 
-def synthesize(model_dir: str | Path, text: str, *, profile: Profile, **kwargs: Any) -> np.ndarray:
-    """One-shot `DirectSynthesizer(model_dir, profile).synthesize(text, ...)`: PCM `[channels, samples]`."""
+def synthesize(model_dir: str | Path, text: str, *, profile: Profile | None = None, **kwargs: Any) -> np.ndarray:
+    """One-shot `DirectSynthesizer(model_dir, profile).synthesize(text, ...)`: PCM `[channels, samples]`.
+
+    profile: default the shipped `cpu` profile (CPU, length forced from the text).
+    """
+    if profile is None:
+        from profiles import load_profile
+
+        profile = load_profile("cpu", [])
     pcm, _ = DirectSynthesizer(model_dir, profile).synthesize(text, **kwargs)
     return pcm

@@ -10,7 +10,7 @@ import soundfile as sf
 from api.cli import main as cli_main
 from profiles import load_profile
 from stages.demo_model import ensure_demo_model
-from stages.synth_direct import DirectSynthesizer
+from stages.synth_direct import DirectSynthesizer, synthesize
 
 SAMPLES_PER_FRAME = 3840  # v2 codec, per channel, 80 ms at 48 kHz
 
@@ -104,3 +104,9 @@ def test_reference_becomes_a_voice_clone_or_continuation_prompt(synth, reference
     assert clone.prompt_rows == plain.prompt_rows - none_ids + 1 + ref_frames + 1  # audio_start, rows, audio_end
     assert cont.prompt_rows > plain.prompt_rows + ref_frames  # transcript text + assistant rows
     assert clone.frames == cont.frames == forced_frames(text)
+
+
+def test_one_shot_function_equals_the_synthesizer(synth, cache_dir):
+    pcm = synthesize(ensure_demo_model(cache_dir), "One shot.", seed=5)
+    expected, _ = synth.synthesize("One shot.", seed=5)
+    np.testing.assert_array_equal(pcm, expected)
