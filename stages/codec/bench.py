@@ -110,6 +110,24 @@ def bench_graph(model: CodecModel, batch: int, chunk: int, n_vq: int, iters: int
     return (time.perf_counter() - t0) * 1e3 / iters
 
 
+def profile_step(model: CodecModel, batch: int, chunk: int, n_vq: int, device: str) -> str:
+    """Kernel-time table of one steady chunk (torch.profiler), to see where decode time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder = StreamingDecoder(model, num_slots=batch, max_chunk_frames=chunk)
+    slots = torch.arange(batch, device=device)
+    codes = torch.randint(0, 1024, (n_vq, batch, chunk), device=device)
+    for _ in range(2):
+        decoder.decode(codes, slots)
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        decoder.decode(codes, slots)
+        sync(device)
+    key = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=25)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", choices=["v1", "v2"], default="v2")
@@ -121,6 +139,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--graphs", action="store_true", help="also time CUDA-graph replay of the steady chunk")
+    parser.add_argument("--profile", action="store_true", help="print a kernel profile of one chunk at the last batch")
     args = parser.parse_args()
 
     err, rms = check_exact(args.device, args.version)
@@ -139,6 +158,8 @@ def main() -> None:
             graph_ms = bench_graph(model, batch, args.chunk, args.n_vq, args.iters, args.device)
             rate = batch * args.chunk * frame_s / (graph_ms / 1e3)
             print(f"batch {batch:4d}: CUDA graph replay, {args.chunk}-frame chunk {graph_ms:8.1f} ms | {rate:8.1f} audio-s/s")
+    if args.profile:
+        print(profile_step(model, batch, args.chunk, args.n_vq, args.device))
 
 
 if __name__ == "__main__":
