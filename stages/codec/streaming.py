@@ -20,12 +20,18 @@ from stages.codec.model import CodecModel, StreamChunk
 from stages.codec.transformer import LayerCache
 
 
+def ring_capacity(stage: TransformerStage, max_chunk_frames: int) -> int:
+    """context + the largest chunk in positions, rounded up to 16 (aligned rows for attention kernels)."""
+    need = stage.context + max_chunk_frames * stage.tokens_per_frame
+    return -(-need // 16) * 16
+
+
 def slot_state_bytes(cfg: CodecConfig, max_chunk_frames: int, element_size: int) -> int:
     """Bytes of ring KV state one slot needs (to size `max_slots` against device memory)."""
     total = 0
     for stage in cfg.decoder:
         if isinstance(stage, TransformerStage):
-            capacity = stage.context + max_chunk_frames * stage.tokens_per_frame
+            capacity = ring_capacity(stage, max_chunk_frames)
             total += 2 * stage.num_layers * capacity * stage.d_model * element_size
     return total
 
@@ -43,7 +49,7 @@ class StreamingDecoder:
         dtype = model.compute_dtype
         self.caches: list[list[LayerCache]] = []
         for stage in model.decoder_stages():
-            capacity = stage.context + max_chunk_frames * stage.tokens_per_frame
+            capacity = ring_capacity(stage, max_chunk_frames)
             shape = (num_slots, 2, stage.num_heads, capacity, stage.head_dim)
             self.caches.append([
                 LayerCache(torch.zeros(shape, device=device, dtype=dtype)) for _ in range(stage.num_layers)

@@ -56,7 +56,9 @@ def apply_interleaved_rope(x: torch.Tensor, rotor: torch.Tensor) -> torch.Tensor
 class WindowPlan:
     """What every layer of one stage shares for one call: RoPE tables and the visibility mask.
 
-    rotor [B, 1, T, Dh/2] complex. mask: [T, T] (whole sequence), [2, blk, blk + context - 1]
+    rotor [B, 1, T, Dh/2] complex. mask, an additive bias (0 visible, -inf hidden) in the compute
+    dtype, made once per stage rather than converted from bool in every layer: [T, T] (whole
+    sequence), [2, blk, blk + context - 1]
     (whole sequence in query blocks of `block`: the first block's mask, then every later one's, over
     keys left-padded by context - 1), or [B, 1, T, C] over ring indices (streaming).
     ring_index [B, T]: where the chunk's keys go (streaming only).
@@ -69,7 +71,7 @@ class WindowPlan:
     context: int = 0
 
     @classmethod
-    def whole(cls, B: int, T: int, stage: TransformerStage, device: torch.device,
+    def whole(cls, B: int, T: int, stage: TransformerStage, device: torch.device, dtype: torch.dtype,
               block: int | None = None) -> WindowPlan:
         """Positions 0..T-1. block: queries per attention block; None picks max(context, 256) when
         T exceeds two blocks (memory linear in T), 0 never blocks."""
@@ -84,13 +86,14 @@ class WindowPlan:
             c = torch.arange(block + context - 1, device=device)[None, :]  # padded key within the block
             later = (c >= r) & (c <= r + context - 1)  # [blk, blk + P]
             first = later & (c >= context - 1)  # the first block's padding holds no keys
-            return cls(rotor, torch.stack([first, later]), block=block, context=context)
+            return cls(rotor, _bias(torch.stack([first, later]), dtype), block=block, context=context)
         pos = torch.arange(T, device=device)
         delta = pos[:, None] - pos[None, :]  # [T, T] query - key
-        return cls(rotor, (delta >= 0) & (delta < context), context=context)
+        return cls(rotor, _bias((delta >= 0) & (delta < context), dtype), context=context)
 
     @classmethod
-    def chunk(cls, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int) -> WindowPlan:
+    def chunk(cls, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int,
+              dtype: torch.dtype) -> WindowPlan:
         """A chunk of T positions per row, the first at start [B], over rings of `capacity`."""
         if T > capacity - stage.context + 1:
             raise ValueError(f"chunk of {T} positions exceeds the ring headroom ({capacity} - {stage.context} + 1)")
@@ -100,7 +103,13 @@ class WindowPlan:
         pos_k = last - (last - ring) % capacity  # [B, C] absolute position held at each ring index
         delta = pos_q[:, :, None] - pos_k[:, None, :]  # [B, T, C]
         mask = (pos_k[:, None, :] >= 0) & (delta >= 0) & (delta < stage.context)
-        return cls(rope_rotor(pos_q, stage.head_dim, stage.max_period), mask[:, None], pos_q % capacity)
+        rotor = rope_rotor(pos_q, stage.head_dim, stage.max_period)
+        return cls(rotor, _bias(mask[:, None], dtype), pos_q % capacity, context=stage.context)
+
+
+def _bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool visibility -> additive attention bias: 0 where visible, -inf elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
 
 
 class CausalWindowAttention(nn.Module):
@@ -202,9 +211,13 @@ class ProjectedTransformer(nn.Module):
         self.transformer = Transformer(stage)
         self.output_proj = nn.Linear(stage.d_model, stage.output_dim, bias=False) if keep_out else nn.Identity()
 
+    @property
+    def transformer_dtype(self) -> torch.dtype:
+        return self.transformer.layers[0].norm1.weight.dtype
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The whole sequence from position 0."""
-        plan = WindowPlan.whole(x.shape[0], x.shape[1], self.stage, x.device)
+        plan = WindowPlan.whole(x.shape[0], x.shape[1], self.stage, x.device, self.transformer_dtype)
         x = self.input_proj(x)
         for layer in self.transformer.layers:
             x = layer(x, plan)
@@ -213,7 +226,7 @@ class ProjectedTransformer(nn.Module):
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
                           slots: torch.Tensor) -> torch.Tensor:
         """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer."""
-        plan = WindowPlan.chunk(start, x.shape[1], self.stage, caches[0].capacity)
+        plan = WindowPlan.chunk(start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype)
         x = self.input_proj(x)
         for layer, cache in zip(self.transformer.layers, caches, strict=True):
             x = layer(x, plan, cache, slots)

@@ -116,9 +116,9 @@ def test_blocked_whole_attention_equals_the_full_mask(case):
     stage_module = model.decoder[-2]  # the fastest stage, the longest sequences
     stage, layer = stage_module.stage, stage_module.transformer.layers[0]
     x = torch.randn(2, 3 * stage.context + 5, stage.d_model, generator=torch.Generator().manual_seed(0))
-    full = layer(x, WindowPlan.whole(2, x.shape[1], stage, x.device, block=0))
+    full = layer(x, WindowPlan.whole(2, x.shape[1], stage, x.device, x.dtype, block=0))
     for block in (stage.context - 1, stage.context + 7):
-        blocked = layer(x, WindowPlan.whole(2, x.shape[1], stage, x.device, block=block))
+        blocked = layer(x, WindowPlan.whole(2, x.shape[1], stage, x.device, x.dtype, block=block))
         assert (blocked - full).abs().max().item() < 1e-5
 
 
