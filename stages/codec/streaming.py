@@ -39,7 +39,7 @@ def slot_state_bytes(cfg: CodecConfig, max_chunk_frames: int, element_size: int)
 class StreamingDecoder:
     """Streaming decode of up to `num_slots` concurrent requests with one `CodecModel`."""
 
-    def __init__(self, model: CodecModel, num_slots: int, max_chunk_frames: int = 16):
+    def __init__(self, model: CodecModel, num_slots: int, max_chunk_frames: int = 15):
         if num_slots < 1 or max_chunk_frames < 1:
             raise ValueError(f"num_slots ({num_slots}) and max_chunk_frames ({max_chunk_frames}) must be >= 1")
         self.model = model
