@@ -57,6 +57,8 @@ class AudioChunk:
     pcm: np.ndarray            # float32 [samples, channels]
     final: bool
     finish_reason: str | None  # "stop" | "length" on the final chunk
+    batch_size: int = 0        # streams the codec decoded together with this chunk (0: none)
+    coalesce_wait_s: float = 0.0  # time this chunk waited in the codec's coalescing window
 
 
 class EngineRejected(Exception):
@@ -249,11 +251,12 @@ class EngineClient:
 
     def _route(self, msg: Any, rec: Any) -> None:
         match msg:
-            case PcmChunk(rid=rid, final=final, finish_reason=reason):
+            case PcmChunk(rid=rid):
                 box = self._boxes.get(rid)
                 if box is not None:  # else: aborted, nobody listens
                     pcm = rec.array(np.float32).reshape(-1, self.channels).copy()
-                    box.put(AudioChunk(pcm=pcm, final=final, finish_reason=reason))
+                    box.put(AudioChunk(pcm=pcm, final=msg.final, finish_reason=msg.finish_reason,
+                                       batch_size=msg.batch_size, coalesce_wait_s=msg.waited_s))
             case EncodeResult(job=job, error=error):
                 box = self._boxes.get(job)
                 if box is not None:

@@ -274,8 +274,8 @@ class Coordinator:
         for req in self.table.all():
             self._abort(req.rid, notify="engine is shutting down")
         await self._wait_idle(min(budget, 5.0) if drain else budget)
+        self.codec.put(Shutdown(drain=drain))  # first: the codec outlives the talker's close
         self.talker.put(Shutdown(drain=drain))
-        self.codec.put(Shutdown(drain=drain))
         if self.lifecycle.state is EngineState.DRAINING:
             self.lifecycle.finish()
 

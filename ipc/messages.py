@@ -109,6 +109,8 @@ class PcmChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=T
     seq: int
     final: bool
     finish_reason: FinishReason | None = None
+    batch_size: int = 0        # streams decoded together with this chunk (0: no decode needed)
+    waited_s: float = 0.0      # this chunk's wait in the coalescing window
 
 
 class EncodeResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

@@ -65,19 +65,27 @@ class Coalescer:
         """Stream `rid` has nothing waiting any more (dispatched, aborted or closed)."""
         self._ready_since.pop(rid, None)
 
-    def decide(self, now: float, alive: int) -> Decision:
-        """Dispatch now or wait; `alive` counts open streams (ready or not)."""
+    def wait_time(self, now: float, alive: int) -> float | None:
+        """Seconds until a dispatch is due: 0 = now, None = nothing ready. Changes nothing."""
         ready = self._ready_since
         if not ready:
-            return Decision()
-        oldest = min(ready.values())
-        waited = now - oldest
+            return None
         target = self.min_batch
         if self.policy == "idle_wait":
             target = max(1, min(target, alive))
+        waited = now - min(ready.values())
         if len(ready) >= target or waited >= self.max_wait_s:
-            order = sorted(ready, key=ready.__getitem__)[: self.max_batch]
-            for rid in order:
-                del ready[rid]
-            return Decision(dispatch=tuple(order))
-        return Decision(wait_s=self.max_wait_s - waited)
+            return 0.0
+        return self.max_wait_s - waited
+
+    def decide(self, now: float, alive: int) -> Decision:
+        """Dispatch now (the chosen streams leave the ready set) or wait; `alive` counts open
+        streams (ready or not)."""
+        wait = self.wait_time(now, alive)
+        if wait != 0.0:
+            return Decision(wait_s=wait)
+        ready = self._ready_since
+        order = sorted(ready, key=ready.__getitem__)[: self.max_batch]
+        for rid in order:
+            del ready[rid]
+        return Decision(dispatch=tuple(order))

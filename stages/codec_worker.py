@@ -87,9 +87,9 @@ class CodecLoop:
     def _wait_and_drain(self) -> None:
         inboxes = [ch for ch in (self.from_coord, self.from_talker) if ch not in self._ended]
         if inboxes and not self.encodes and not self._terminal_ready():
-            decision = self.coalescer.decide(self.clock(), alive=self._alive())
-            if not decision.dispatch:
-                wait_any(inboxes, decision.wait_s)
+            wait = self.coalescer.wait_time(self.clock(), alive=self._alive())
+            if wait != 0.0:  # None: nothing ready, sleep until a record arrives
+                wait_any(inboxes, wait)
         for channel in inboxes:
             try:
                 for msg, rec in drain(channel, block=False):
@@ -101,7 +101,8 @@ class CodecLoop:
         """The talker or the coordinator closed its end or died: nothing more can arrive."""
         self._ended.add(channel)
         if self.shutdown is None:
-            log.warning("codec: inbox ended without a shutdown (%s): stopping", exc)
+            report = log.warning if self.streams else log.info
+            report("codec: inbox ended without a shutdown (%s): stopping", exc)
             self.shutdown = Shutdown(drain=False)
         if channel is self.from_talker:  # no final records can come: close what is open
             for rid, stream in list(self.streams.items()):
@@ -115,9 +116,12 @@ class CodecLoop:
             case Abort(rid=rid):
                 stream = self.streams.get(rid)
                 if stream is not None and not stream.aborted:
+                    final = next((c for c, _, _ in stream.waiting if c.final), None)
                     stream.aborted = True
                     stream.waiting.clear()
                     self.coalescer.forget(rid)
+                    if final is not None:  # its final record was already here: close now
+                        self._close(rid, stream, final.seq, "abort")
             case EncodeRequest():
                 wav = rec.array(np.float32).reshape(self.runner.channels, -1).copy()  # [C, S]
                 self.encodes.append((msg, wav))
@@ -168,17 +172,18 @@ class CodecLoop:
                 self.runner.open(rid)
                 stream.slot_open = True
             heads.append(stream.waiting.popleft())
-        waited = now - min(h[2] for h in heads)
+        waited = now - min(h[2] for h in heads)  # the oldest chunk's wait
         t0 = time.perf_counter()
         pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)])
         decode_s = time.perf_counter() - t0
         self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s))
-        for rid, (chunk, _, _), pcm in zip(rids, heads, pcms):
+        for rid, (chunk, _, arrived), pcm in zip(rids, heads, pcms):
             stream = self.streams[rid]
             pcm_t = np.ascontiguousarray(pcm.T)  # [samples, channels]
             reason = chunk.finish_reason if chunk.final else None
             self.to_clients[stream.client].send(
-                PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final, finish_reason=reason), pcm_t)
+                PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final, finish_reason=reason,
+                         batch_size=len(rids), waited_s=now - arrived), pcm_t)
             self.to_coord.send(ChunkDone(rid=rid, seq=chunk.seq, samples=pcm_t.shape[0],
                                          final=chunk.final, finish_reason=reason))
             if chunk.final:

@@ -100,8 +100,8 @@ class LocalV15Variant:
                                        max_new_frames=max_new, forced_frames=forced)
 
     def _forced_frames(self, job: SpeechJobLike, max_new: int) -> int | None:
-        if job.forced_frames is not None:
-            return max(1, min(int(job.forced_frames), max_new))
+        if job.forced_frames is not None:  # explicit: not capped, so the frame cap still ends
+            return max(1, int(job.forced_frames))  # it, with finish_reason "length"
         model = self.profile.model
         if not model.force_length_from_text:
             return None

@@ -68,6 +68,8 @@ def test_forced_length_from_text_and_per_job(variant) -> None:
     assert s.forced_frames == round(0.87 * 40)
     _, s = variant.build_request(Job(text=text, forced_frames=3))
     assert s.forced_frames == 3
+    _, s = variant.build_request(Job(text=text, forced_frames=500))
+    assert s.forced_frames == 500   # explicit: the frame cap ends it with "length"
     _, s = variant.build_request(Job(text="y" * 1000))
     assert s.forced_frames == 100   # capped by max_new_frames
 

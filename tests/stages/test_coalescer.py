@@ -71,3 +71,13 @@ def test_mark_ready_keeps_the_older_arrival_and_forget_drops() -> None:
 def test_rejects_bad_settings(kw: dict) -> None:
     with pytest.raises(ValueError, match="coalescing"):
         Coalescer(**kw)
+
+
+def test_wait_time_does_not_consume_the_ready_set() -> None:
+    c = Coalescer(min_batch=2, max_wait_s=0.01)
+    assert c.wait_time(now=0.0, alive=3) is None
+    c.mark_ready(1, since=0.0)
+    assert c.wait_time(now=0.004, alive=3) == pytest.approx(0.006)
+    assert c.wait_time(now=0.02, alive=3) == 0.0
+    assert c.wait_time(now=0.02, alive=3) == 0.0   # asking twice changes nothing
+    assert c.decide(now=0.02, alive=3).dispatch == (1,)
