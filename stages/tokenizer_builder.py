@@ -43,6 +43,8 @@ ROLE_TOKENS = {
     "audio_assistant_slot_token_id": "<|audio_assistant_gen_slot|>",
     "audio_assistant_gen_slot_token_id": "<|audio_assistant_gen_slot|>",
     "audio_assistant_delay_slot_token_id": "<|audio_assistant_delay_slot|>",
+    "reference_audio_pad": "<|audio_pad|>",  # Realtime
+    "text_pad": "<|text_pad|>",  # Realtime
 }
 
 TRAINING_TEXT = (
@@ -92,8 +94,23 @@ def _learn_merges(max_tokens: int) -> list[tuple[str, str]]:
     return [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in merges]
 
 
+def _chatml_ids(config: dict) -> dict[str, int]:
+    """pad / im_start / im_end ids. A config without them at the top level (Realtime keeps only
+    `language_config.pad_token_id`) gets im_start = pad + 1 and im_end = pad + 2, the layout of
+    both Qwen3 (151643..151645) and the golden tiny tokenizer (605..607)."""
+    pad = config.get("pad_token_id", config.get("language_config", {}).get("pad_token_id"))
+    if pad is None:
+        raise KeyError("config has no pad_token_id (top level or language_config)")
+    return {
+        "pad_token_id": int(pad),
+        "im_start_token_id": int(config.get("im_start_token_id", int(pad) + 1)),
+        "im_end_token_id": int(config.get("im_end_token_id", int(pad) + 2)),
+    }
+
+
 def special_tokens_for(config: dict) -> dict[int, str]:
     """id -> token string of every special token the config names (roles win over Qwen names)."""
+    config = {**config, **_chatml_ids(config)}
     specials: dict[int, str] = {}
     for key, token in ROLE_TOKENS.items():
         if key in config and int(config[key]) not in specials:
@@ -143,11 +160,12 @@ def write_tokenizer_files(config: dict, out_dir: str | Path) -> Tokenizer:
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer(config)
     tokenizer.save(str(out_dir / "tokenizer.json"))
+    ids = _chatml_ids(config)
     tokenizer_config = {
         "backend": "tokenizers",
         "bos_token": None,
-        "eos_token": tokenizer.id_to_token(int(config["im_end_token_id"])),
-        "pad_token": tokenizer.id_to_token(int(config["pad_token_id"])),
+        "eos_token": tokenizer.id_to_token(ids["im_end_token_id"]),
+        "pad_token": tokenizer.id_to_token(ids["pad_token_id"]),
         "unk_token": None,
         "model_max_length": 131072,
         "tokenizer_class": "TokenizersBackend",

@@ -1,6 +1,7 @@
 """`mossvox make-checkpoint`: write a random-weight checkpoint directory of a variant.
 
-    mossvox make-checkpoint --variant local-v1.5 --size tiny|full --out DIR [--seed N]
+    mossvox make-checkpoint --variant local-v1.5|delay|ttsd|sound-effect|voice-generator|realtime
+                            --size tiny|full --out DIR [--seed N]
                             [--dtype float32|bfloat16] [--max-shard-gb G]
 
 The weights are seeded random numbers (no real weights can be fetched here): the model loads and
@@ -18,7 +19,10 @@ DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "fp32": "float32", "bf16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--variant", default="local-v1.5", choices=["local-v1.5"], help="model variant")
+    from stages.checkpoint_variants import VARIANTS
+
+    parser.add_argument("--variant", default="local-v1.5", choices=list(VARIANTS),
+                        help="model variant (talker + its codec)")
     parser.add_argument("--size", default="tiny", choices=["tiny", "full"],
                         help="tiny (CPU tests) or full (the real shapes, for GPU benchmarks)")
     parser.add_argument("--out", required=True, type=Path, help="output directory (must be empty or absent)")

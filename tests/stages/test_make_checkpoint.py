@@ -206,6 +206,27 @@ def test_cli_writes_a_checkpoint(tmp_path, capsys):
     assert cli_main(["make-checkpoint", "--size", "tiny", "--out", str(out)]) == 2  # not empty
 
 
+@pytest.mark.parametrize("variant", ["delay", "voice-generator", "realtime"])
+def test_other_variants_load_through_their_own_loaders(variant, tmp_path):
+    from stages.codec.config import CodecConfig
+    from stages.delay.model import DelayModel
+    from stages.realtime.model import RealtimeModel
+
+    summary = make_checkpoint(tmp_path, variant=variant, size="tiny", seed=2)
+    model = (RealtimeModel if variant == "realtime" else DelayModel).from_dir(tmp_path)
+    assert sum(p.numel() for p in model.parameters()) == summary.talker.num_params
+    codec = load_codec(tmp_path / CODEC_DIR)
+    assert codec.cfg == CodecConfig.from_json(codec_config("tiny", variant))
+    assert codec.cfg.channels == 1 and codec.cfg.sampling_rate == 24000  # the v1 codec
+    tok = TextTokenizer.from_dir(tmp_path)
+    assert tok.encode("<|im_start|>") == [606] and tok.encode("<|im_end|>") == [607]
+
+
+def test_full_size_moss_tts_8b_counts_8_49_b_parameters():
+    specs = module_specs(_meta_talker(talker_config("full", "delay"), "delay"), "talker")
+    assert 8.48e9 < sum(s.numel() for s in specs) < 8.50e9  # models.md §2.1: 8.490 B
+
+
 # ---------------------------------------------------------------- the embedded demo model
 
 
