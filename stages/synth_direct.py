@@ -96,6 +96,7 @@ class DirectSynthesizer:
         ref_audio: AudioSource | None = None,
         ref_text: str | None = None,
         language: str | None = None,
+        instructions: str | None = None,
         seed: int | None = None,
         sampling: dict[str, Any] | None = None,
         forced_frames: int | None = None,
@@ -103,6 +104,7 @@ class DirectSynthesizer:
     ) -> tuple[np.ndarray, SynthStats]:
         """PCM float32 `[channels, samples]` at `sample_rate`, and what it took.
 
+        instructions: the variant's instruction field (v1.5: the template's "- Instruction:").
         on_chunk: called with each decoded chunk `[channels, n]` as soon as it exists.
         """
         start = time.perf_counter()
@@ -112,7 +114,8 @@ class DirectSynthesizer:
         overrides = dict(sampling or {})
         if seed is not None:
             overrides["seed"] = seed
-        job = SynthJob(text=text, language=language, ref_codes=codes, ref_text=ref_text or None,
+        job = SynthJob(text=text, language=language, instructions=instructions, ref_codes=codes,
+                       ref_text=ref_text or None,
                        sampling=overrides, forced_frames=forced_frames)
         prompt, wire_sampling = self.variant.build_request(job)
         params = from_wire(wire_sampling)

@@ -1,7 +1,7 @@
 """`mossvox synth`: synthesise text to a WAV file in this process (no server, no workers).
 
     mossvox synth "text" [--model DIR] [--ref-audio FILE] [--ref-text TEXT] [--language L]
-                  [--seed N] [--profile P --set k=v] -o out.wav
+                  [--instructions I] [--seed N] [--profile P --set k=v] -o out.wav
 
 Without `--model` (and no `model.path` in the profile) it uses the embedded demo model: a tiny
 checkpoint with RANDOM weights, created on first use, whose audio is noise-like. The default
@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ref-text", default=None,
                         help="transcript of --ref-audio: continue from the clip instead of cloning it")
     parser.add_argument("--language", default=None, help="language name written into the prompt, e.g. English")
+    parser.add_argument("--instructions", default=None,
+                        help="style/voice instructions, where the variant has such a field")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
 
 
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     model_dir = model_dir_for(args, profile)
     synth = DirectSynthesizer(model_dir, profile)
     pcm, stats = synth.synthesize(args.text, ref_audio=args.ref_audio, ref_text=args.ref_text,
-                                  language=args.language, seed=args.seed)
+                                  language=args.language, instructions=args.instructions, seed=args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(args.out), pcm.T, synth.sample_rate, subtype="FLOAT", format="WAV")
     seconds = pcm.shape[1] / synth.sample_rate

@@ -60,7 +60,8 @@ def check_wav(path, text):
 def test_cli_synth_plain_text(cache_dir, tmp_path, caplog):
     text = "Hello there, tiny model."
     with caplog.at_level(logging.INFO):
-        assert run_cli(cache_dir, tmp_path / "plain.wav", text, "--language", "English") == 0
+        assert run_cli(cache_dir, tmp_path / "plain.wav", text, "--language", "English",
+                       "--instructions", "calm") == 0
     check_wav(tmp_path / "plain.wav", text)
     assert "RANDOM weights" in caplog.text
     assert "force_length_from_text is on" in caplog.text
@@ -110,3 +111,9 @@ def test_one_shot_function_equals_the_synthesizer(synth, cache_dir):
     pcm = synthesize(ensure_demo_model(cache_dir), "One shot.", seed=5)
     expected, _ = synth.synthesize("One shot.", seed=5)
     np.testing.assert_array_equal(pcm, expected)
+
+
+def test_instructions_reach_the_prompt(synth):
+    _, plain = synth.synthesize("Same text.", seed=1)
+    _, instructed = synth.synthesize("Same text.", seed=1, instructions="a slow and very calm voice")
+    assert instructed.prompt_rows > plain.prompt_rows  # "None" replaced by the instruction
