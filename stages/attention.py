@@ -10,9 +10,10 @@ The seam: an attention backend is a callable
 `backend(q [N, Hq, D], k_pool, v_pool [num_blocks, block_size, Hkv, D], meta, scale) -> [N, Hq, D]`
 called *after* the layer has written this step's keys/values into the pool. `ReferenceAttention`
 gathers each sequence's K/V from its blocks and runs `F.scaled_dot_product_attention`; it is the
-definition of correct. `BatchedDecodeAttention` handles all 1-token (decode) sequences of a step
-in one padded SDPA call without host loops (prefill chunks still go through the reference path);
-a Triton / FlexAttention paged kernel plugs in at the same seam and must agree with the
+definition of correct. `PaddedBatchAttention` has no per-sequence host loop: the 1-token (decode)
+sequences of a step form one padded batch and the prefill chunks another, each attended with
+grouped-query matmuls over K/V gathered from the blocks; it is graph-capturable. A Triton /
+FlexAttention paged kernel (no gather) plugs in at the same seam and must agree with the
 reference (tests compare them).
 """
 
@@ -42,6 +43,9 @@ class AttentionMetadata:
     last_token_index: torch.Tensor  # [B] int64: row of each sequence's last new token
     decode_rows: torch.Tensor  # [n_decode] int64: rows of the sequences with one new token
     decode_seqs: torch.Tensor  # [n_decode] int64: their sequence indices
+    prefill_seqs: torch.Tensor  # [n_prefill] int64: sequences with more than one new token
+    prefill_rows: torch.Tensor  # [n_prefill, max_q] int64: row of each of their tokens (0 on padding)
+    prefill_valid: torch.Tensor  # [n_prefill, max_q] bool: False on padding
     query_lens_host: tuple[int, ...]
     seq_lens_host: tuple[int, ...]
     max_query_len: int
@@ -88,6 +92,10 @@ def build_attention_metadata(
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
     decode_seqs = [i for i, q in enumerate(qlens) if q == 1]
+    prefill_seqs = [i for i, q in enumerate(qlens) if q > 1]
+    width = max((qlens[i] for i in prefill_seqs), default=0)
+    prefill_rows = [[qstart[i] + j if j < qlens[i] else 0 for j in range(width)] for i in prefill_seqs]
+    prefill_valid = [[j < qlens[i] for j in range(width)] for i in prefill_seqs]
     return AttentionMetadata(
         seq_ids=tuple(seq_ids),
         query_start_loc=dev(qstart, torch.int32),
@@ -99,6 +107,9 @@ def build_attention_metadata(
         last_token_index=dev([s - 1 for s in qstart[1:]], torch.int64),
         decode_rows=dev([qstart[i] for i in decode_seqs], torch.int64),
         decode_seqs=dev(decode_seqs, torch.int64),
+        prefill_seqs=dev(prefill_seqs, torch.int64),
+        prefill_rows=dev(prefill_rows, torch.int64).view(len(prefill_seqs), width),
+        prefill_valid=dev(prefill_valid, torch.bool).view(len(prefill_seqs), width),
         query_lens_host=tuple(qlens),
         seq_lens_host=tuple(slens),
         max_query_len=max(qlens),
@@ -150,35 +161,53 @@ class ReferenceAttention:
         return out
 
 
-class BatchedDecodeAttention:
-    """Decode tokens of all sequences in one SDPA call; prefill chunks through the reference.
+def grouped_attention(
+    q: torch.Tensor,  # [n, Q, Hq, D]
+    k: torch.Tensor,  # [n, L, Hkv, D]
+    v: torch.Tensor,  # [n, L, Hkv, D]
+    allowed: torch.Tensor,  # [n, Q, L] bool
+    scale: float,
+) -> torch.Tensor:  # [n, Q, Hq, D]
+    """Masked attention with KV heads shared by groups of query heads, without repeating K/V.
+    Softmax in fp32. Every query row must allow at least one key."""
+    n, Q, Hq, D = q.shape
+    Hkv = k.shape[2]
+    qg = q.reshape(n, Q, Hkv, Hq // Hkv, D)
+    scores = torch.einsum("nqhrd,nlhd->nhrql", qg, k.to(q.dtype)).float() * scale  # [n, Hkv, rep, Q, L]
+    scores = scores.masked_fill(~allowed[:, None, None], -torch.inf)
+    probs = scores.softmax(-1).to(q.dtype)
+    return torch.einsum("nhrql,nlhd->nqhrd", probs, v.to(q.dtype)).reshape(n, Q, Hq, D)
 
-    The 1-token sequences' blocks are gathered into a padded `[n, max_blocks * block_size]` K/V
-    (keys past a sequence's length masked out); no per-sequence host loop, so the decode part
-    is a fixed sequence of kernels for a given (n, max_blocks).
+
+class PaddedBatchAttention:
+    """All decode tokens in one padded batch, all prefill chunks in another; no host loop.
+
+    Each group gathers its sequences' blocks into a padded `[n, max_blocks * block_size]` K/V and
+    masks keys past a query's position. Shapes depend only on the group sizes and the block count,
+    so a decode-only step is graph-capturable.
     """
 
-    def __init__(self) -> None:
-        self._reference = ReferenceAttention()
-
     def __call__(self, q, k_pool, v_pool, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        n_decode = meta.decode_seqs.shape[0]
-        if n_decode < len(meta.query_lens_host):  # some prefill chunks: reference for those
-            out = self._reference(q, k_pool, v_pool, meta, scale)
-        else:
-            out = torch.empty_like(q)
-        if n_decode == 0:
-            return out
-        rep = q.shape[1] // k_pool.shape[2]
-        tables = meta.block_tables[meta.decode_seqs].long()  # [n, max_blocks]
-        k = k_pool[tables].flatten(1, 2).repeat_interleave(rep, dim=2)  # [n, L, Hq, D]
-        v = v_pool[tables].flatten(1, 2).repeat_interleave(rep, dim=2)
-        lens = meta.seq_lens[meta.decode_seqs]  # [n]
-        mask = torch.arange(k.shape[1], device=q.device)[None, :] < lens[:, None]  # [n, L]
-        qd = q[meta.decode_rows].unsqueeze(2)  # [n, Hq, 1, D]
-        o = F.scaled_dot_product_attention(
-            qd, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), attn_mask=mask[:, None, None, :],
-            scale=scale,
-        )  # [n, Hq, 1, D]
-        out[meta.decode_rows] = o.squeeze(2)
+        out = torch.empty_like(q)
+        for seqs, rows, valid in (
+            (meta.decode_seqs, meta.decode_rows[:, None], None),
+            (meta.prefill_seqs, meta.prefill_rows, meta.prefill_valid),
+        ):
+            if seqs.shape[0] == 0:
+                continue
+            tables = meta.block_tables[seqs].long()  # [n, max_blocks]
+            k = k_pool[tables].flatten(1, 2)  # [n, L, Hkv, D]
+            v = v_pool[tables].flatten(1, 2)
+            seq_lens = meta.seq_lens[seqs].long()  # [n]
+            width = rows.shape[1]
+            # query j of a sequence sits at position seq_len - q_len + j
+            q_len = valid.sum(-1) if valid is not None else torch.ones_like(seq_lens)
+            q_pos = (seq_lens - q_len)[:, None] + torch.arange(width, device=q.device)  # [n, Q]
+            key_pos = torch.arange(k.shape[1], device=q.device)
+            allowed = key_pos[None, None, :] <= q_pos[:, :, None]  # [n, Q, L] (implies key < seq_len)
+            o = grouped_attention(q[rows], k, v, allowed, scale)  # [n, Q, Hq, D]
+            if valid is None:
+                out[rows[:, 0]] = o[:, 0]
+            else:
+                out[rows[valid]] = o[valid]
         return out

@@ -98,6 +98,9 @@ class DecodeGraphs:
             last_token_index=arange,
             decode_rows=arange,
             decode_seqs=arange,
+            prefill_seqs=arange[:0],
+            prefill_rows=arange[:0, None],
+            prefill_valid=torch.zeros(0, 1, dtype=torch.bool, device=dev),
             query_lens_host=(1,) * B,
             seq_lens_host=(M * self.block_size,) * B,  # upper bound; the graph path reads tensors only
             max_query_len=1,

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.attention import AttentionBackend, BatchedDecodeAttention, ReferenceAttention, build_attention_metadata
+from stages.attention import AttentionBackend, PaddedBatchAttention, ReferenceAttention, build_attention_metadata
 from stages.kv_cache import KVCacheExhausted, PagedKVCache
 from stages.local_v15.graphs import DecodeGraphs
 from stages.local_v15.loader import load_talker
@@ -96,7 +96,7 @@ class LocalV15Runner:
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         use_graphs = cuda_graphs and self.device.type == "cuda"
         if use_graphs:
-            attention = attention or BatchedDecodeAttention()
+            attention = attention or PaddedBatchAttention()
         self.attention = attention or ReferenceAttention()
         if num_kv_blocks is None:
             num_kv_blocks = self._derive_kv_blocks(kv_block_size, kv_memory_fraction)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from stages.attention import PaddedBatchAttention, ReferenceAttention
 from stages.local_v15.loader import load_talker
 from stages.local_v15.runner import LocalV15Runner
 from stages.sampling import SamplingParams
@@ -50,9 +51,10 @@ def run(runner, requests, max_steps=500):
     return {rid: np.array(f, dtype=np.int64).reshape(-1, 12) for rid, f in frames.items()}, finish
 
 
-def test_batched_greedy_equals_upstream_golden(model, golden):
+@pytest.mark.parametrize("backend", [ReferenceAttention, PaddedBatchAttention])
+def test_batched_greedy_equals_upstream_golden(model, golden, backend):
     runner = LocalV15Runner(model, max_running=4, kv_block_size=8, num_kv_blocks=64,
-                            prefill_chunk_tokens=24, max_prefill_tokens_per_step=40)
+                            prefill_chunk_tokens=24, max_prefill_tokens_per_step=40, attention=backend())
     greedy = SamplingParams(greedy=True, max_new_frames=16)
     cases = {i: case(golden, name) for i, name in enumerate(CASES)}
     frames, finish = run(runner, {i: (c["input_ids"], greedy) for i, c in cases.items()})

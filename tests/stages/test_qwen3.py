@@ -92,12 +92,12 @@ def test_matches_transformers_qwen3():
 
 @torch.no_grad()
 def test_batched_decode_backend_agrees_with_reference():
-    from stages.attention import BatchedDecodeAttention
+    from stages.attention import PaddedBatchAttention
 
     model = make_model(3)
     prompts = {s: torch.randn(n, CFG.hidden_size) for s, n in {0: 9, 1: 23, 2: 4, 3: 30}.items()}
     outs = {}
-    for name, backend in (("ref", None), ("batched", BatchedDecodeAttention())):
+    for name, backend in (("ref", None), ("batched", PaddedBatchAttention())):
         cache = PagedKVCache(CFG.kv_cache_spec(num_blocks=32, block_size=4), dtype=torch.float32, device="cpu")
         torch.manual_seed(5)
         steps = []
