@@ -65,8 +65,15 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(profile.talker.torch_threads)
     model_dir = model_dir_for(args, profile)
     synth = DirectSynthesizer(model_dir, profile)
-    pcm, stats = synth.synthesize(args.text, ref_audio=args.ref_audio, ref_text=args.ref_text,
-                                  language=args.language, instructions=args.instructions, seed=args.seed)
+    try:
+        pcm, stats = synth.synthesize(args.text, ref_audio=args.ref_audio, ref_text=args.ref_text,
+                                      language=args.language, instructions=args.instructions, seed=args.seed)
+    except sf.LibsndfileError as exc:
+        print(f"mossvox: cannot decode {args.ref_audio}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a field the variant rejects
+        print(f"mossvox: {exc}", file=sys.stderr)
+        return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(args.out), pcm.T, synth.sample_rate, subtype="FLOAT", format="WAV")
     seconds = pcm.shape[1] / synth.sample_rate

@@ -76,8 +76,12 @@ def test_cli_synth_with_reference_clip(cache_dir, tmp_path, reference_wav):
     check_wav(tmp_path / "cont.wav", text)
 
 
-def test_cli_rejects_ref_text_without_audio(cache_dir, tmp_path):
+def test_cli_rejects_ref_text_without_audio_and_undecodable_references(cache_dir, tmp_path, capsys):
     assert run_cli(cache_dir, tmp_path / "x.wav", "Hi.", "--ref-text", "orphan transcript") == 2
+    bogus = tmp_path / "not-audio.wav"
+    bogus.write_bytes(b"this is not a wav file")
+    assert run_cli(cache_dir, tmp_path / "x.wav", "Hi.", "--ref-audio", str(bogus)) == 2
+    assert "cannot decode" in capsys.readouterr().err
     assert not (tmp_path / "x.wav").exists()
 
 
