@@ -141,7 +141,12 @@ class DirectSynthesizer:
                 self.codec.decode([(RID, codes)])  # left context of the continuation; audio dropped
             accumulator = ChunkAccumulator(self.schedule, self.variant.n_vq)
             finished = False
+            # every step prefills at least one prompt row or emits a frame: a bound, not a timeout
+            step_budget = prompt.shape[0] + params.max_new_frames + (params.forced_frames or 0) + 16
             while not finished:
+                step_budget -= 1
+                if step_budget < 0:
+                    raise RuntimeError(f"talker made no progress: {frames} frames after the step budget")
                 for event in self.talker.step():
                     if event.codes is not None:
                         frames += 1
