@@ -17,6 +17,7 @@ random: a model written here produces noise-like audio and never decides to stop
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,18 +85,20 @@ def _pad_token_id(config: dict) -> int:
     return int(config.get("pad_token_id", config.get("language_config", {}).get("pad_token_id")))
 
 
-def write_codec(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, max_shard_bytes: int) -> WrittenWeights:
+def write_codec(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, max_shard_bytes: int,
+                on_file: Callable[[Path], None] | None = None) -> WrittenWeights:
     """The codec: config.json + seeded weights (quantizer projections stored weight-normed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if "codec_weight_dtype" in config:  # a v2 key; v1 configs do not carry it
         config = dict(config, codec_weight_dtype=DTYPE_NAMES[dtype][1])
     _write_json(out_dir / "config.json", config)
     specs = module_specs(_meta_codec(config), "codec", weight_norm=_is_pointwise_conv)
-    return write_weights(specs, out_dir, seed=seed, style="codec", dtype=dtype, max_shard_bytes=max_shard_bytes)
+    return write_weights(specs, out_dir, seed=seed, style="codec", dtype=dtype, max_shard_bytes=max_shard_bytes,
+                         on_file=on_file)
 
 
 def write_talker(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, max_shard_bytes: int,
-                 variant: str = "local-v1.5") -> WrittenWeights:
+                 variant: str = "local-v1.5", on_file: Callable[[Path], None] | None = None) -> WrittenWeights:
     """The talker: config.json, generation_config.json, tokenizer files and seeded weights."""
     from stages.tokenizer_builder import write_tokenizer_files
 
@@ -106,7 +109,8 @@ def write_talker(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, 
     _write_json(out_dir / "generation_config.json", {"pad_token_id": _pad_token_id(config)})
     write_tokenizer_files(config, out_dir)
     specs = module_specs(_meta_talker(config, variant), "talker")
-    return write_weights(specs, out_dir, seed=seed, style="talker", dtype=dtype, max_shard_bytes=max_shard_bytes)
+    return write_weights(specs, out_dir, seed=seed, style="talker", dtype=dtype, max_shard_bytes=max_shard_bytes,
+                         on_file=on_file)
 
 
 def make_checkpoint(
@@ -117,11 +121,13 @@ def make_checkpoint(
     seed: int = 0,
     dtype: torch.dtype | None = None,
     max_shard_bytes: int | None = None,
+    on_file: Callable[[Path], None] | None = None,
 ) -> CheckpointSummary:
     """Write a loadable random-weight checkpoint of `variant` at `size` into `out_dir`.
 
     dtype: stored dtype (default fp32 for tiny, bf16 for full). The codec gets `seed + 1` so its
-    tensors differ from the talker's even where names coincide.
+    tensors differ from the talker's even where names coincide. on_file: progress callback, called
+    with each weight file written.
     """
     writer = variant_writer(variant)
     if size not in ("tiny", "full"):
@@ -130,7 +136,7 @@ def make_checkpoint(
     shard = max_shard_bytes or DEFAULT_SHARD_BYTES[size]
     out_dir = Path(out_dir)
     talker = write_talker(out_dir, writer.talker_config(size), seed=seed, dtype=dtype, max_shard_bytes=shard,
-                          variant=variant)
+                          variant=variant, on_file=on_file)
     codec = write_codec(out_dir / CODEC_DIR, writer.codec_config(size), seed=seed + 1, dtype=dtype,
-                        max_shard_bytes=shard)
+                        max_shard_bytes=shard, on_file=on_file)
     return CheckpointSummary(out_dir, talker, codec)

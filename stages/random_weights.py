@@ -153,8 +153,12 @@ def write_weights(
     style: Style,
     dtype: torch.dtype,
     max_shard_bytes: int,
+    on_file: Callable[[Path], None] | None = None,
 ) -> WrittenWeights:
-    """Generate and save `specs`: one `model.safetensors`, or numbered shards plus the index."""
+    """Generate and save `specs`: one `model.safetensors`, or numbered shards plus the index.
+
+    on_file: called with each weight file's path once it is written (progress reporting).
+    """
     out_dir = Path(out_dir)
     shards = plan_shards(specs, dtype, max_shard_bytes)
     weight_map: dict[str, str] = {}
@@ -165,6 +169,8 @@ def write_weights(
         total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
         save_file(tensors, str(out_dir / file_name), metadata={"format": "pt"})
         del tensors
+        if on_file is not None:
+            on_file(out_dir / file_name)
         weight_map.update({spec.name: file_name for spec in shard})
     if len(shards) > 1:
         index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}

@@ -45,8 +45,11 @@ def run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
     shard = int(args.max_shard_gb * (1 << 30)) if args.max_shard_gb else None
     start = time.perf_counter()
+    def progress(path: Path) -> None:
+        print(f"  {path} ({path.stat().st_size / 1e9:.3f} GB, {time.perf_counter() - start:.1f} s)", flush=True)
+
     summary = make_checkpoint(out, variant=args.variant, size=args.size, seed=args.seed,
-                              dtype=dtype, max_shard_bytes=shard)
+                              dtype=dtype, max_shard_bytes=shard, on_file=progress)
     took = time.perf_counter() - start
     for label, w in (("talker", summary.talker), ("codec", summary.codec)):
         print(f"{label}: {w.num_params:,} parameters, {w.total_bytes / 1e9:.3f} GB in {len(w.files)} file(s)")
