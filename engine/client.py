@@ -148,7 +148,8 @@ class EngineClient:
         self._check_alive()
         rid, box = self._open_mailbox()
         self._send(Submit(rid=rid, client=self.index, sampling=sampling,
-                          initial_chunk_frames=job.initial_chunk_frames), prompt)
+                          initial_chunk_frames=job.initial_chunk_frames,
+                          prime_frames=self.variant.prime_frames(job)), prompt)
         finished = False
         try:
             while True:

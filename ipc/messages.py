@@ -60,7 +60,9 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=Tru
     client: int                    # index of the API process whose ring receives the PCM
     sampling: Sampling
     initial_chunk_frames: int | None = None   # None: the profile's chunking.initial_frames
-    timeout_s: float | None = None             # None: the profile's engine.request_timeout_s
+    timeout_s: float | None = None             # None: the profile's admission.request_timeout_s
+    prime_frames: int = 0   # continuation: the prompt's last rows hold audio codes the codec
+    #                         decodes first as left context (their audio is dropped)
 
 
 class Abort(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
@@ -98,6 +100,7 @@ class CodeChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=
     seq: int
     final: bool
     finish_reason: FinishReason | None = None
+    prime: bool = False    # left context (continuation): decode into the slot, drop the audio
 
 
 class PcmChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

@@ -179,6 +179,10 @@ class CodecLoop:
         self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s))
         for rid, (chunk, _, arrived), pcm in zip(rids, heads, pcms):
             stream = self.streams[rid]
+            if chunk.prime:  # left context only: its audio is not part of the answer
+                if stream.waiting and len(stream.waiting[0][1]):
+                    self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
+                continue
             pcm_t = np.ascontiguousarray(pcm.T)  # [samples, channels]
             reason = chunk.finish_reason if chunk.final else None
             self.to_clients[stream.client].send(

@@ -43,6 +43,9 @@ class Variant(Protocol):
     def build_request(self, job: SpeechJobLike) -> tuple[np.ndarray, Sampling]:
         """The request adapter: prompt `[S, 1 + n_vq]` int64 and the resolved sampling settings."""
 
+    def prime_frames(self, job: SpeechJobLike) -> int:
+        """How many trailing prompt rows the codec decodes first as left context (0: none)."""
+
     def make_talker_runner(self, device: str) -> Any:
         """The talker runner (loads the talker weights) for this process."""
 

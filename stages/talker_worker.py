@@ -117,6 +117,10 @@ class TalkerLoop:
                 self.to_coord.send(StageError(stage="talker", message=str(exc), rid=submit.rid))
                 self._send_final(submit.rid, submit.client, 0, None, "error")
                 continue
+            if submit.prime_frames:  # continuation: the codec decodes the reference first
+                context = prompt[len(prompt) - submit.prime_frames:, 1:]  # [T, n_vq]
+                self.to_codec.send(CodeChunk(rid=submit.rid, client=submit.client, seq=-1,
+                                             final=False, prime=True), context)
             self.streams[submit.rid] = _Stream(
                 client=submit.client, max_frames=params.max_new_frames,
                 chunks=ChunkAccumulator(self.schedule.with_initial(submit.initial_chunk_frames),

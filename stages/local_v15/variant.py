@@ -73,6 +73,14 @@ class LocalV15Variant:
         """Prompt `[S, 1 + n_vq]` int64 and sampling for `job`; ValueError on a bad field."""
         return self.build_prompt(job), self.resolve_sampling(job)
 
+    def prime_frames(self, job: SpeechJobLike) -> int:
+        """Continuation: the prompt ends with the reference's audio rows; the codec decodes
+        them first (audio dropped) so the new audio starts with the reference as left context,
+        as upstream's decode of the whole block followed by trimming the prompt part does."""
+        if job.ref_codes is not None and job.ref_text:
+            return int(len(job.ref_codes))
+        return 0
+
     def build_prompt(self, job: SpeechJobLike) -> np.ndarray:
         common = dict(language=job.language, instruction=job.instructions)
         if job.ref_codes is not None and job.ref_text:

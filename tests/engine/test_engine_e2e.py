@@ -42,6 +42,14 @@ async def engine(demo_model_dir):
         assert list_segments(instance) == [], "shared-memory segments left after stop"
 
 
+@pytest.fixture(scope="module")
+def direct(engine):
+    """The same model run in this process without workers (`stages.synth_direct`)."""
+    from stages.synth_direct import DirectSynthesizer
+
+    return DirectSynthesizer(engine.model_dir, engine.profile)
+
+
 @pytest.fixture
 def client(engine):
     return engine.client(0)
@@ -78,6 +86,25 @@ async def test_streaming_equals_whole_decode(engine, client) -> None:
     assert a.shape == b.shape == (30 * engine.variant.samples_per_frame, engine.variant.channels)
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
     assert np.abs(a).max() > 0  # real audio, not silence
+
+
+@pytest.mark.parametrize("mode", ["plain", "clone", "continuation"])
+async def test_engine_equals_direct_synthesis(engine, client, direct, mode) -> None:
+    """Same seed, same request: the engine's audio equals `stages.synth_direct` (no processes)."""
+    from stages.synth_direct import reference_codes
+
+    rng = np.random.default_rng(5)
+    rate = engine.variant.sample_rate
+    ref_wav = (rng.standard_normal((engine.variant.channels, rate)) * 0.1).astype(np.float32)
+    ref_audio = None if mode == "plain" else (ref_wav, rate)
+    ref_text = "the reference says this. " if mode == "continuation" else None
+    text = "compare the engine with the direct path"
+    expected, stats = direct.synthesize(text, ref_audio=ref_audio, ref_text=ref_text, seed=21)
+    codes = None if ref_audio is None else reference_codes(direct.codec, ref_audio)
+    got = joined(await collect(client, SpeechJob(text=text, ref_codes=codes, ref_text=ref_text,
+                                                 sampling={"seed": 21})))
+    assert got.shape == expected.T.shape and stats.frames > 0
+    np.testing.assert_allclose(got, expected.T, atol=1e-4, rtol=0)
 
 
 async def test_runaway_guard_finishes_with_length(engine, client) -> None:
