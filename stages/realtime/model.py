@@ -132,7 +132,17 @@ class RealtimeModel(nn.Module):
         model = model.to_empty(device=device).to(dtype)
         state = read_state_dict(model_dir, device=device, dtype=dtype)
         load_weights(model, state, ignore=UNUSED_CHECKPOINT_TENSORS)
-        return model.eval()
+        return model.zero_padding_rows_().eval()
+
+    def zero_padding_rows_(self) -> RealtimeModel:
+        """Upstream `from_pretrained` re-initialises the input tables' `padding_idx` rows to zero
+        after loading (text pad id in table 0, audio pad 1024 in tables 1..16), whatever the file
+        holds; do the same. The depth transformer's tables are left as stored."""
+        with torch.no_grad():
+            self.embed_tokens[0].weight[self.config.pad_token_id].zero_()
+            for table in self.embed_tokens[1:]:
+                table.weight[self.config.audio_pad].zero_()
+        return self
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [..., 1 + rvq] -> [..., H]: the sum of the 17 column embeddings."""

@@ -77,3 +77,20 @@ def test_parameter_counts():
     assert 195e6 < local_layers < 205e6  # README "200M" depth transformer (models.md: 201 M)
     assert 2.0e9 < total < 2.4e9
     assert count(tiny_config())[0] < 2e6
+
+
+def test_padding_rows_are_zeroed_on_load_as_upstream(tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    state = read_state_dict(GOLDEN)
+    state["embed_tokens.0.weight"][605] = 1.0
+    state["embed_tokens.3.weight"][1024] = 1.0
+    state["local_transformer.model.embed_tokens.2.weight"][1024] = 1.0
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(GOLDEN / name, tmp_path / name)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    m = RealtimeModel.from_dir(tmp_path)
+    assert m.embed_tokens[0].weight[605].abs().sum() == 0 and m.embed_tokens[3].weight[1024].abs().sum() == 0
+    assert (m.local_transformer.model.embed_tokens[2].weight[1024] == 1.0).all()  # untouched, as upstream
