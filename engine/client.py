@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -128,6 +129,7 @@ class EngineClient:
         self._readers: list[asyncio.Task] = []
         self._dead: str | None = None
         self._peers = [Peer(pid) for pid in watch_pids]
+        self._route_s = 0.0  # time spent taking records off this client's rings
 
     @classmethod
     def connect(cls, spec: ClientSpec) -> EngineClient:
@@ -200,6 +202,7 @@ class EngineClient:
                   if not ch.closed)
         snap["client_ring_bytes"] = own
         snap["client_open"] = len(self._boxes)
+        snap["client_route_s"] = self._route_s
         return snap
 
     async def close(self) -> None:
@@ -245,10 +248,12 @@ class EngineClient:
             except (PeerGone, EndOfStream, RingClosed) as exc:
                 self._on_gone(source, exc)
                 return
+            t0 = time.perf_counter()
             try:
                 self._route(rec.msg, rec)
             finally:
                 rec.release()
+            self._route_s += time.perf_counter() - t0
 
     def _route(self, msg: Any, rec: Any) -> None:
         match msg:

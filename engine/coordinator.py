@@ -96,11 +96,13 @@ class Coordinator:
             except (PeerGone, EndOfStream, RingClosed) as exc:
                 self._on_peer_gone(source, exc)
                 return
+            t0 = time.perf_counter()
             try:
                 self._handle(source, rec.msg, rec)
             finally:
                 rec.release()
             self.counters["ring_bytes"] = self.ring_bytes()
+            self.counters.add("coordinator_busy_s", time.perf_counter() - t0)
 
     def _handle(self, source: str, msg: Any, rec: Any) -> None:
         match msg:
@@ -112,8 +114,9 @@ class Coordinator:
                 self._on_chunk_done(msg)
             case Slots(stage=stage, in_use=n):
                 self.counters[f"{stage}_slots"] = n
-            case DecodeBatch(size=size, waited_s=waited):
+            case DecodeBatch(size=size, waited_s=waited, emit_s=emit_s):
                 self.counters.count_batch(size, waited)
+                self.counters.add("codec_emit_s", emit_s)
             case EncodeRequest():
                 self._on_encode(msg, rec)
             case EncodeDone(job=job):
@@ -241,7 +244,8 @@ class Coordinator:
                 fut.set_exception(StageNotReady(f"the {source} worker exited before Ready"))
             return
         index = int(source.removeprefix("client"))
-        log.warning("client %d went away (%s): aborting its requests", index, exc)
+        report = log.warning if self.lifecycle.accepting else log.info
+        report("client %d went away (%s): aborting its requests", index, exc)
         for req in self.table.all():
             if req.client == index:
                 self._abort(req.rid, notify=None)

@@ -34,6 +34,8 @@ SCALARS = (
     "decode_batch_wait_max_s",   # longest coalescing wait seen
     "talker_capacity",
     "codec_capacity",
+    "coordinator_busy_s",  # time in coordinator handlers (engine overhead)
+    "codec_emit_s",        # time the codec spent writing PCM/ChunkDone records (ring overhead)
 )
 LEAK_GAUGES = ("running", "queued", "talker_slots", "codec_slots", "encode_jobs", "ring_bytes")
 _INDEX = {name: i for i, name in enumerate(SCALARS)}

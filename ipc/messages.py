@@ -159,6 +159,7 @@ class DecodeBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_lik
     size: int          # streams decoded together
     waited_s: float    # oldest chunk's wait in the coalescing window
     decode_s: float    # model time of the batch
+    emit_s: float = 0.0  # time spent writing its PCM and ChunkDone records to the rings
 
 
 class EncodeDone(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

@@ -176,13 +176,14 @@ class CodecLoop:
         t0 = time.perf_counter()
         pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)])
         decode_s = time.perf_counter() - t0
-        self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s))
+        emit_s = 0.0  # ring writes only (the record transposes and sends)
         for rid, (chunk, _, arrived), pcm in zip(rids, heads, pcms):
             stream = self.streams[rid]
             if chunk.prime:  # left context only: its audio is not part of the answer
                 if stream.waiting and len(stream.waiting[0][1]):
                     self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
                 continue
+            t1 = time.perf_counter()
             pcm_t = np.ascontiguousarray(pcm.T)  # [samples, channels]
             reason = chunk.finish_reason if chunk.final else None
             self.to_clients[stream.client].send(
@@ -190,11 +191,14 @@ class CodecLoop:
                          batch_size=len(rids), waited_s=now - arrived), pcm_t)
             self.to_coord.send(ChunkDone(rid=rid, seq=chunk.seq, samples=pcm_t.shape[0],
                                          final=chunk.final, finish_reason=reason))
+            emit_s += time.perf_counter() - t1
             if chunk.final:
                 self._release(rid, stream)
             elif stream.waiting:
                 if len(stream.waiting[0][1]):
                     self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
+        self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s,
+                                       emit_s=emit_s))
 
     def _close(self, rid: int, stream: _Stream, seq: int, reason: str) -> None:
         """End a stream without decoding: an empty final PCM record (unless aborted) and done.
