@@ -8,9 +8,11 @@ is what the runner samples the next row from.
 
 Scheduling: decoding requests first (each needs at most one block); then prefill chunks in
 admission order within a per-step token budget, as far as free blocks allow. If decoding
-requests need more blocks than are free, the newest ones are preempted: their blocks are freed
-and their rows (prompt + generated) are prefilled again later, which resumes them exactly
-(recompute; host-side generation state is untouched).
+requests need more blocks than are free, the newest requests holding blocks (decoding or half
+prefilled) are preempted until they fit; the oldest decoding request never is, so it always
+progresses. A preempted request's blocks are freed and its rows (prompt + generated) are
+prefilled again later, which resumes it exactly (recompute; host-side generation state is
+untouched).
 """
 
 from __future__ import annotations
@@ -140,11 +142,18 @@ class RowScheduler:
     def schedule(self) -> list[tuple[RowRequest, int]]:
         """(request, rows to feed) for this step; preempts the newest decoders when blocks run out."""
         cache = self.cache
-        decode = [r for r in self._ordered() if r.pending == 1]
+        ordered = self._ordered()
+        decode = [r for r in ordered if r.pending == 1]
         need = sum(cache.blocks_needed(r.rid, 1) for r in decode)
-        while need > cache.num_free_blocks and len(decode) > 1:
-            victim = decode.pop()
-            need -= cache.blocks_needed(victim.rid, 1)
+        # newest first; the oldest decoding request is never a victim, so it always progresses
+        victims = [r for r in reversed(ordered) if not decode or r is not decode[0]]
+        while need > cache.num_free_blocks and victims:
+            victim = victims.pop(0)
+            if not cache.block_table(victim.rid):
+                continue
+            if victim in decode:
+                decode.remove(victim)
+                need -= cache.blocks_needed(victim.rid, 1)
             cache.free(victim.rid)
             victim.prefilled = 0
         if need > cache.num_free_blocks:
