@@ -53,19 +53,29 @@ class _Wiring:
                 *self.to_clients, *self.from_clients]
 
 
-def _create_wiring(profile: Profile, instance: str, clients: int) -> _Wiring:
+def reference_ring_bytes(profile: Profile, variant: Any) -> int:
+    """Capacity of the rings that carry reference waveforms (client → coordinator → codec):
+    the longest accepted reference (`api.max_ref_seconds`, float32 at the codec rate) must fit
+    in one record, which is at most half a ring. Pages are only touched when used."""
+    ref = int(profile.api.max_ref_seconds * variant.sample_rate) * variant.channels * 4
+    need = 2 * (ref + 64 * 1024)
+    return max(profile.ipc.control_ring_bytes, (need + 63) // 64 * 64)
+
+
+def _create_wiring(profile: Profile, instance: str, clients: int, ref_bytes: int) -> _Wiring:
     ctl = profile.ipc.control_ring_bytes
 
-    def make(name: str, msg_type: Any, role: str) -> Channel:
-        return Channel.create(name, msg_type=msg_type, capacity=ctl, role=role, instance=instance)
+    def make(name: str, msg_type: Any, role: str, capacity: int = ctl) -> Channel:
+        return Channel.create(name, msg_type=msg_type, capacity=capacity, role=role,
+                              instance=instance)
 
     return _Wiring(
         to_talker=make("coord-talker", TalkerInbox, "writer"),
         from_talker=make("talker-coord", CoordinatorInbox, "reader"),
-        to_codec=make("coord-codec", CodecInbox, "writer"),
+        to_codec=make("coord-codec", CodecInbox, "writer", ref_bytes),
         from_codec=make("codec-coord", CoordinatorInbox, "reader"),
         to_clients=[make(f"coord-client{i}", ClientInbox, "writer") for i in range(clients)],
-        from_clients=[make(f"client{i}-coord", CoordinatorInbox, "reader")
+        from_clients=[make(f"client{i}-coord", CoordinatorInbox, "reader", ref_bytes)
                       for i in range(clients)],
     )
 
@@ -143,7 +153,7 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     variant = load_variant(model_dir, profile)  # fails fast on an unknown model
     instance = new_instance_id()
     device = resolve_device(profile)
-    wiring = _create_wiring(profile, instance, clients)
+    wiring = _create_wiring(profile, instance, clients, reference_ring_bytes(profile, variant))
     counters = CounterBlock.create(instance, profile.coalescing.max_batch)
     ctx = mp.get_context("spawn")
     procs: dict[str, Any] = {}

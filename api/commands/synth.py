@@ -1,4 +1,7 @@
-"""`mossvox synth`: synthesise text to a WAV file in this process (no server, no workers).
+"""`mossvox synth`: synthesise text to a WAV file without a server.
+
+By default it goes through the engine (`engine.engine.Engine`: talker and codec worker processes,
+the coordinator in this process); `--direct` runs the models in this process without workers.
 
     mossvox synth "text" [--model DIR] [--ref-audio FILE] [--ref-text TEXT] [--language L]
                   [--instructions I] [--seed N] [--profile P --set k=v] -o out.wav
@@ -30,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instructions", default=None,
                         help="style/voice instructions, where the variant has such a field")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    path = parser.add_mutually_exclusive_group()
+    path.add_argument("--engine", dest="direct", action="store_false", default=False,
+                      help="run through the engine: talker and codec worker processes (default)")
+    path.add_argument("--direct", dest="direct", action="store_true",
+                      help="run the models directly in this process, without workers")
 
 
 def model_dir_for(args: argparse.Namespace, profile) -> Path:
@@ -59,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     import soundfile as sf
     import torch
 
+    if not args.direct:
+        return _run_engine(args, profile, model_dir_for(args, profile))
     from stages.synth_direct import DirectSynthesizer
 
     if profile.talker.torch_threads:
@@ -80,4 +90,39 @@ def run(args: argparse.Namespace) -> int:
     log.info("wrote %s: %.2f s of %d-channel %d Hz audio, %d frames (%s), %.2f s wall, first chunk %.2f s",
              args.out, seconds, pcm.shape[0], synth.sample_rate, stats.frames, stats.finish_reason,
              stats.total_s, stats.first_chunk_s)
+    return 0
+
+
+def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
+    """`synth` through the offline engine API (`engine.engine.Engine`): same audio, in workers."""
+    import asyncio
+    import time
+
+    import soundfile as sf
+
+    from engine.client import SpeechJob
+    from engine.engine import Engine
+    from stages.audio_prep import prepare_reference, read_audio
+
+    async def go() -> tuple:
+        async with Engine(profile, model_dir) as eng:
+            codes = None
+            if args.ref_audio is not None:
+                wav, rate = read_audio(args.ref_audio)
+                prepared = prepare_reference(wav, rate, target_rate=eng.sample_rate,
+                                             channels=eng.channels)
+                codes = await eng.encode_reference(prepared)
+            job = SpeechJob(text=args.text, language=args.language,
+                            instructions=args.instructions, ref_codes=codes,
+                            ref_text=args.ref_text or None,
+                            sampling={} if args.seed is None else {"seed": args.seed})
+            start = time.perf_counter()
+            pcm, reason = await eng.synthesize(job)
+            return pcm, reason, time.perf_counter() - start, eng.sample_rate
+
+    pcm, reason, wall, rate = asyncio.run(go())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(args.out), pcm, rate, subtype="FLOAT", format="WAV")
+    log.info("wrote %s: %.2f s of %d-channel %d Hz audio (%s) through the engine, %.2f s wall",
+             args.out, len(pcm) / rate, pcm.shape[1], rate, reason, wall)
     return 0
