@@ -206,3 +206,15 @@ async def test_cancel_200_requests_at_random_points_leaks_nothing(client) -> Non
     # the engine still serves normally afterwards
     chunks = await collect(client, SpeechJob(text="g", forced_frames=3, sampling={"seed": 1}))
     assert chunks[-1].final and chunks[-1].finish_reason == "stop"
+
+
+async def test_longest_accepted_reference_encodes(engine, client) -> None:
+    """A reference of `api.max_ref_seconds` fits the reference rings and encodes on the codec."""
+    seconds = engine.profile.api.max_ref_seconds
+    rate, channels = engine.variant.sample_rate, engine.variant.channels
+    wav = np.random.default_rng(1).standard_normal((channels, int(seconds * rate)))
+    codes = await client.encode_reference((wav * 0.05).astype(np.float32))
+    assert codes.shape == (int(seconds * rate) // engine.variant.samples_per_frame,
+                           engine.variant.n_vq)
+    with pytest.raises(ValueError, match="reference waveform"):
+        await client.encode_reference(np.zeros((channels + 1, rate), np.float32))
