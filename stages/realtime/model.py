@@ -29,13 +29,18 @@ UNUSED_CHECKPOINT_TENSORS = (r"language_model\.embed_tokens\.weight",)
 
 
 class LocalKV:
-    """Per-frame KV of the depth transformer: per layer `[B, rvq, Hkv, D]` keys and values."""
+    """Per-frame state of the depth transformer: per layer `[B, rvq, Hkv, D]` keys and values, plus
+    the RoPE tables `[rvq, D]` and visibility masks `[rvq, 1, rvq]` of the rvq positions, made once
+    per frame so a position step issues no host-to-device copy."""
 
-    def __init__(self, num_layers: int, batch: int, slots: int, kv_heads: int, head_dim: int,
+    def __init__(self, num_layers: int, batch: int, slots: int, kv_heads: int, head_dim: int, theta: float,
                  *, dtype: torch.dtype, device: torch.device) -> None:
         shape = (batch, slots, kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        positions = torch.arange(slots, device=device)
+        self.cos, self.sin = rope_cos_sin(positions, head_dim, theta, dtype)  # [rvq, D]
+        self.visible = (positions[None, :] <= positions[:, None])[:, None, :]  # [rvq, 1, rvq]
 
 
 class LocalModel(nn.Module):
@@ -82,13 +87,14 @@ class LocalTransformer(nn.Module):
 
     def new_kv(self, batch: int, dtype: torch.dtype, device: torch.device) -> LocalKV:
         cfg = self.model.config
-        return LocalKV(cfg.num_layers, batch, self.rvq, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
+        return LocalKV(cfg.num_layers, batch, self.rvq, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta,
+                       dtype=dtype, device=device)
 
     def step(self, x: torch.Tensor, position: int, kv: LocalKV) -> torch.Tensor:
         """One depth position for a batch: input x [B, H] at `position` -> logits [B, vocab] of that head."""
         cfg = self.model.config
-        cos, sin = self._rope(torch.tensor(position, device=x.device), x.dtype)  # [D]
-        visible = (torch.arange(self.rvq, device=x.device) <= position)[None]  # [1, rvq]: slots written so far
+        cos, sin = kv.cos[position], kv.sin[position]  # [D]
+        visible = kv.visible[position]  # [1, rvq]: slots written so far
 
         for i, layer in enumerate(self.model.layers):
 
