@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from stages.attention import AttentionMetadata
@@ -28,6 +29,24 @@ def bucket(n: int, cap: int) -> int:
     while b < n:
         b *= 2
     return min(b, cap) if n <= cap else n
+
+
+def pack_decode_inputs(slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],
+                       seq_lens: list[int], tables: list[list[int]], *, batch: int, blocks: int,
+                       scratch_slot: int, scratch_block: int, block_size: int) -> torch.Tensor:
+    """The static graph input of a decode step, [batch, 5 + blocks] int64 on the host; rows past
+    the real requests are padding that reads and writes only the scratch slot and block."""
+    n = len(slots)
+    packed = np.empty((batch, 5 + blocks), dtype=np.int64)
+    packed[:, :5] = (scratch_slot, 0, 0, scratch_block * block_size, 1)
+    packed[:, 5:] = scratch_block
+    packed[:n, :5] = np.array([slots, frames, positions, slot_mapping, seq_lens], dtype=np.int64).T
+    lengths = np.fromiter((len(t) for t in tables), dtype=np.int64, count=n)
+    flat = np.fromiter((b for t in tables for b in t), dtype=np.int64, count=int(lengths.sum()))
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    packed[rows, 5 + cols] = flat
+    return torch.from_numpy(packed)
 
 
 @dataclass
@@ -58,19 +77,9 @@ class DecodeGraphs:
         """Host tensor [B, 5 + M]: slot, frame, position, kv slot, seq len, block table (padded)."""
         n = len(slots)
         key = (bucket(n, self.max_batch), bucket(max(len(t) for t in tables), self.max_blocks))
-        B, M = key
-        packed = torch.empty(B, 5 + M, dtype=torch.int64)
-        packed[:, 0] = self.scratch_slot
-        packed[:, 1:5] = torch.tensor([0, 0, self.scratch_block * self.block_size, 1])
-        packed[:, 5:] = self.scratch_block
-        packed[:n, 0] = torch.tensor(slots)
-        packed[:n, 1] = torch.tensor(frames)
-        packed[:n, 2] = torch.tensor(positions)
-        packed[:n, 3] = torch.tensor(slot_mapping)
-        packed[:n, 4] = torch.tensor(seq_lens)
-        for i, t in enumerate(tables):
-            packed[i, 5 : 5 + len(t)] = torch.tensor(t)
-        return packed, key
+        return pack_decode_inputs(slots, frames, positions, slot_mapping, seq_lens, tables, batch=key[0],
+                                  blocks=key[1], scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
+                                  block_size=self.block_size), key
 
     def run(self, packed_host: torch.Tensor, key: tuple[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (capturing first if new) the bucket's graph; returns stop [n], codes [n, n_vq]."""

@@ -15,6 +15,10 @@ row) lives in slot-indexed device tensors; the host keeps lengths and counters, 
 never waits on the device. When decoding requests need KV blocks the pool does not have, the
 newest ones are preempted: their blocks are freed and their prompt plus generated rows are
 prefilled again later (recompute), which continues them exactly where they were.
+
+With `cuda_graphs` (CUDA only), a step with no prefill chunk (steps 2-3 for decoding requests)
+is replayed from a graph captured per (batch, KV-blocks) bucket (`stages.local_v15.graphs`);
+steps with prefill run eagerly.
 """
 
 from __future__ import annotations

@@ -187,3 +187,17 @@ def test_cuda_graph_decode_equals_eager_decode():
     for i in reqs:
         np.testing.assert_array_equal(graphed[i], eager[i])
         assert finish[i] == "stop"
+
+
+def test_decode_graph_inputs_are_packed_with_scratch_padding():
+    from stages.local_v15.graphs import bucket, pack_decode_inputs
+
+    assert [bucket(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8] and bucket(3, 3) == 3
+    packed = pack_decode_inputs([4, 1], [7, 0], [33, 8], [66, 17], [34, 9], [[3, 9, 8], [2]], batch=4, blocks=4,
+                                scratch_slot=6, scratch_block=5, block_size=16).numpy()
+    np.testing.assert_array_equal(packed, [
+        [4, 7, 33, 66, 34, 3, 9, 8, 5],
+        [1, 0, 8, 17, 9, 2, 5, 5, 5],
+        [6, 0, 0, 80, 1, 5, 5, 5, 5],
+        [6, 0, 0, 80, 1, 5, 5, 5, 5],
+    ])
