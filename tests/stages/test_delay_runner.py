@@ -167,3 +167,26 @@ def test_preempted_request_resumes_exactly():
     for rid in prompts:
         alone, _ = run([rid], blocks=64)
         np.testing.assert_array_equal(together[rid], alone[rid])
+
+
+def test_im_end_is_banned_until_step_n_vq_then_stops_the_request():
+    """A text head that always prefers im_end (then a plain text id): upstream bans im_end while
+    step <= n_vq, so the request writes text for n_vq + 1 steps and stops at the next one."""
+    import torch
+
+    runner = DelayRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64)
+    cfg = runner.config
+    head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[cfg.im_end] = 10.0
+        head.bias[100] = 5.0
+    runner.model.lm_heads[0] = head
+    runner.add(4, golden("plain")["input_ids"], GREEDY)
+    events = []
+    for step in range(1, 40):
+        events += [(step, e) for e in runner.step()]
+        if runner.num_running() == 0:
+            break
+    assert [(s, e.codes, e.finished, e.reason) for s, e in events] == [(cfg.n_vq + 2, None, True, "stop")]

@@ -80,3 +80,25 @@ def test_batch_of_mixed_requests_equals_solo_runs(processor, runner):
         np.testing.assert_array_equal(together[item[0]], alone[item[0]])
     assert len(together[1]) == 6 and len(together[2]) == 9
     assert max(f.max() for f in together.values()) < 1024  # forced mode bans pad/BOS/EOS ids
+
+
+def test_audio_eos_in_codebook_0_stops_and_max_new_frames_is_length(processor):
+    import torch
+
+    runner = RealtimeRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64)
+    prompt = processor.build_prompt(TEXT)
+    runner.add(1, prompt, SamplingParams(greedy=True, temperature=0.0, max_new_frames=3))
+    events = [e for _ in range(5) for e in runner.step()]
+    assert [e.finished for e in events] == [False, False, True] and events[-1].reason == "length"
+
+    local = runner.model.local_transformer
+    eos_head = torch.nn.Linear(local.local_lm_heads[0].in_features, 1027, bias=True)
+    with torch.no_grad():
+        eos_head.weight.zero_()
+        eos_head.bias.zero_()
+        eos_head.bias[1026] = 1.0
+    local.local_lm_heads[0] = eos_head
+    runner.add(2, prompt, SamplingParams(greedy=True, temperature=0.0, max_new_frames=10))
+    events = runner.step()
+    assert len(events) == 1 and events[0].codes is None and events[0].finished and events[0].reason == "stop"
+    assert runner.num_running() == 0
