@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from stages.attention import AttentionBackend, ReferenceAttention
 from stages.delay.config import DelayConfig
@@ -219,7 +220,7 @@ class DelayRunner:
         text = torch.tensor([-1 if f is None else f for f in forced], dtype=torch.long).to(dev, non_blocking=True)
         inside = [i for i, (r, f) in enumerate(zip(rules, forced)) if f is None and r.mode == INSIDE_AUDIO]
         outside = [i for i, (r, f) in enumerate(zip(rules, forced)) if f is None and r.mode != INSIDE_AUDIO]
-        head = self.model.lm_heads[0].weight  # [V, H]
+        head = self.model.lm_heads[0]  # [V, H]
         for rows, is_inside in ((inside, True), (outside, False)):
             if not rows:
                 continue
@@ -229,7 +230,8 @@ class DelayRunner:
             ban_delay = torch.tensor([rules[i].ban_delay_slot for i in rows]).to(dev, non_blocking=True)
             if is_inside:
                 ids = self._inside_ids  # [2]: gen_slot, delay_slot in id order
-                logits = (h[index] @ head[ids].T).float() / temp[:, None]  # [b, 2]
+                bias = head.bias[ids] if head.bias is not None else None
+                logits = F.linear(h[index], head.weight[ids], bias).float() / temp[:, None]  # [b, 2]
                 bans = (ids == cfg.delay_slot)[None, :] & ban_delay[:, None]
             else:
                 logits = self.model.text_logits(h[index]).float() / temp[:, None]  # [b, V]
