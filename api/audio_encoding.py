@@ -249,6 +249,8 @@ class SpeedAdjustedEncoder(AudioEncoder):
         self.content_type = inner.content_type
 
     def encode(self, pcm: np.ndarray) -> bytes:
+        if pcm.shape[0] == 0:  # the final chunk may be empty; FFmpeg refuses empty frames
+            return b""
         out = self.speed.process(pcm)
         return self.inner.encode(out) if out.shape[0] else b""
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from api.errors import ApiError, bad_request
 from api.schemas import SpeechRequest, VoiceObject
+from engine.client import EngineFailed
 
 OPENAI_VOICES = frozenset({"default", "alloy", "ash", "ballad", "coral", "echo", "fable", "onyx",
                            "nova", "sage", "shimmer", "verse", "marin", "cedar"})
@@ -83,8 +84,7 @@ async def resolve_voice(req: SpeechRequest, state) -> ResolvedVoice:
     ref_text = req.ref_text if req.ref_text and req.ref_text.strip() else None
     if req.ref_audio is not None:
         prepared = await state.references.load(req.ref_audio)
-        codes, hit = await state.ref_cache.get_or_encode(prepared.digest, prepared.wav)
-        state.metrics.ref_cache.labels(result="hit" if hit else "miss").inc()
+        codes, hit = await reference_codes(state, prepared)
         return ResolvedVoice(codes=codes, ref_text=ref_text, source="ref_audio", cache_hit=hit)
     name = req.voice.id if isinstance(req.voice, VoiceObject) else req.voice
     if name is None or not name.strip():
@@ -99,6 +99,19 @@ async def resolve_voice(req: SpeechRequest, state) -> ResolvedVoice:
         raise bad_request(f"Voice '{name}' was registered for another model or codec setup; "
                           f"upload it again", param="voice")
     return ResolvedVoice(codes=voice.codes, ref_text=ref_text or voice.info.ref_text, source=f"voice:{name}")
+
+
+async def reference_codes(state, prepared) -> tuple[np.ndarray, bool]:
+    """Codes of a prepared clip through the shared cache (misses go to the codec worker)."""
+    try:
+        codes, hit = await state.ref_cache.get_or_encode(prepared.digest, prepared.wav)
+    except EngineFailed as exc:
+        raise ApiError(503 if not state.client.healthy() else 500,
+                       f"Reference encoding failed: {exc}", param="ref_audio") from None
+    except (ValueError, RuntimeError) as exc:
+        raise ApiError(500, f"Reference encoding failed: {exc}", param="ref_audio") from None
+    state.metrics.ref_cache.labels(result="hit" if hit else "miss").inc()
+    return codes, hit
 
 
 def _own_voice(ref_text: str | None) -> ResolvedVoice:

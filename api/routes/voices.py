@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from api.errors import ApiError, bad_request
 from api.schemas import VoiceCreated, VoiceDeleted, VoiceList
+from api.speech_job import reference_codes
 from api.voices import valid_voice_name
 
 _json = msgspec.json.Encoder()
@@ -69,8 +70,7 @@ async def create_voice(request: Request) -> Response:
         raise bad_request(f"The server already holds {len(existing)} voices (api.max_voices); "
                           f"delete one first", param="name")
     prepared = await asyncio.to_thread(state.references.prepare_bytes, data, param="audio")
-    codes, hit = await state.ref_cache.get_or_encode(prepared.digest, prepared.wav)
-    state.metrics.ref_cache.labels(result="hit" if hit else "miss").inc()
+    codes, _ = await reference_codes(state, prepared)
     voice = await asyncio.to_thread(state.voices.put, name=name, codes=codes, namespace=state.ref_cache.namespace,
                                     consent=consent, duration_s=prepared.duration_s, ref_text=ref_text)
     return json_response(VoiceCreated(success=True, voice=voice.info))

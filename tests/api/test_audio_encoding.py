@@ -86,3 +86,14 @@ def test_speed_changes_duration_not_pitch(fmt, speed):
 def test_more_than_two_channels_refused():
     with pytest.raises(ValueError):
         make_encoder("mp3", 48000, 6, streaming=True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("speed", [1.0, 2.0])
+def test_empty_chunks_are_accepted(fmt, speed):
+    """The engine's final chunk may carry no samples (found by the API fuzz pass)."""
+    encoder = make_encoder(fmt, 48000, 2, streaming=True, speed=speed)
+    empty = np.zeros((0, 2), np.float32)
+    body = encoder.encode(empty) + encoder.encode(sine_chunks(48000, 2, 0.5)[0]) + encoder.encode(empty)
+    body += encoder.finish()
+    assert len(body) > 0

@@ -1,0 +1,323 @@
+"""/v1/audio/speech end to end: real `mossvox serve` on loopback, official `openai` client.
+
+The demo model's weights are random, so these tests check the plumbing (formats, rates,
+channels, durations, streaming, determinism, errors), not speech quality. Durations are known
+because the cpu profile forces each request's length from its text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.api.audio_decode import decode_audio
+from tests.api.helpers import (assert_error, data_url, expected_seconds, labelled, metric, parse_sse,
+                               tone_wav)
+from tests.api.server_process import ServerProcess
+
+TEXT = "Streaming speech from mossvox."
+FORMATS = ["mp3", "opus", "aac", "flac", "wav", "pcm"]
+CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
+                 "wav": "audio/wav", "pcm": "audio/pcm"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    refs = tmp_path_factory.mktemp("refs")
+    (refs / "ref.wav").write_bytes(tone_wav(2.0))
+    s = ServerProcess(tmp_path_factory.mktemp("data"), sets=(
+        "api.max_body_bytes=400000", "api.max_input_chars=300", f"api.allowed_local_paths=[{refs}]",
+        "model.max_new_frames=600")).start()
+    s.refs = refs
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def rate_channels(http):
+    card = http.get("/v1/models").json()["data"][0]
+    return card["sample_rate"], card["channels"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_openai_client_whole_file_every_format(oai, rate_channels, fmt):
+    rate, channels = rate_channels
+    response = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format=fmt,
+                                       extra_body={"seed": 1})
+    assert response.response.headers["content-type"] == CONTENT_TYPES[fmt]
+    assert response.response.headers["x-audio-sample-rate"] == str(rate)
+    assert response.response.headers["x-audio-channels"] == str(channels)
+    pcm, got_rate = decode_audio(response.content, fmt, sample_rate=rate, channels=channels)
+    assert got_rate == rate  # 48 kHz: also what Opus decoders produce
+    assert pcm.shape[1] == channels
+    tolerance = 0.01 if fmt in ("pcm", "wav", "flac") else 0.12  # codec priming / padding
+    assert abs(pcm.shape[0] / rate - expected_seconds(TEXT)) <= tolerance
+
+
+def test_streamed_pcm_equals_whole_file_for_the_same_seed(oai, http):
+    whole = oai.audio.speech.create(model="mossvox", voice="default", input=TEXT, response_format="pcm",
+                                    extra_body={"seed": 7}).content
+    chunks = []
+    with oai.audio.speech.with_streaming_response.create(
+            model="mossvox", voice="default", input=TEXT, response_format="pcm", stream_format="audio",
+            extra_body={"seed": 7}) as response:
+        assert response.headers["content-type"] == "audio/pcm"
+        for chunk in response.iter_bytes():
+            chunks.append(chunk)
+    assert len(chunks) >= 2  # arrived in pieces (first chunk is one frame)
+    assert b"".join(chunks) == whole
+    other = oai.audio.speech.create(model="mossvox", voice="default", input=TEXT, response_format="pcm",
+                                    extra_body={"seed": 8}).content
+    assert other != whole
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "wav"])
+def test_streaming_container_formats_decode(oai, rate_channels, fmt):
+    rate, channels = rate_channels
+    with oai.audio.speech.with_streaming_response.create(
+            model="mossvox", voice="alloy", input=TEXT, response_format=fmt, stream_format="audio") as response:
+        body = b"".join(response.iter_bytes())
+    if fmt == "wav":
+        assert body[4:8] == b"\xff\xff\xff\xff"  # streaming header: length unknown
+    pcm, got_rate = decode_audio(body, fmt, sample_rate=rate, channels=channels)
+    assert got_rate == rate and pcm.shape[1] == channels
+    assert abs(pcm.shape[0] / rate - expected_seconds(TEXT)) <= 0.12
+
+
+def test_sse_events_and_usage(http, rate_channels):
+    rate, channels = rate_channels
+    for body in ({"input": TEXT, "response_format": "pcm", "stream": True},
+                 {"input": TEXT, "response_format": "pcm", "stream_format": "sse"}):
+        r = http.post("/v1/audio/speech", json=body)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = parse_sse(r.content)
+        names = [name for name, _ in events]
+        assert names[-1] == "speech.audio.done" and set(names[:-1]) == {"speech.audio.delta"}
+        assert events[0][1]["sample_rate"] == rate and events[0][1]["channels"] == channels
+        audio = b"".join(base64.b64decode(data["audio"]) for name, data in events[:-1])
+        seconds = len(audio) / (2 * channels * rate)
+        usage = events[-1][1]["usage"]
+        assert usage["audio_seconds"] == pytest.approx(seconds, abs=1e-3)
+        assert seconds == pytest.approx(expected_seconds(TEXT), abs=1e-3)
+
+
+def test_speed_is_applied(oai, rate_channels):
+    rate, channels = rate_channels
+    fast = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format="wav", speed=2.0)
+    pcm, _ = decode_audio(fast.content, "wav")
+    assert abs(pcm.shape[0] / rate - expected_seconds(TEXT) / 2) < 0.1
+
+
+def test_reference_audio_forms_and_cache(http, server):
+    before = http.get("/metrics").text
+    ref = data_url(tone_wav(2.0, hz=330.0))
+    first = http.post("/v1/audio/speech", json={"input": "Cloned voice.", "response_format": "pcm",
+                                                "ref_audio": ref})
+    assert first.status_code == 200 and first.headers["x-ref-cache"] == "miss"
+    again = http.post("/v1/audio/speech", json={"input": "Cloned voice.", "response_format": "pcm",
+                                                "ref_audio": ref.split(",", 1)[1], "ref_text": "a tone"})
+    assert again.status_code == 200 and again.headers["x-ref-cache"] == "hit"
+    local = http.post("/v1/audio/speech", json={"input": "Path.", "response_format": "pcm",
+                                                "ref_audio": f"file://{server.refs}/ref.wav"})
+    assert local.status_code == 200
+    after = http.get("/metrics").text
+    name = "mossvox_ref_cache_lookups_total"
+    assert labelled(after, name, result="hit") - labelled(before, name, result="hit") == 1
+    assert labelled(after, name, result="miss") - labelled(before, name, result="miss") == 2
+
+
+def test_voice_registry_round_trip(http, oai):
+    wav = tone_wav(1.5, hz=440.0)
+    r = http.post("/v1/audio/voices", data={"name": "tester", "consent": "recorded consent #1",
+                                            "ref_text": "a test tone"},
+                  files={"audio": ("ref.wav", wav, "audio/wav")})
+    assert r.status_code == 200, r.text
+    assert r.json()["voice"]["frames"] > 0
+    listed = http.get("/v1/audio/voices").json()
+    assert "tester" in listed["voices"]
+    assert http.get("/v1/audio/voices/tester").json()["ref_text"] == "a test tone"
+    spoken = oai.audio.speech.create(model="mossvox", voice="tester", input="With a voice.", response_format="wav")
+    assert len(spoken.content) > 44
+    by_object = http.post("/v1/audio/speech", json={"input": "Voice object.", "voice": {"id": "tester"},
+                                                    "response_format": "pcm"})
+    assert by_object.status_code == 200
+    assert http.delete("/v1/audio/voices/tester").status_code == 200
+    assert_error(http.get("/v1/audio/voices/tester"), 404)
+    assert_error(http.delete("/v1/audio/voices/tester"), 404)
+    assert_error(http.post("/v1/audio/speech", json={"input": "x", "voice": "tester"}), 404, param="voice")
+
+
+@pytest.mark.parametrize("body,status,param,contains", [
+    ({"input": ""}, 400, "input", "empty"),
+    ({"input": "   "}, 400, "input", "empty"),
+    ({"input": "x" * 301}, 400, "input", "300"),
+    ({"input": "hi", "response_format": "ogg"}, 400, "response_format", None),
+    ({"input": "hi", "temperature": -1}, 400, "temperature", None),
+    ({"input": "hi", "top_p": 1.5}, 400, "top_p", None),
+    ({"input": "hi", "extra_params": {"top_k": -3}}, 400, "extra_params.top_k", None),
+    ({"input": "hi", "speed": 9}, 400, "speed", None),
+    ({"input": "hi", "sample_rate": 8000}, 400, "sample_rate", "8000"),
+    ({"input": "hi", "bogus": 1}, 400, "bogus", "bogus"),
+    ({"input": "hi", "ref_text": "no audio"}, 400, "ref_text", None),
+    ({"input": "hi", "ref_audio": "definitely not audio"}, 400, "ref_audio", None),
+    ({"input": "hi", "ref_audio": "file:///etc/passwd"}, 400, "ref_audio", "allowed"),
+    ({"input": "hi", "ref_audio": "https://example.com/a.wav"}, 400, "ref_audio", "allow_remote"),
+    ({"input": "hi", "model": "gpt-4o-mini-tts"}, 404, "model", "gpt-4o-mini-tts"),
+    ({"input": "hi", "voice": "nobody"}, 404, "voice", "nobody"),
+])
+def test_error_statuses_and_envelope(http, body, status, param, contains):
+    assert_error(http.post("/v1/audio/speech", json=body), status, param=param, contains=contains)
+
+
+def test_reference_duration_errors_name_the_measured_duration(http):
+    short = http.post("/v1/audio/speech", json={"input": "hi", "ref_audio": data_url(tone_wav(0.5))})
+    assert_error(short, 400, param="ref_audio", contains="0.50 s")
+    long = http.post("/v1/audio/speech", json={"input": "hi", "ref_audio": data_url(tone_wav(31.0, rate=4000))})
+    assert_error(long, 400, param="ref_audio", contains="31.00 s")
+
+
+def test_malformed_and_oversized_bodies(http):
+    assert_error(http.post("/v1/audio/speech", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    assert_error(http.post("/v1/audio/speech", json=["a list"]), 400)
+    big = http.post("/v1/audio/speech", json={"input": "hi", "ref_audio": "A" * 500_000})
+    assert_error(big, 413, contains="400000")
+
+
+def test_openai_client_raises_typed_errors(oai):
+    with pytest.raises(openai.BadRequestError):
+        oai.audio.speech.create(model="mossvox", voice="alloy", input="")
+    with pytest.raises(openai.NotFoundError):
+        oai.audio.speech.create(model="tts-1", voice="alloy", input="hi")
+
+
+def test_service_routes(http):
+    assert http.get("/health").json() == {"status": "ok"}
+    assert http.get("/ready").status_code == 200
+    models = http.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "mossvox"
+    spec = http.get("/openapi.json").json()
+    assert "SpeechRequest" in spec["components"]["schemas"] and "/v1/audio/speech" in spec["paths"]
+    text = http.get("/metrics").text
+    for name in ("mossvox_engine_running", "mossvox_engine_queued", "mossvox_engine_talker_slots",
+                 "mossvox_engine_codec_slots", "mossvox_time_to_first_audio_seconds_count",
+                 "mossvox_chunk_interval_seconds_count", "mossvox_real_time_factor_count",
+                 "mossvox_audio_seconds_total", "mossvox_engine_decode_batch_sizes_count"):
+        metric(text, name)
+    assert labelled(text, "mossvox_requests_total", outcome="ok") > 0
+    assert labelled(text, "mossvox_requests_total", outcome="client_error") > 0
+
+
+def wait_engine_idle(http, timeout_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = http.get("/metrics").text
+        values = {k: metric(text, f"mossvox_engine_{k}") for k in
+                  ("running", "queued", "talker_slots", "codec_slots", "encode_jobs", "ring_bytes",
+                   "client_open")}
+        if not any(values.values()) or time.monotonic() > deadline:
+            return values | {"aborted": metric(text, "mossvox_engine_aborted_total")}
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("mode", ["audio", "sse"])
+def test_disconnect_mid_stream_aborts_and_counters_return_to_zero(server, http, mode):
+    aborted_before = wait_engine_idle(http)["aborted"]
+    with httpx.Client(base_url=server.url, timeout=60) as own:
+        with own.stream("POST", "/v1/audio/speech", json={
+                "input": "A long request that the client abandons.", "response_format": "pcm",
+                "stream_format": mode, "forced_frames": 500}) as response:
+            assert response.status_code == 200, response.read()
+            pieces = response.iter_raw()  # keep it: dropping the iterator closes the connection
+            first = next(pieces)
+            assert first
+            text = http.get("/metrics").text
+            assert metric(text, "mossvox_engine_client_open") == 1  # still generating
+            assert metric(text, "mossvox_engine_running") == 1
+    idle = wait_engine_idle(http)
+    assert {k: v for k, v in idle.items() if k != "aborted"} == dict.fromkeys(
+        ("running", "queued", "talker_slots", "codec_slots", "encode_jobs", "ring_bytes", "client_open"), 0.0)
+    assert idle["aborted"] == aborted_before + 1
+
+
+def test_fuzz_bodies_from_openapi_schema_never_5xx(http):
+    schema = http.get("/openapi.json").json()["components"]["schemas"]
+    rng = np.random.default_rng(1234)
+    statuses = {}
+    for i in range(250):
+        body = fuzz_body(schema, rng)
+        r = http.post("/v1/audio/speech", json=body)
+        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+        assert r.status_code < 500, (json.dumps(body), r.status_code, r.text[:300])
+        if r.status_code >= 400:
+            assert_error(r, r.status_code)
+    assert statuses.get(200, 0) > 10 and sum(v for k, v in statuses.items() if k >= 400) > 50, statuses
+
+
+# --------------------------------------------------------------------------- schema-driven fuzzing
+
+# Fields whose valid values cost generation time are drawn small (the schema allows 100 000).
+CHEAP = {"max_new_tokens": [1, 2, 3], "forced_frames": [1, 2, 3]}
+JUNK = [None, True, -1, 0, 1e308, -1e9, "", "x" * 50, [], {}, [1, "a"], {"id": 3}, "∞", "\x00"]
+
+
+def fuzz_body(schemas: dict, rng) -> object:
+    roll = rng.random()
+    if roll < 0.03:
+        return JUNK[rng.integers(len(JUNK))]
+    spec = schemas["SpeechRequest"]
+    body = {}
+    for name, prop in spec["properties"].items():
+        if name != "input" and rng.random() < 0.6:
+            continue
+        if name in CHEAP and rng.random() < 0.8:
+            body[name] = CHEAP[name][rng.integers(3)]
+        elif rng.random() < 0.8:
+            body[name] = valid_value(prop, schemas, rng, name)
+        else:
+            body[name] = JUNK[rng.integers(len(JUNK))]
+    if rng.random() < 0.05:
+        body["unexpected_field"] = 1
+    if rng.random() < 0.05:
+        body.pop("input", None)
+    return body
+
+
+def valid_value(prop: dict, schemas: dict, rng, name: str):
+    options = prop.get("anyOf", [prop])
+    choice = options[rng.integers(len(options))]
+    if "$ref" in choice:
+        target = schemas[choice["$ref"].rsplit("/", 1)[1]]
+        return {k: valid_value(v, schemas, rng, k) for k, v in target.get("properties", {}).items()
+                if rng.random() < 0.5}
+    if "enum" in choice:
+        return choice["enum"][rng.integers(len(choice["enum"]))]
+    kind = choice.get("type")
+    if kind == "string":
+        return "ab"[: rng.integers(0, 3)] if name == "input" else ["", "a", "default", "alloy", "xyz"][rng.integers(5)]
+    if kind == "integer":
+        lo, hi = choice.get("minimum", -5), min(choice.get("maximum", 1000), 1000)
+        return int(rng.integers(lo, hi + 1))
+    if kind == "number":
+        lo = choice.get("minimum", choice.get("exclusiveMinimum", -2.0))
+        hi = choice.get("maximum", choice.get("exclusiveMaximum", 4.0))
+        return float(rng.uniform(lo, min(hi, 10.0)))
+    if kind == "boolean":
+        return bool(rng.integers(2))
+    return None
