@@ -251,6 +251,8 @@ class EngineClient:
             t0 = time.perf_counter()
             try:
                 self._route(rec.msg, rec)
+            except Exception:  # a routing bug must not silently stop this reader
+                log.exception("client %d: routing %r failed", self.index, rec.msg)
             finally:
                 rec.release()
             self._route_s += time.perf_counter() - t0

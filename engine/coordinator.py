@@ -99,6 +99,8 @@ class Coordinator:
             t0 = time.perf_counter()
             try:
                 self._handle(source, rec.msg, rec)
+            except Exception:  # a handler bug must not silently stop this reader
+                log.exception("coordinator: handling %r from %s failed", rec.msg, source)
             finally:
                 rec.release()
             self.counters["ring_bytes"] = self.ring_bytes()
