@@ -1,0 +1,96 @@
+"""Several clients: a spawned API-like process connects with a picklable `ClientSpec`, gets the
+same audio as the in-process client, and its death (SIGKILL) releases everything it held.
+Shutdown: drain lets running requests finish; abort ends them with `EngineFailed`."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from engine.client import EngineClient, EngineFailed, SpeechJob
+from engine.launcher import launch
+from ipc.shm import list_segments
+from profiles import load_profile
+from tests.engine.conftest import collect, joined, settle
+
+
+def _api_process(spec, seed: int, frames: int, out) -> None:
+    """A stand-in API process: connect, run one request, hand the PCM back."""
+
+    async def go() -> np.ndarray:
+        client = EngineClient.connect(spec)
+        try:
+            chunks = await collect(client, SpeechJob(text="from another process",
+                                                     forced_frames=frames,
+                                                     sampling={"seed": seed}))
+            return joined(chunks)
+        finally:
+            await client.close()
+
+    out.put(asyncio.run(go()))
+
+
+def _api_process_that_hangs(spec, started) -> None:
+    async def go() -> None:
+        client = EngineClient.connect(spec)
+        gen = client.generate(SpeechJob(text="never finished", forced_frames=3000,
+                                        sampling={"seed": 1}))
+        await gen.__anext__()
+        started.set()
+        await asyncio.sleep(3600)
+
+    asyncio.run(go())
+
+
+async def test_spawned_client_and_client_death(demo_model_dir) -> None:
+    handle = await launch(load_profile("cpu"), demo_model_dir, clients=3)
+    instance = handle.instance
+    ctx = mp.get_context("spawn")
+    try:
+        local = handle.client(0)
+        expected = joined(await collect(local, SpeechJob(text="from another process",
+                                                         forced_frames=20,
+                                                         sampling={"seed": 7})))
+        out = ctx.Queue()
+        proc = ctx.Process(target=_api_process, args=(handle.client_spec(1), 7, 20, out))
+        proc.start()
+        got = await asyncio.to_thread(out.get, True, 60)
+        await asyncio.to_thread(proc.join, 10)
+        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+        started = ctx.Event()
+        hung = ctx.Process(target=_api_process_that_hangs, args=(handle.client_spec(2), started))
+        hung.start()
+        assert await asyncio.to_thread(started.wait, 60)
+        assert local.counters()["running"] >= 1
+        os.kill(hung.pid, signal.SIGKILL)
+        await asyncio.to_thread(hung.join, 10)
+        snap = await settle(local)
+        assert snap["running"] == 0 and snap["codec_slots"] == 0, snap
+        assert local.healthy()  # an API process dying is not an engine failure
+    finally:
+        await handle.stop()
+    assert list_segments(instance) == []
+
+
+@pytest.mark.parametrize("mode", ["drain", "abort"])
+async def test_shutdown_drains_or_aborts(demo_model_dir, mode) -> None:
+    handle = await launch(load_profile("cpu", [f"engine.shutdown={mode}"]), demo_model_dir)
+    client = handle.client(0)
+    frames = 24
+    tasks = [asyncio.create_task(collect(client, SpeechJob(text="z", forced_frames=frames,
+                                                           sampling={"seed": i})))
+             for i in range(3)]
+    while client.counters()["chunks"] < 3:
+        await asyncio.sleep(0.02)
+    await handle.stop()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    if mode == "drain":
+        assert all(len(joined(r)) == frames * handle.variant.samples_per_frame for r in results)
+    else:
+        assert all(isinstance(r, EngineFailed) for r in results), results
