@@ -27,7 +27,7 @@ from engine.shutdown import EngineState, Lifecycle
 from ipc.channel import Channel
 from ipc.errors import EndOfStream, PeerGone, RingClosed
 from ipc.messages import (Abort, ChunkDone, DecodeBatch, EncodeDone, EncodeRequest, Failed, Ready,
-                          Rejected, Shutdown, Slots, StageError, Submit)
+                          Rejected, Shutdown, Slots, StageError, Submit, TalkerStep)
 from profiles import Profile
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,8 @@ class Coordinator:
             case DecodeBatch(size=size, waited_s=waited, emit_s=emit_s):
                 self.counters.count_batch(size, waited)
                 self.counters.add("codec_emit_s", emit_s)
+            case TalkerStep(batch=batch):
+                self.counters.count_talker_step(batch)
             case EncodeRequest():
                 self._on_encode(msg, rec)
             case EncodeDone(job=job):

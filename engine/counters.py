@@ -4,7 +4,8 @@ Every client (in-process or in a spawned API process) maps the block read-only a
 snapshot without messaging the coordinator. Values are float64 (counts stay exact below 2**53).
 The gauges that must return to zero when nothing runs (nothing leaks) are `LEAK_GAUGES`.
 
-Layout: `SCALARS` in order, then a histogram of coalesced decode-batch sizes (index = size).
+Layout: `SCALARS` in order, then two histograms (index = size): coalesced codec decode batches,
+then talker step batches.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ class CounterBlock:
     def __init__(self, shm, owner: bool, hist_size: int) -> None:
         self._shm = shm
         self.owner = owner
-        self.hist_size = hist_size
-        self._values = np.ndarray((len(SCALARS) + hist_size,), dtype=np.float64, buffer=shm.buf)
+        self.hist_size = hist_size  # entries per histogram (largest size + 1)
+        self._values = np.ndarray((len(SCALARS) + 2 * hist_size,), dtype=np.float64,
+                                  buffer=shm.buf)
 
     @classmethod
-    def create(cls, instance: str, max_batch: int) -> CounterBlock:
-        hist = max_batch + 1
-        shm = create_segment(segment_name(instance, "counters"), 8 * (len(SCALARS) + hist))
+    def create(cls, instance: str, max_size: int) -> CounterBlock:
+        """A zeroed block whose histograms count sizes up to `max_size` (larger: clipped)."""
+        hist = max_size + 1
+        shm = create_segment(segment_name(instance, "counters"), 8 * (len(SCALARS) + 2 * hist))
         block = cls(shm, owner=True, hist_size=hist)
         block._values[:] = 0.0
         return block
@@ -76,17 +79,25 @@ class CounterBlock:
         self._values[_INDEX[key]] += delta
 
     def count_batch(self, size: int, waited_s: float) -> None:
+        """One coalesced codec decode of `size` streams."""
         self._values[len(SCALARS) + min(size, self.hist_size - 1)] += 1
         self.add("decode_batches")
         i = _INDEX["decode_batch_wait_max_s"]
         self._values[i] = max(self._values[i], waited_s)
 
+    def count_talker_step(self, batch: int) -> None:
+        """One talker scheduler step over `batch` requests."""
+        self._values[len(SCALARS) + self.hist_size + min(batch, self.hist_size - 1)] += 1
+
     def snapshot(self) -> dict:
-        """All counters as a dict; `decode_batch_sizes` maps batch size -> dispatches."""
+        """All counters as a dict; `decode_batch_sizes` / `talker_batch_sizes` map a batch size
+        to how often it occurred."""
         values = self._values.copy()
         out: dict = {name: float(values[i]) for name, i in _INDEX.items()}
-        hist = values[len(SCALARS):]
-        out["decode_batch_sizes"] = {int(s): int(n) for s, n in enumerate(hist) if n}
+        n = len(SCALARS)
+        for key, hist in (("decode_batch_sizes", values[n:n + self.hist_size]),
+                          ("talker_batch_sizes", values[n + self.hist_size:])):
+            out[key] = {int(s): int(c) for s, c in enumerate(hist) if c}
         return out
 
     def close(self) -> None:

@@ -154,7 +154,8 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     instance = new_instance_id()
     device = resolve_device(profile)
     wiring = _create_wiring(profile, instance, clients, reference_ring_bytes(profile, variant))
-    counters = CounterBlock.create(instance, profile.coalescing.max_batch)
+    counters = CounterBlock.create(instance, max(profile.coalescing.max_batch,
+                                                 profile.talker.max_running))
     ctx = mp.get_context("spawn")
     procs: dict[str, Any] = {}
     pipes: dict[str, Any] = {}

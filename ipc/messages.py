@@ -11,7 +11,7 @@ Channels (all SPSC; `coord` = coordinator, `client` = one `EngineClient` per API
     client → coord   : CoordinatorInbox  (Submit, Abort, EncodeRequest)
     coord  → client  : ClientInbox       (Rejected, Failed)
     coord  → talker  : TalkerInbox       (Submit, Abort, Shutdown)
-    talker → coord   : CoordinatorInbox  (Ready, Slots, StageError)
+    talker → coord   : CoordinatorInbox  (Ready, Slots, TalkerStep, StageError)
     coord  → codec   : CodecInbox        (Abort, EncodeRequest, Shutdown)
     talker → codec   : CodecInbox        (CodeChunk)
     codec  → coord   : CoordinatorInbox  (Ready, Slots, ChunkDone, DecodeBatch, EncodeDone, StageError)
@@ -162,6 +162,13 @@ class DecodeBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_lik
     emit_s: float = 0.0  # time spent writing its PCM and ChunkDone records to the rings
 
 
+class TalkerStep(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Talker → coordinator: one scheduler step (for batch statistics)."""
+
+    batch: int         # requests in the runner during the step (decode and prefill)
+    step_s: float      # wall time of runner.step()
+
+
 class EncodeDone(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
     """Codec → coordinator: reference job `job` answered (result or error went to the client)."""
 
@@ -197,7 +204,8 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=Tru
 # ------------------------------------------------------------------------------ unions per receiver
 
 CoordinatorInbox = (
-    Submit | Abort | EncodeRequest | Ready | Slots | ChunkDone | DecodeBatch | EncodeDone | StageError
+    Submit | Abort | EncodeRequest | Ready | Slots | ChunkDone | DecodeBatch | TalkerStep
+    | EncodeDone | StageError
 )
 TalkerInbox = Submit | Abort | Shutdown
 CodecInbox = CodeChunk | Abort | EncodeRequest | Shutdown

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from ipc.errors import EndOfStream, PeerGone
-from ipc.messages import Abort, CodeChunk, Ready, Shutdown, Slots, StageError, Submit, TalkerInbox
+from ipc.messages import (Abort, CodeChunk, Ready, Shutdown, Slots, StageError, Submit, TalkerInbox,
+                          TalkerStep)
 from stages.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.registry import from_wire
 from stages.worker_common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
@@ -74,7 +76,10 @@ class TalkerLoop:
             return False
         self._admit()
         if self.streams:
-            self._emit(self.runner.step())
+            batch, t0 = self.runner.num_running(), time.perf_counter()
+            events = self.runner.step()
+            self.to_coord.send(TalkerStep(batch=batch, step_s=time.perf_counter() - t0))
+            self._emit(events)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
 

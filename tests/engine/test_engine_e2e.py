@@ -145,6 +145,7 @@ async def test_coalescing_batches_four_streams_and_never_holds_one(client) -> No
     assert max(waits) < MAX_WAIT_S, waits
     snap = client.counters()
     assert snap["decode_batch_sizes"].get(4, 0) >= 1
+    assert snap["talker_batch_sizes"].get(4, 0) >= 1  # the talker stepped the four together
 
 
 async def test_admission_rejects_beyond_capacity(client) -> None:
