@@ -1,6 +1,6 @@
 """Exact streaming decode: a fixed pool of per-request slots with ring KV caches.
 
-Every decoder attention layer gets keys+values `[slots, 2, H, context + headroom, Dh]` where
+Every decoder attention layer gets keys and values `[slots, context + headroom, H, Dh]` where
 headroom = `max_chunk_frames * tokens_per_frame` of its stage, and the pool keeps one decoded-frame
 counter per slot. Positions are absolute (frame count x tokens per frame), so a chunk's earliest
 query still sees every key of its window: decoding a request in chunks of any schedule equals
@@ -50,9 +50,10 @@ class StreamingDecoder:
         self.caches: list[list[LayerCache]] = []
         for stage in model.decoder_stages():
             capacity = ring_capacity(stage, max_chunk_frames)
-            shape = (num_slots, 2, stage.num_heads, capacity, stage.head_dim)
+            shape = (num_slots, capacity, stage.num_heads, stage.head_dim)
             self.caches.append([
-                LayerCache(torch.zeros(shape, device=device, dtype=dtype)) for _ in range(stage.num_layers)
+                LayerCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+                for _ in range(stage.num_layers)
             ])
         self.frames = torch.zeros(num_slots, dtype=torch.long, device=device)  # [S] frames decoded per slot
 
@@ -62,7 +63,8 @@ class StreamingDecoder:
         self.frames[slots] = 0
         for stage in self.caches:
             for cache in stage:
-                cache.kv[slots] = 0
+                cache.k[slots] = 0
+                cache.v[slots] = 0
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

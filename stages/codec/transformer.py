@@ -28,27 +28,29 @@ from stages.codec.config import TransformerStage
 class LayerCache:
     """One attention layer's streaming ring for a pool of slots.
 
-    kv: [S, 2, H, C, Dh] (keys, values); slot s holds position p at ring index p % C.
+    k, v: [S, C, H, Dh], time-major so a position is one contiguous row; slot s holds position p
+    at ring index p % C.
     """
 
-    kv: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
 
     @property
     def capacity(self) -> int:
-        return self.kv.shape[3]
+        return self.k.shape[1]
 
 
 def rope_rotor(positions: torch.Tensor, head_dim: int, max_period: float) -> torch.Tensor:
-    """positions [B, T] (long) -> cos + i sin, complex64 [B, 1, T, Dh/2], angles in fp32 as upstream."""
+    """positions [B, T] (long) -> cos + i sin, complex64 [B, T, 1, 1, Dh/2], angles in fp32 as upstream."""
     ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))  # [Dh/2]
-    angles = positions.float()[:, None, :, None] * freqs  # [B, 1, T, Dh/2]
+    angles = positions.float()[:, :, None, None, None] * freqs  # [B, T, 1, 1, Dh/2]
     return torch.polar(torch.ones_like(angles), angles)
 
 
 def apply_interleaved_rope(x: torch.Tensor, rotor: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (2i, 2i+1) of x [..., B, H, T, Dh] as complex numbers by rotor [B, 1, T, Dh/2]; fp32 math."""
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # [..., B, H, T, Dh/2]
+    """Rotate pairs (2i, 2i+1) of x [B, T, n, H, Dh] as complex numbers by rotor [B, T, 1, 1, Dh/2]; fp32 math."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # [B, T, n, H, Dh/2]
     return torch.view_as_real(pairs * rotor).flatten(-2).to(x.dtype)
 
 
@@ -56,7 +58,7 @@ def apply_interleaved_rope(x: torch.Tensor, rotor: torch.Tensor) -> torch.Tensor
 class WindowPlan:
     """What every layer of one stage shares for one call: RoPE tables and the visibility mask.
 
-    rotor [B, 1, T, Dh/2] complex. mask, an additive bias (0 visible, -inf hidden) in the compute
+    rotor [B, T, 1, 1, Dh/2] complex. mask, an additive bias (0 visible, -inf hidden) in the compute
     dtype, made once per stage rather than converted from bool in every layer: [T, T] (whole
     sequence), [2, blk, blk + context - 1]
     (whole sequence in query blocks of `block`: the first block's mask, then every later one's, over
@@ -127,13 +129,14 @@ class CausalWindowAttention(nn.Module):
         """x [B, T, D] -> [B, T, D]. With a cache, x is the next chunk of slots [B]: its keys and
         values are written into their rings first, then the queries attend over the rings."""
         B, T, D = x.shape
-        qkv = self.in_projs[0](x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = apply_interleaved_rope(qkv[:2], plan.rotor)  # [B, H, T, Dh] each
-        v = qkv[2]
+        qkv = self.in_projs[0](x).view(B, T, 3, self.num_heads, self.head_dim)
+        qk = apply_interleaved_rope(qkv[:, :, :2], plan.rotor)  # [B, T, 2, H, Dh]
+        q, k, v = qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2]  # [B, T, H, Dh] each
         if cache is not None:
-            new = torch.stack((k, v), dim=1).permute(0, 3, 1, 2, 4)  # [B, T, 2, H, Dh]
-            cache.kv[slots[:, None], :, :, plan.ring_index] = new  # into [S, 2, H, C, Dh]
-            k, v = cache.kv[slots].unbind(1)  # [B, H, C, Dh] each
+            cache.k[slots[:, None], plan.ring_index] = k  # rows of [S, C, H, Dh]
+            cache.v[slots[:, None], plan.ring_index] = v
+            k, v = cache.k[slots], cache.v[slots]  # [B, C, H, Dh]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, *, Dh] views
         if plan.block:
             out = _blocked_window_attention(q, k, v, plan)
         else:

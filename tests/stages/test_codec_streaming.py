@@ -92,7 +92,7 @@ def test_reset_slot_starts_a_fresh_request(case):
 def test_slot_state_bytes_matches_the_allocated_pool(case):
     _, model, _, _ = case
     decoder = StreamingDecoder(model, num_slots=3, max_chunk_frames=15)
-    allocated = sum(c.kv.numel() * c.kv.element_size() for stage in decoder.caches for c in stage)
+    allocated = sum(2 * c.k.numel() * c.k.element_size() for stage in decoder.caches for c in stage)
     assert allocated == 3 * slot_state_bytes(model.cfg, 15, element_size=4)
 
 
