@@ -208,6 +208,9 @@ def test_openai_client_raises_typed_errors(oai):
 
 
 def test_service_routes(http):
+    assert http.post("/v1/audio/speech", json={"input": "Metrics.", "response_format": "pcm",
+                                               "stream_format": "audio"}).status_code == 200
+    assert http.post("/v1/audio/speech", json={"input": ""}).status_code == 400
     assert http.get("/health").json() == {"status": "ok"}
     assert http.get("/ready").status_code == 200
     models = http.get("/v1/models").json()
@@ -321,3 +324,36 @@ def valid_value(prop: dict, schemas: dict, rng, name: str):
     if kind == "boolean":
         return bool(rng.integers(2))
     return None
+
+
+def test_demo_page_plays_the_stream_in_headless_chromium(server, tmp_path):
+    from tests.api.cdp_pipe import Chromium, find_chromium
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium) - demo page not exercised")
+    browser = Chromium(binary)
+    try:
+        browser.open_page(server.url + "/")
+        deadline = time.monotonic() + 20
+        while browser.evaluate("document.readyState") != "complete" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        browser.evaluate("document.getElementById('text').value = 'The demo page plays this as it arrives.'")
+        browser.evaluate("document.getElementById('play').click()")
+        state, played, clocks = {}, 0.0, []
+        while time.monotonic() < deadline:
+            state = browser.evaluate("JSON.stringify(document.body.dataset)")
+            state = json.loads(state)
+            clocks.append(float(state.get("clock", 0)))
+            played = float(state.get("playedSeconds", 0))
+            if state["state"] in ("done", "error") or played > 0.5:
+                break
+            time.sleep(0.1)
+        (tmp_path / "demo.png").write_bytes(browser.screenshot())
+    finally:
+        browser.close()
+    assert state["state"] != "error", state
+    assert int(state["chunks"]) >= 1 and int(state["bytes"]) > 0
+    assert played > 0 and clocks[-1] > clocks[0]  # the WebAudio clock advanced while it played
+    png = (tmp_path / "demo.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
