@@ -8,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test venv bench-ipc
+.PHONY: serve test venv bench-ipc chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -22,8 +22,16 @@ venv: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/mossvox serve $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -q $(ARGS)
+
+# The demo-page test drives headless Chromium; it skips (saying why) when none can be installed.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+	    { apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	      { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; }; }; } || \
+	  echo "chromium not installed: the demo-page browser test will be skipped"
 
 bench-ipc: $(STAMP)
 	$(PY) -m ipc.bench $(ARGS)
