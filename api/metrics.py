@@ -51,6 +51,9 @@ class ApiMetrics:
                                         buckets=_LATENCY_BUCKETS, registry=r)
         self.rtf = Histogram(f"{PREFIX}_real_time_factor", "Generation wall time / audio duration",
                              buckets=_RTF_BUCKETS, registry=r)
+        self.coalesce_wait = Histogram(f"{PREFIX}_codec_coalesce_wait_seconds",
+                                       "Time an audio chunk waited in the codec's coalescing window",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Seconds of audio produced", registry=r)
         self.ref_cache = Counter(f"{PREFIX}_ref_cache_lookups", "Reference-code cache lookups by result",
                                  ["result"], registry=r)

@@ -45,13 +45,16 @@ class RequestTracker:
         self.last_chunk: float | None = None
         self.first_audio: float | None = None
         self.done = False
+        self.request_id = f"speech-{uuid.uuid4().hex[:16]}"
 
-    def chunk(self, samples: int) -> None:
+    def chunk(self, chunk) -> None:
         now = time.perf_counter()
         if self.last_chunk is not None:
             self.metrics.chunk_interval.observe(now - self.last_chunk)
         self.last_chunk = now
-        self.samples += samples
+        self.samples += chunk.pcm.shape[0]
+        if getattr(chunk, "batch_size", 0):  # this chunk went through a codec decode batch
+            self.metrics.coalesce_wait.observe(chunk.coalesce_wait_s)
 
     def sent_audio(self) -> None:
         if self.first_audio is None:
@@ -66,6 +69,10 @@ class RequestTracker:
         if self.done:
             return
         self.done = True
+        elapsed = time.perf_counter() - self.started
+        first = f"{1000 * (self.first_audio - self.started):.0f} ms" if self.first_audio else "-"
+        log.info("%s %s: %.2f s of audio in %.2f s, first audio %s", self.request_id, outcome,
+                 self.audio_seconds, elapsed, first)
         self.metrics.requests.labels(outcome=outcome).inc()
         if self.samples:
             self.metrics.audio_seconds.inc(self.audio_seconds)
@@ -109,7 +116,7 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
                                streaming=plan.mode != "file", speed=plan.speed)
     except ValueError as exc:
         raise bad_request(str(exc), param="response_format") from None
-    request_id = f"speech-{uuid.uuid4().hex[:16]}"
+    request_id = tracker.request_id
     chunks = client.generate(job)
     first = await run_until_disconnect(_first_chunk(chunks), request.receive)
     headers = {"X-Request-Id": request_id, "X-Audio-Sample-Rate": str(client.sample_rate),
@@ -167,7 +174,7 @@ async def _whole_file(first, chunks: AsyncIterator, encoder: AudioEncoder, track
     pieces: list[bytes] = []
     try:
         async for chunk in _all_chunks(first, chunks):
-            tracker.chunk(chunk.pcm.shape[0])
+            tracker.chunk(chunk)
             pieces.append(encoder.encode(chunk.pcm))
         pieces.append(encoder.finish())
     except EngineFailed as exc:
@@ -186,7 +193,7 @@ async def _raw_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
     outcome = "cancelled"
     try:
         async for chunk in _all_chunks(first, chunks):
-            tracker.chunk(chunk.pcm.shape[0])
+            tracker.chunk(chunk)
             data = encoder.encode(chunk.pcm)
             if data:
                 tracker.sent_audio()
@@ -222,7 +229,7 @@ async def _sse_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
 
     try:
         async for chunk in _all_chunks(first, chunks):
-            tracker.chunk(chunk.pcm.shape[0])
+            tracker.chunk(chunk)
             data = encoder.encode(chunk.pcm)
             if data:
                 yield delta(data)
