@@ -222,7 +222,7 @@ def test_service_routes(http):
                  "mossvox_engine_codec_slots", "mossvox_time_to_first_audio_seconds_count",
                  "mossvox_chunk_interval_seconds_count", "mossvox_real_time_factor_count",
                  "mossvox_audio_seconds_total", "mossvox_engine_decode_batch_sizes_count",
-                 "mossvox_codec_coalesce_wait_seconds_count"):
+                 "mossvox_codec_coalesce_wait_seconds_count", "mossvox_engine_talker_batch_sizes_count"):
         metric(text, name)
     assert labelled(text, "mossvox_requests_total", outcome="ok") > 0
     assert labelled(text, "mossvox_requests_total", outcome="client_error") > 0
