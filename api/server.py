@@ -210,6 +210,6 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
             await client.close()
 
     app = create_app(profile, connect, codec_id=codec_id)
-    config = uvicorn.Config(app, loop="uvloop", http="h11", lifespan="on", access_log=False,
+    config = uvicorn.Config(app, loop="uvloop", http="auto", lifespan="on", access_log=False,
                             log_level=profile.engine.log_level, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])

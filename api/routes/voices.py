@@ -52,7 +52,7 @@ async def create_voice(request: Request) -> Response:
     state = request.state.api
     limits = state.profile.api
     content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
+    if not content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         raise bad_request("Upload a voice as multipart/form-data with fields audio, name, consent")
     async with request.form(max_files=1, max_fields=8, max_part_size=limits.max_ref_bytes) as form:
         name = _text(form, "name", required=True)

@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from tests.api.audio_decode import decode_audio
-from tests.api.helpers import (assert_error, data_url, expected_seconds, labelled, metric, parse_sse,
-                               tone_wav)
+from tests.api.helpers import (FRAME_S, assert_error, data_url, expected_seconds, labelled, metric,
+                               parse_sse, tone_wav)
 from tests.api.server_process import ServerProcess
 
 TEXT = "Streaming speech from mossvox."
@@ -33,7 +33,7 @@ def server(tmp_path_factory):
     (refs / "ref.wav").write_bytes(tone_wav(2.0))
     s = ServerProcess(tmp_path_factory.mktemp("data"), sets=(
         "api.max_body_bytes=400000", "api.max_input_chars=300", f"api.allowed_local_paths=[{refs}]",
-        "model.max_new_frames=600")).start()
+        "model.max_new_frames=600", "api.max_voices=2", "api.max_ref_bytes=300000")).start()
     s.refs = refs
     yield s
     s.stop()
@@ -162,6 +162,43 @@ def test_voice_registry_round_trip(http, oai):
     assert_error(http.get("/v1/audio/voices/tester"), 404)
     assert_error(http.delete("/v1/audio/voices/tester"), 404)
     assert_error(http.post("/v1/audio/speech", json={"input": "x", "voice": "tester"}), 404, param="voice")
+
+
+def test_voice_upload_errors_and_cap(http):
+    wav = tone_wav(1.5)
+
+    def upload(name="v", consent="yes", audio=wav, **extra):
+        files = {"audio": ("ref.wav", audio, "audio/wav")} if audio is not None else None
+        data = {k: v for k, v in {"name": name, "consent": consent, **extra}.items() if v is not None}
+        return http.post("/v1/audio/voices", data=data, files=files)
+
+    assert_error(upload(consent=None), 400, param="consent")
+    assert_error(upload(name="../etc"), 400, param="name")
+    assert_error(upload(audio=None), 400, param="audio")
+    assert_error(upload(audio=b"RIFF not really audio" * 50), 400, param="audio")
+    assert_error(upload(audio=tone_wav(0.4)), 400, param="audio", contains="0.40 s")
+    assert_error(upload(audio=tone_wav(10.0)), 413, contains="api.max_ref_bytes")
+    assert_error(http.post("/v1/audio/voices", json={"name": "v"}), 400)
+    try:
+        assert upload(name="cap1").status_code == 200
+        assert upload(name="cap2").status_code == 200
+        assert_error(upload(name="cap3"), 400, param="name", contains="max_voices")
+        assert upload(name="cap1", ref_text="replaced").status_code == 200  # replacing is not adding
+        assert http.get("/v1/audio/voices/cap1").json()["ref_text"] == "replaced"
+    finally:
+        http.delete("/v1/audio/voices/cap1")
+        http.delete("/v1/audio/voices/cap2")
+
+
+@pytest.mark.parametrize("initial,frames", [(None, 1), (3, 3)])
+def test_first_chunk_size_follows_initial_codec_chunk_frames(http, rate_channels, initial, frames):
+    rate, channels = rate_channels
+    body = {"input": TEXT, "response_format": "pcm", "stream_format": "sse"}
+    if initial is not None:
+        body["initial_codec_chunk_frames"] = initial
+    events = parse_sse(http.post("/v1/audio/speech", json=body).content)
+    first = base64.b64decode(events[0][1]["audio"])
+    assert len(first) == frames * round(rate * FRAME_S) * channels * 2
 
 
 @pytest.mark.parametrize("body,status,param,contains", [
