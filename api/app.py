@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 from starlette.applications import Starlette
@@ -31,15 +32,19 @@ from api.routes import demo, health, metrics, models, speech, voices
 from api.schemas import openapi_document
 from api.voices import VoiceRegistry
 
-Connect = Callable[[], AbstractAsyncContextManager]
+if TYPE_CHECKING:
+    from engine.client import EngineClient
+    from profiles import Profile
+
+Connect = Callable[[], AbstractAsyncContextManager["EngineClient"]]
 
 
 @dataclass
 class ApiState:
     """Everything a request handler of this API process needs."""
 
-    profile: object  # profiles.Profile
-    client: object  # engine.client.EngineClient
+    profile: Profile
+    client: EngineClient
     metrics: ApiMetrics
     references: ReferenceLoader
     ref_cache: ReferenceCodeCache
@@ -50,11 +55,11 @@ class ApiState:
     started_at: float
 
 
-def data_dir(profile) -> Path:
+def data_dir(profile: Profile) -> Path:
     return Path(os.path.expanduser(profile.api.data_dir))
 
 
-def build_state(profile, client, *, codec_id: str = "") -> ApiState:
+def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "") -> ApiState:
     root = data_dir(profile)
     namespace = codec_namespace(client.model_name, client.n_vq, client.sample_rate, client.channels, codec_id)
     policy = ReferencePolicy.from_profile(profile.api, sample_rate=client.sample_rate, channels=client.channels)
@@ -73,7 +78,7 @@ def build_state(profile, client, *, codec_id: str = "") -> ApiState:
     )
 
 
-def create_app(profile, connect: Connect, *, codec_id: str = "") -> Starlette:
+def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         async with connect() as client:
