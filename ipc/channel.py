@@ -132,20 +132,23 @@ class Channel(Generic[T]):
         scratch = self._scratch
         self._encoder.encode_into(msg, scratch)
         m = len(scratch)
+        ring = self._ring
         if payload is None:
             total = _FRAME_BYTES + m
-            view = self._ring.reserve(total, timeout, block=block)
-            _FRAME.pack_into(view, 0, m, 0)
-            view[_FRAME_BYTES:total] = scratch
+            at = ring._claim(total, timeout, block)  # noqa: SLF001 (package-internal fast path)
+            buf = ring._buf  # noqa: SLF001
+            _FRAME.pack_into(buf, at, m, 0)
+            buf[at + _FRAME_BYTES:at + total] = scratch
         else:
             data = _byte_view(payload)
             start = (_FRAME_BYTES + m + _ALIGN - 1) & -_ALIGN
             total = start + data.nbytes
-            view = self._ring.reserve(total, timeout, block=block)
-            _FRAME.pack_into(view, 0, m, _HAS_PAYLOAD)
-            view[_FRAME_BYTES:_FRAME_BYTES + m] = scratch
-            view[start:total] = data
-        self._ring.commit()
+            at = ring._claim(total, timeout, block)  # noqa: SLF001
+            buf = ring._buf  # noqa: SLF001
+            _FRAME.pack_into(buf, at, m, _HAS_PAYLOAD)
+            buf[at + _FRAME_BYTES:at + _FRAME_BYTES + m] = scratch
+            buf[at + start:at + total] = data
+        ring._publish(*ring._reserved, True)  # noqa: SLF001
 
     # -- reader ---------------------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> Received[T]:

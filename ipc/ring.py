@@ -174,6 +174,7 @@ class Ring:
         self._cap = self._words[_CAPACITY]
         self.max_record_size = self._cap // 2 - RECORD_HEADER
         self._closed = False
+        self._writable = role == "writer"
         # writer state
         self._wpos = self._words[_WRITE_POS]
         self._wcount = self._words[_WRITE_COUNT]
@@ -264,26 +265,7 @@ class Ring:
         raises ``WouldBlock`` at once if ``block`` is False. ``PeerGone`` if the reader closed
         or died, ``ValueError`` if ``n`` exceeds ``max_record_size``.
         """
-        if self._closed:
-            raise RingClosed(f"ring {self.name} is closed")
-        if self.role != "writer":
-            raise IpcError("reserve() on the reading end")
-        if self._reserved is not None:
-            raise IpcError("commit() the previous reservation first")
-        if not 0 <= n <= self.max_record_size:
-            raise ValueError(f"record of {n} bytes exceeds this ring's max_record_size "
-                             f"{self.max_record_size} (capacity {self._cap})")
-        size = RECORD_HEADER + ((n + ALIGN - 1) & -ALIGN)
-        w = self._wpos
-        off = w % self._cap
-        tail = self._cap - off
-        skip = tail if size > tail else 0
-        needed_read = w + skip + size - self._cap  # the read position that leaves enough room
-        words = self._words
-        if words[_READ_POS] < needed_read or words[_READER_CLOSED]:
-            self._wait_for_space(needed_read, timeout, block)
-        start = HEADER_BYTES + (0 if skip else off) + RECORD_HEADER
-        self._reserved = (n, skip, size)
+        start = self._claim(n, timeout, block)
         return self._buf[start:start + n]
 
     def commit(self, n: int | None = None, *, notify: bool = True) -> None:
@@ -299,6 +281,36 @@ class Ring:
             raise ValueError(f"commit({n}) exceeds the reserved {reserved} bytes")
         else:
             size = RECORD_HEADER + ((n + ALIGN - 1) & -ALIGN)
+        self._publish(n, skip, size, notify)
+
+    def send(self, data, timeout: float | None = None, *, block: bool = True) -> None:
+        """Copy a bytes-like ``data`` into one record and publish it (reserve + copy + commit)."""
+        n = len(data)
+        start = self._claim(n, timeout, block)
+        self._buf[start:start + n] = data
+        self._publish(*self._reserved, True)
+
+    def _claim(self, n: int, timeout: float | None, block: bool) -> int:
+        """Find room for a record of ``n`` bytes (waiting if needed); returns its payload offset
+        in the segment and remembers ``(n, wrap skip, footprint)`` for ``_publish``."""
+        if self._reserved is not None or not self._writable:
+            self._raise_not_writable()
+        if n > self.max_record_size or n < 0:
+            raise ValueError(f"record of {n} bytes exceeds this ring's max_record_size "
+                             f"{self.max_record_size} (capacity {self._cap})")
+        size = RECORD_HEADER + ((n + ALIGN - 1) & -ALIGN)
+        cap = self._cap
+        w = self._wpos
+        off = w % cap
+        skip = cap - off if size > cap - off else 0
+        needed_read = w + skip + size - cap  # the read position that leaves enough room
+        words = self._words
+        if words[_READ_POS] < needed_read or words[_READER_CLOSED]:
+            self._wait_for_space(needed_read, timeout, block)
+        self._reserved = (n, skip, size)
+        return HEADER_BYTES + RECORD_HEADER + (0 if skip else off)
+
+    def _publish(self, n: int, skip: int, size: int, notify: bool) -> None:
         words = self._words
         w = self._wpos
         if skip:
@@ -314,15 +326,16 @@ class Ring:
         if notify:
             self._data_bell.ring()
 
+    def _raise_not_writable(self) -> None:
+        if self._closed:
+            raise RingClosed(f"ring {self.name} is closed")
+        if self.role != "writer":
+            raise IpcError("reserve() on the reading end")
+        raise IpcError("commit() the previous reservation first")
+
     def notify(self) -> None:
         """Wake the reader (after commits made with ``notify=False``)."""
         self._data_bell.ring()
-
-    def send(self, data, timeout: float | None = None, *, block: bool = True) -> None:
-        """Copy a bytes-like ``data`` into one record (reserve + copy + commit)."""
-        view = self.reserve(len(data), timeout, block=block)
-        view[:] = data
-        self.commit()
 
     def _wait_for_space(self, needed_read: int, timeout: float | None, block: bool) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -447,6 +460,7 @@ class Ring:
         if self._closed:
             return
         self._closed = True
+        self._writable = False
         self._head = None
         self._reserved = None
         self._finalizer.detach()
