@@ -201,3 +201,16 @@ def test_decode_graph_inputs_are_packed_with_scratch_padding():
         [6, 0, 0, 80, 1, 5, 5, 5, 5],
         [6, 0, 0, 80, 1, 5, 5, 5, 5],
     ])
+
+
+def test_abort_mid_prefill_and_reuse_of_the_id(model, golden):
+    prompt = case(golden, "plain")["input_ids"]
+    runner = LocalV15Runner(model, max_running=2, kv_block_size=8, num_kv_blocks=32,
+                            prefill_chunk_tokens=16, max_prefill_tokens_per_step=16)
+    runner.add(7, prompt, SamplingParams(greedy=True, max_new_frames=3))
+    assert runner.step() == [] and runner.cache.num_used_blocks == 2  # 16 of 68 rows prefilled
+    runner.remove(7)
+    assert runner.cache.num_used_blocks == 0 and runner.num_running() == 0 and runner.step() == []
+    frames, finish = run(runner, {7: (prompt, SamplingParams(greedy=True, max_new_frames=3))})
+    np.testing.assert_array_equal(frames[7], case(golden, "plain")["generated_audio_codes"][:3])
+    assert finish[7] == "length"
