@@ -63,12 +63,12 @@ class WindowPlan:
     sequence), [2, blk, blk + context - 1]
     (whole sequence in query blocks of `block`: the first block's mask, then every later one's, over
     keys left-padded by context - 1), or [B, 1, T, C] over ring indices (streaming).
-    ring_index [B, T]: where the chunk's keys go (streaming only).
+    rows [B * T]: the pool rows (slot * C + ring index) where the chunk's keys go (streaming only).
     """
 
     rotor: torch.Tensor
     mask: torch.Tensor
-    ring_index: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
     block: int | None = None
     context: int = 0
 
@@ -94,9 +94,9 @@ class WindowPlan:
         return cls(rotor, _bias((delta >= 0) & (delta < context), dtype), context=context)
 
     @classmethod
-    def chunk(cls, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int,
+    def chunk(cls, slots: torch.Tensor, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int,
               dtype: torch.dtype) -> WindowPlan:
-        """A chunk of T positions per row, the first at start [B], over rings of `capacity`."""
+        """A chunk of T positions for each of slots [B], the first at start [B], over rings of `capacity`."""
         if T > capacity - stage.context + 1:
             raise ValueError(f"chunk of {T} positions exceeds the ring headroom ({capacity} - {stage.context} + 1)")
         pos_q = start[:, None] + torch.arange(T, device=start.device)  # [B, T]
@@ -106,7 +106,8 @@ class WindowPlan:
         delta = pos_q[:, :, None] - pos_k[:, None, :]  # [B, T, C]
         mask = (pos_k[:, None, :] >= 0) & (delta >= 0) & (delta < stage.context)
         rotor = rope_rotor(pos_q, stage.head_dim, stage.max_period)
-        return cls(rotor, _bias(mask[:, None], dtype), pos_q % capacity, context=stage.context)
+        rows = (slots[:, None] * capacity + pos_q % capacity).reshape(-1)  # [B * T]
+        return cls(rotor, _bias(mask[:, None], dtype), rows, context=stage.context)
 
 
 def _bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -133,9 +134,10 @@ class CausalWindowAttention(nn.Module):
         qk = apply_interleaved_rope(qkv[:, :, :2], plan.rotor)  # [B, T, 2, H, Dh]
         q, k, v = qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2]  # [B, T, H, Dh] each
         if cache is not None:
-            cache.k[slots[:, None], plan.ring_index] = k  # rows of [S, C, H, Dh]
-            cache.v[slots[:, None], plan.ring_index] = v
-            k, v = cache.k[slots], cache.v[slots]  # [B, C, H, Dh]
+            S, C = cache.k.shape[:2]
+            cache.k.view(S * C, -1).index_copy_(0, plan.rows, k.reshape(B * T, -1))  # row copies, no reshuffle
+            cache.v.view(S * C, -1).index_copy_(0, plan.rows, v.reshape(B * T, -1))
+            k, v = cache.k.index_select(0, slots), cache.v.index_select(0, slots)  # [B, C, H, Dh]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, *, Dh] views
         if plan.block:
             out = _blocked_window_attention(q, k, v, plan)
@@ -229,7 +231,7 @@ class ProjectedTransformer(nn.Module):
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
                           slots: torch.Tensor) -> torch.Tensor:
         """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer."""
-        plan = WindowPlan.chunk(start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype)
+        plan = WindowPlan.chunk(slots, start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype)
         x = self.input_proj(x)
         for layer, cache in zip(self.transformer.layers, caches, strict=True):
             x = layer(x, plan, cache, slots)
