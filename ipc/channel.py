@@ -119,7 +119,8 @@ class Channel(Generic[T]):
 
     @property
     def max_payload_size(self) -> int:
-        """Largest payload that fits beside a message of ``msg_bytes`` = 0 (an upper bound)."""
+        """Largest payload that fits one record beside a message of up to 56 encoded bytes
+        (the frame header and message share the first 64-byte line)."""
         return self._ring.max_record_size - _ALIGN
 
     # -- writer ---------------------------------------------------------------------------------

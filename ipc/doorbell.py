@@ -18,6 +18,7 @@ when sent over a ``multiprocessing`` connection later).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 from collections.abc import Callable, Iterable
@@ -88,6 +89,17 @@ class Doorbell:
         """Sleep until the bell rings or ``timeout`` seconds pass; drains it. True if it rang."""
         return bool(wait_any([self], timeout))
 
+    async def wait_async(self) -> None:
+        """Await the next ring on the running asyncio loop (``add_reader``); drains it."""
+        loop = asyncio.get_running_loop()
+        rang = loop.create_future()
+        loop.add_reader(self._rfd, lambda: rang.done() or rang.set_result(None))
+        try:
+            await rang
+        finally:
+            loop.remove_reader(self._rfd)
+        self.drain()
+
     def add_to_loop(self, loop, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from ``loop`` whenever the bell rings (after draining it)."""
 
@@ -116,7 +128,10 @@ class Doorbell:
         self._rfd = self._wfd = -1
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except OSError:  # already closed behind our back; nothing left to release
+            pass
 
     def __reduce__(self):
         if self._rfd < 0:

@@ -408,7 +408,9 @@ class Ring:
                 return view
 
     async def recv_async(self) -> memoryview:
-        """``recv()`` for asyncio: waits with ``loop.add_reader`` on the doorbell and peer."""
+        """``recv()`` for asyncio: waits with ``loop.add_reader`` on the doorbell and peer.
+        One waiter per ring end (a second concurrent waiter would replace the first's reader);
+        wrap in ``asyncio.timeout`` for a deadline; cancellation is safe."""
         view = self.peek()
         while view is None:
             await self._sleep_async(self._data_bell)
@@ -431,6 +433,8 @@ class Ring:
     # -- both ends ------------------------------------------------------------------------------
     def statistics(self) -> RingStatistics:
         """Bytes in use (records plus wrap padding), capacity, and records not yet released."""
+        if self._closed:
+            raise RingClosed(f"ring {self.name} is closed")
         w = self._words
         return RingStatistics(w[_WRITE_POS] - w[_READ_POS], self._cap,
                               w[_WRITE_COUNT] - w[_READ_COUNT])
@@ -438,6 +442,8 @@ class Ring:
     def wait_fds(self) -> tuple[int, ...]:
         """Waitable protocol: the reader wakes on the data bell, the writer on the space bell,
         both on the peer's death."""
+        if self._closed:
+            raise RingClosed(f"ring {self.name} is closed")
         bell = self._data_bell if self.role == "reader" else self._space_bell
         peer = self._peer()
         return (bell.fileno(),) + (peer.wait_fds() if peer is not None else ())

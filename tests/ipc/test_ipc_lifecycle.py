@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import signal
@@ -13,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ipc import Channel, Doorbell, IpcError, Peer, Ring, new_instance_id, sweep_orphans, wait_any
+from ipc import (Channel, Doorbell, IpcError, Peer, Ring, RingClosed, new_instance_id, sweep_orphans,
+                 wait_any)
 from ipc.shm import create_segment, list_segments, segment_name, unlink_segment
 
 HERE = Path(__file__).parent
@@ -178,3 +180,31 @@ def test_strided_and_bytes_payloads(instance):
     finally:
         writer.close()
         reader.close()
+
+
+def test_close_while_a_payload_view_is_held(instance):
+    writer = Channel.create("view", msg_type=int, capacity=4096, role="writer", instance=instance)
+    reader = writer.spec().open()
+    writer.send(7, np.arange(16, dtype=np.int32))
+    got = reader.recv(1)
+    held = got.array(np.int32)  # a numpy view into the mapping outlives the channel
+    reader.close()
+    writer.close()
+    assert list_segments(instance) == []
+    assert held[15] == 15  # the mapping stays valid while a view holds it
+    with pytest.raises(RingClosed):
+        reader.statistics()
+    got.release()  # harmless after close
+    del held, got
+    gc.collect()
+
+
+async def test_doorbell_wait_async():
+    bell = Doorbell.create()
+    try:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.02, bell.ring)
+        await asyncio.wait_for(bell.wait_async(), 5)
+        assert not bell.drain()  # wait_async drained it
+    finally:
+        bell.close()
