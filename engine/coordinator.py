@@ -90,6 +90,7 @@ class Coordinator:
                 f"(raise engine.ready_timeout_s if model loading is just slow)") from None
 
     async def _read(self, channel: Channel, source: str) -> None:
+        """Sleep until records arrive, handle every waiting one, then update the ring gauge."""
         while True:
             try:
                 rec = await channel.recv_async()
@@ -97,12 +98,17 @@ class Coordinator:
                 self._on_peer_gone(source, exc)
                 return
             t0 = time.perf_counter()
-            try:
-                self._handle(source, rec.msg, rec)
-            except Exception:  # a handler bug must not silently stop this reader
-                log.exception("coordinator: handling %r from %s failed", rec.msg, source)
-            finally:
-                rec.release()
+            while rec is not None:
+                try:
+                    self._handle(source, rec.msg, rec)
+                except Exception:  # a handler bug must not silently stop this reader
+                    log.exception("coordinator: handling %r from %s failed", rec.msg, source)
+                finally:
+                    rec.release()
+                try:
+                    rec = channel.try_recv()
+                except (PeerGone, EndOfStream, RingClosed):
+                    rec = None  # the next recv_async reports it
             self.counters["ring_bytes"] = self.ring_bytes()
             self.counters.add("coordinator_busy_s", time.perf_counter() - t0)
 
@@ -119,8 +125,8 @@ class Coordinator:
             case DecodeBatch(size=size, waited_s=waited, emit_s=emit_s):
                 self.counters.count_batch(size, waited)
                 self.counters.add("codec_emit_s", emit_s)
-            case TalkerStep(batch=batch):
-                self.counters.count_talker_step(batch)
+            case TalkerStep(batch=batch, steps=steps):
+                self.counters.count_talker_step(batch, steps)
             case EncodeRequest():
                 self._on_encode(msg, rec)
             case EncodeDone(job=job):

@@ -85,9 +85,9 @@ class CounterBlock:
         i = _INDEX["decode_batch_wait_max_s"]
         self._values[i] = max(self._values[i], waited_s)
 
-    def count_talker_step(self, batch: int) -> None:
-        """One talker scheduler step over `batch` requests."""
-        self._values[len(SCALARS) + self.hist_size + min(batch, self.hist_size - 1)] += 1
+    def count_talker_step(self, batch: int, steps: int = 1) -> None:
+        """`steps` talker scheduler steps over `batch` requests each."""
+        self._values[len(SCALARS) + self.hist_size + min(batch, self.hist_size - 1)] += steps
 
     def snapshot(self) -> dict:
         """All counters as a dict; `decode_batch_sizes` / `talker_batch_sizes` map a batch size

@@ -163,10 +163,12 @@ class DecodeBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_lik
 
 
 class TalkerStep(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
-    """Talker → coordinator: one scheduler step (for batch statistics)."""
+    """Talker → coordinator: `steps` scheduler steps over `batch` requests each (batch
+    statistics). Sent when the batch size changes, every 64 steps, and when the talker idles."""
 
     batch: int         # requests in the runner during the step (decode and prefill)
-    step_s: float      # wall time of runner.step()
+    steps: int         # consecutive steps of this batch size
+    step_s: float      # their summed wall time of runner.step()
 
 
 class EncodeDone(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

@@ -58,6 +58,7 @@ class TalkerLoop:
         self.streams: dict[int, _Stream] = {}
         self.shutdown: Shutdown | None = None
         self._slots_reported = -1
+        self._steps: tuple[int, int, float] = (0, 0, 0.0)  # (batch, steps, seconds) not yet sent
 
     def has_work(self) -> bool:
         return bool(self.streams or self.waiting)
@@ -78,7 +79,7 @@ class TalkerLoop:
         if self.streams:
             batch, t0 = self.runner.num_running(), time.perf_counter()
             events = self.runner.step()
-            self.to_coord.send(TalkerStep(batch=batch, step_s=time.perf_counter() - t0))
+            self._count_step(batch, time.perf_counter() - t0)
             self._emit(events)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
@@ -160,9 +161,24 @@ class TalkerLoop:
         self.to_codec.send(CodeChunk(rid=rid, client=client, seq=seq, final=True,
                                      finish_reason=reason), codes)
 
+    def _count_step(self, batch: int, seconds: float) -> None:
+        """Aggregate step statistics: one record per run of equal batch sizes (at most 64)."""
+        b, n, t = self._steps
+        if n and (b != batch or n >= 64):
+            self._flush_steps()
+            b, n, t = self._steps
+        self._steps = (batch, n + 1, t + seconds)
+
+    def _flush_steps(self) -> None:
+        batch, steps, seconds = self._steps
+        if steps:
+            self.to_coord.send(TalkerStep(batch=batch, steps=steps, step_s=seconds))
+        self._steps = (0, 0, 0.0)
+
     def _report_slots(self) -> None:
         in_use = self.runner.num_running()
         if in_use != self._slots_reported:
+            self._flush_steps()
             self.to_coord.send(Slots(stage="talker", in_use=in_use))
             self._slots_reported = in_use
 

@@ -7,9 +7,7 @@ import pytest
 
 from profiles import load_profile
 from stages.registry import UnknownModel, load_variant
-
-GOLDEN = "/work/shared/golden"
-TALKER = f"{GOLDEN}/moss_tts_local_v1_5"
+from tests.conftest import golden_dir
 
 
 @dataclass
@@ -25,9 +23,9 @@ class Job:
 
 @pytest.fixture(scope="module")
 def variant():
-    profile = load_profile("cpu", [f"model.codec_path={GOLDEN}/moss_audio_tokenizer_v2",
-                                   "model.max_new_frames=100"])
-    return load_variant(TALKER, profile)
+    codec = golden_dir("moss_audio_tokenizer_v2")
+    profile = load_profile("cpu", [f"model.codec_path={codec}", "model.max_new_frames=100"])
+    return load_variant(golden_dir("moss_tts_local_v1_5"), profile)
 
 
 def test_shape_facts_come_from_the_configs(variant) -> None:
