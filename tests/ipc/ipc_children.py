@@ -131,3 +131,27 @@ def owner_then_hang(kind_name: str, role: str, k: int, instance: str, report) ->
         for seq in range(k):
             kind.send(end, seq, b"x" * seq, timeout=10)
     time.sleep(600)
+
+
+def echo(inbox_spec, outbox_spec, n: int) -> None:
+    """Receive ``n`` records and send each straight back (the other side sleeps every time)."""
+    inbox, outbox = inbox_spec.open(), outbox_spec.open()
+    for _ in range(n):
+        view = inbox.recv(10)
+        outbox.send(view)
+        inbox.release()
+    inbox.close()
+    outbox.close()
+
+
+def tiny_ring_writer(spec, n: int, seed: int) -> None:
+    """Send ``n`` records of random size up to the max through a tiny ring: the writer waits
+    for room on almost every record, and the reader sleeps on almost every one."""
+    ring = spec.open()
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, ring.max_record_size + 1, n)
+    for seq in range(n):
+        if seq % 97 == 0:
+            time.sleep(0.0005)  # let the reader fall asleep now and then
+        ring.send(int(seq).to_bytes(8, "little") * (int(sizes[seq]) // 8), timeout=10)
+    ring.close()

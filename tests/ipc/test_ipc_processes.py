@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
 import time
 
+import numpy as np
 import pytest
+import uvloop
 
-from ipc import PeerGone
+from ipc import EndOfStream, PeerGone, Ring
 from ipc.shm import list_segments
-from ipc_children import (SPAWN, open_then_hang, owner_then_hang, stress_reader_owner,
-                          write_then_hang)
+from ipc_children import (SPAWN, echo, open_then_hang, owner_then_hang, stress_reader_owner,
+                          tiny_ring_writer, write_then_hang)
 from ipc_kinds import KINDS
 
 DETECT_BOUND_S = 1.0  # a dead peer must surface within this (pidfd: in practice < 10 ms)
@@ -116,3 +119,59 @@ def test_sigkilled_owner_is_peer_gone_for_opener(kind_name, owner_role, instance
         owner.join(5)
     # the opener unlinked the name when it attached, so the dead owner leaks nothing
     assert list_segments(instance) == []
+
+
+def test_ping_pong_never_loses_a_wakeup(instance):
+    """Every message wakes a sleeping peer; a single lost wake-up would stall into a timeout."""
+    to_child = Ring.create("ping", 4096, role="writer", instance=instance)
+    from_child = Ring.create("pong", 4096, role="reader", instance=instance)
+    n = 3000
+    child = SPAWN.Process(target=echo, args=(to_child.spec(), from_child.spec(), n))
+    child.start()
+    try:
+        for i in range(n):
+            to_child.send(i.to_bytes(4, "little") * (i % 50), timeout=10)
+            assert bytes(from_child.recv(10)) == i.to_bytes(4, "little") * (i % 50)
+            from_child.release()
+        child.join(10)
+        assert child.exitcode == 0
+    finally:
+        child.kill()
+        to_child.close()
+        from_child.close()
+
+
+@pytest.mark.parametrize("reader_loop", ["blocking", "uvloop"])
+def test_tiny_ring_backpressure_both_ways(instance, reader_loop):
+    """A 256-byte ring: the writer waits for room and the reader for data on nearly every
+    record; order and contents survive, and nothing stalls."""
+    reader = Ring.create("tiny", 256, role="reader", instance=instance)
+    n, seed = 20_000, 99
+    sizes = np.random.default_rng(seed).integers(0, reader.max_record_size + 1, n)
+    child = SPAWN.Process(target=tiny_ring_writer, args=(reader.spec(), n, seed))
+    child.start()
+
+    def check(seq: int, view) -> None:
+        assert bytes(view) == seq.to_bytes(8, "little") * (int(sizes[seq]) // 8)
+        reader.release()
+
+    async def read_async() -> None:
+        for seq in range(n):
+            check(seq, await asyncio.wait_for(reader.recv_async(), 10))
+        with pytest.raises(EndOfStream):
+            await asyncio.wait_for(reader.recv_async(), 10)
+
+    try:
+        if reader_loop == "uvloop":
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(read_async())
+        else:
+            for seq in range(n):
+                check(seq, reader.recv(10))
+            with pytest.raises(EndOfStream):
+                reader.recv(10)
+        child.join(10)
+        assert child.exitcode == 0
+    finally:
+        child.kill()
+        reader.close()
