@@ -59,13 +59,14 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import select
 import time
 import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from ipc.doorbell import Doorbell, wait_any
+from ipc.doorbell import Doorbell
 from ipc.errors import ChannelTimeout, EndOfStream, IpcError, PeerGone, RingClosed, WouldBlock
 from ipc.peer import FALLBACK_SLICE_S, Peer
 from ipc.shm import attach_segment, create_segment, segment_name, unlink_segment
@@ -175,6 +176,8 @@ class Ring:
         self.max_record_size = self._cap // 2 - RECORD_HEADER
         self._closed = False
         self._writable = role == "writer"
+        self._poller: select.poll | None = None
+        self._poll_fds: tuple[int, ...] = ()
         # writer state
         self._wpos = self._words[_WRITE_POS]
         self._wcount = self._words[_WRITE_COUNT]
@@ -501,14 +504,29 @@ class Ring:
         return peer is not None and not peer.alive()
 
     def _sleep(self, bell: Doorbell, deadline: float | None) -> None:
-        """Sleep until ``bell`` rings, the peer dies, or ``deadline``; the caller re-checks."""
+        """Sleep until ``bell`` rings, the peer dies, or ``deadline``; the caller re-checks.
+
+        Same as ``wait_any([bell, peer])`` with the poll set kept between calls (a sleep is on
+        every hand-off when the reader keeps up, so its fixed cost is the wake-up latency)."""
         timeout = None
         if deadline is not None:
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 raise ChannelTimeout(f"ring {self.name}: timed out")
         peer = self._peer()
-        wait_any([bell] if peer is None else [bell, peer], timeout)
+        fds = (bell.fileno(),) + (peer.wait_fds() if peer is not None else ())
+        if fds != self._poll_fds:
+            self._poller = select.poll()
+            for fd in fds:
+                self._poller.register(fd, select.POLLIN)
+            self._poll_fds = fds
+        if peer is not None and peer.needs_liveness_slices:
+            timeout = FALLBACK_SLICE_S if timeout is None else min(timeout, FALLBACK_SLICE_S)
+        for fd, _ in self._poller.poll(-1 if timeout is None else int(timeout * 1000.0 + 0.999)):
+            if fd == fds[0]:
+                bell.drain()
+            else:
+                peer.mark_dead()
 
     async def _sleep_async(self, bell: Doorbell) -> None:
         loop = asyncio.get_running_loop()
