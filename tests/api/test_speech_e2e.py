@@ -297,6 +297,17 @@ def test_disconnect_mid_stream_aborts_and_counters_return_to_zero(server, http, 
     assert idle["aborted"] == aborted_before + 1
 
 
+def test_disconnect_during_a_whole_file_request_aborts_it(server, http):
+    aborted_before = wait_engine_idle(http)["aborted"]
+    with httpx.Client(base_url=server.url, timeout=httpx.Timeout(60, read=1.0)) as impatient:
+        with pytest.raises(httpx.ReadTimeout):  # gives up and closes the connection
+            impatient.post("/v1/audio/speech", json={"input": "Too long to wait for.", "response_format": "wav",
+                                                     "forced_frames": 500})
+    idle = wait_engine_idle(http)
+    assert idle["running"] == idle["client_open"] == idle["talker_slots"] == idle["codec_slots"] == 0
+    assert idle["aborted"] == aborted_before + 1
+
+
 def test_fuzz_bodies_from_openapi_schema_never_5xx(http):
     schema = http.get("/openapi.json").json()["components"]["schemas"]
     rng = np.random.default_rng(1234)
