@@ -188,6 +188,7 @@ class Ring:
         self._head: tuple[memoryview, int] | None = None  # (view, footprint)
         self._res = _Resources(shm, role, owner, (data_bell, space_bell))
         self._res.views = [self._words, self._buf]
+        self._peer_settled = bool(peer_pid)  # the opener knows its peer; the owner learns it
         if peer_pid:
             self._res.peer = Peer(peer_pid)
         self._finalizer = weakref.finalize(self, self._res.release, True)
@@ -256,8 +257,9 @@ class Ring:
         return self._closed
 
     def watch_peer(self, pid: int) -> None:
-        """Watch ``pid`` as the peer before it attaches (e.g. a just-spawned child)."""
-        if self._res.peer is None:
+        """Watch ``pid`` as the peer until the real opener attaches (e.g. a just-spawned child
+        that will open the spec): a child dying before it attaches is then ``PeerGone`` too."""
+        if self._res.peer is None and not self._peer_settled:
             self._res.peer = Peer(pid)
 
     # -- writer ---------------------------------------------------------------------------------
@@ -488,11 +490,17 @@ class Ring:
 
     # -- peer and sleeping ----------------------------------------------------------------------
     def _peer(self) -> Peer | None:
+        """The peer to watch: the owner for an opener; for the owner, whoever attached (learnt
+        from the header, replacing a ``watch_peer`` guess), or the guess until then."""
         peer = self._res.peer
-        if peer is None and self._words is not None:
+        if not self._peer_settled and self._words is not None:
             pid = self._words[_OPENER_PID]
             if pid:
-                peer = self._res.peer = Peer(pid)
+                self._peer_settled = True
+                if peer is None or peer.pid != pid:
+                    if peer is not None:
+                        peer.close()
+                    peer = self._res.peer = Peer(pid)
         return peer
 
     def _peer_pid(self) -> int | None:

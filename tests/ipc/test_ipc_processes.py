@@ -175,3 +175,41 @@ def test_tiny_ring_backpressure_both_ways(instance, reader_loop):
     finally:
         child.kill()
         reader.close()
+
+
+def test_watch_peer_covers_a_child_that_dies_before_attaching(instance):
+    reader = Ring.create("early", 4096, role="reader", instance=instance)
+    child = SPAWN.Process(target=time.sleep, args=(30,))  # never opens the spec
+    child.start()
+    reader.watch_peer(child.pid)
+    killed: list[float] = []
+    timer = _kill_later(child, 0.1, killed)
+    try:
+        with pytest.raises(PeerGone):
+            reader.recv(10)
+        assert time.monotonic() - killed[0] < DETECT_BOUND_S
+    finally:
+        timer.join()
+        child.join(5)
+        reader.close()
+
+
+def test_the_real_opener_replaces_a_watch_peer_guess(instance):
+    """The owner guessed the wrong peer (itself, which never dies); the process that actually
+    opened the ring is watched once it attaches, so its death still surfaces."""
+    reader = Ring.create("guess", 4096, role="reader", instance=instance)
+    reader.watch_peer(os.getpid())
+    child = SPAWN.Process(target=write_then_hang, args=(reader.spec(), "ring", 1))
+    child.start()
+    try:
+        assert KINDS["ring"].recv(reader, timeout=10) == (0, b"")
+        killed: list[float] = []
+        timer = _kill_later(child, 0.1, killed)
+        with pytest.raises(PeerGone, match=str(child.pid)):
+            reader.recv(10)
+        assert time.monotonic() - killed[0] < DETECT_BOUND_S
+        timer.join()
+    finally:
+        child.kill()
+        child.join(5)
+        reader.close()
