@@ -108,3 +108,26 @@ async def test_oversized_reference_is_a_413():
     with pytest.raises(ApiError) as err:
         await ReferenceLoader(policy(max_bytes=4096)).load(base64.b64encode(wav_bytes(2.0)).decode())
     assert err.value.status == 413 and "4096" in err.value.message
+
+
+async def test_remote_url_fetched_when_allowed(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "ref.wav").write_bytes(wav_bytes(2.0))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        loader = ReferenceLoader(policy(allow_remote=True))
+        assert (await loader.load(f"{url}/ref.wav")).duration_s == pytest.approx(2.0)
+        with pytest.raises(ApiError, match="HTTP 404"):
+            await loader.load(f"{url}/missing.wav")
+        with pytest.raises(ApiError) as err:
+            await ReferenceLoader(policy(allow_remote=True, max_bytes=4096)).load(f"{url}/ref.wav")
+        assert err.value.status == 413
+    finally:
+        server.shutdown()

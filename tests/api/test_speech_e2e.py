@@ -118,6 +118,17 @@ def test_sse_events_and_usage(http, rate_channels):
         assert seconds == pytest.approx(expected_seconds(TEXT), abs=1e-3)
 
 
+def test_sse_carries_one_continuous_mp3(http, rate_channels):
+    rate, channels = rate_channels
+    r = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "mp3", "stream_format": "sse"})
+    events = parse_sse(r.content)
+    assert events[0][1]["response_format"] == "mp3" and events[-1][0] == "speech.audio.done"
+    body = b"".join(base64.b64decode(data["audio"]) for name, data in events[:-1])
+    pcm, got_rate = decode_audio(body, "mp3")
+    assert got_rate == rate and pcm.shape[1] == channels
+    assert abs(pcm.shape[0] / rate - expected_seconds(TEXT)) <= 0.12
+
+
 def test_speed_is_applied(oai, rate_channels):
     rate, channels = rate_channels
     fast = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format="wav", speed=2.0)
