@@ -262,7 +262,8 @@ class EngineClient:
             case PcmChunk(rid=rid):
                 box = self._boxes.get(rid)
                 if box is not None:  # else: aborted, nobody listens
-                    pcm = rec.array(np.float32).reshape(-1, self.channels).copy()
+                    planar = rec.array(np.float32).reshape(self.channels, -1)  # ring view
+                    pcm = np.ascontiguousarray(planar.T)  # [samples, channels], owned
                     box.put(AudioChunk(pcm=pcm, final=msg.final, finish_reason=msg.finish_reason,
                                        batch_size=msg.batch_size, coalesce_wait_s=msg.waited_s))
             case EncodeResult(job=job, error=error):

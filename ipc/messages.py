@@ -104,9 +104,10 @@ class CodeChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=
 
 
 class PcmChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
-    """Codec → client: audio of chunk `seq` of `rid`. Payload: PCM `[samples, channels]` float32.
-
-    The record with `final=True` ends the stream (its PCM may be empty)."""
+    """Codec → client: audio of chunk `seq` of `rid`. Payload: planar PCM `[channels, samples]`
+    float32, as the codec produces it; the client interleaves it while copying it out of the ring
+    (so the shared codec worker does no per-sample work). The record with `final=True` ends the
+    stream (its PCM may be empty)."""
 
     rid: int
     seq: int

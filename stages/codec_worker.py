@@ -184,12 +184,11 @@ class CodecLoop:
                     self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
                 continue
             t1 = time.perf_counter()
-            pcm_t = np.ascontiguousarray(pcm.T)  # [samples, channels]
             reason = chunk.finish_reason if chunk.final else None
-            self.to_clients[stream.client].send(
+            self.to_clients[stream.client].send(  # pcm: [channels, samples], planar
                 PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final, finish_reason=reason,
-                         batch_size=len(rids), waited_s=now - arrived), pcm_t)
-            self.to_coord.send(ChunkDone(rid=rid, seq=chunk.seq, samples=pcm_t.shape[0],
+                         batch_size=len(rids), waited_s=now - arrived), pcm)
+            self.to_coord.send(ChunkDone(rid=rid, seq=chunk.seq, samples=pcm.shape[1],
                                          final=chunk.final, finish_reason=reason))
             emit_s += time.perf_counter() - t1
             if chunk.final:
@@ -206,7 +205,7 @@ class CodecLoop:
         An aborted or failed stream sends its client nothing: the client has gone (abort), or
         the coordinator tells it (deadline, error)."""
         if not stream.aborted:
-            empty = np.zeros((0, self.runner.channels), dtype=np.float32)
+            empty = np.zeros((self.runner.channels, 0), dtype=np.float32)
             self.to_clients[stream.client].send(
                 PcmChunk(rid=rid, seq=seq, final=True, finish_reason=reason), empty)
         self.to_coord.send(ChunkDone(rid=rid, seq=seq, samples=0, final=True,
