@@ -118,17 +118,67 @@ class DecodeGraphs:
         slots, frames = packed[:, 0], packed[:, 1]
         stop = torch.empty(B, dtype=torch.bool, device=dev)
         codes = torch.empty(B, self.n_vq, dtype=torch.int64, device=dev)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side), torch.inference_mode():
-            self.body(slots, frames, meta)  # warm-up: allocator, cuBLAS workspaces, lazy init
-        torch.cuda.current_stream(dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
-            s, c = self.body(slots, frames, meta)
-            stop.copy_(s)
-            codes.copy_(c)
-        graph.replay()
+        graph = record(lambda: self.body(slots, frames, meta), (stop, codes), self.pool, dev)
         g = _Graph(graph, packed, meta, slots, frames, stop, codes)
         self._graphs[key] = g
         return g
+
+
+def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) -> torch.cuda.CUDAGraph:
+    """Warm `body` up on a side stream, record it (results copied into the static `outputs`) and
+    replay it once, so the outputs hold this call's results."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side), torch.inference_mode():
+        body()  # warm-up: allocator, cuBLAS workspaces, lazy init
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
+        for out, result in zip(outputs, body()):
+            out.copy_(result)
+    graph.replay()
+    return graph
+
+
+@dataclass
+class _FrameGraph:
+    graph: torch.cuda.CUDAGraph
+    hidden: torch.Tensor  # [B, H] static input
+    packed: torch.Tensor  # [B, 2] int64 static input: slot, frame
+    stop: torch.Tensor  # [B] bool output
+    codes: torch.Tensor  # [B, n_vq] int64 output
+
+
+class FrameGraphs:
+    """Per-batch-bucket CUDA graphs of the local loop + sampling alone, for the steps that also
+    prefill (their backbone call runs eagerly): `body(hidden, slots, frames) -> (stop, codes)`."""
+
+    def __init__(self, body, *, max_batch: int, hidden_size: int, dtype: torch.dtype, scratch_slot: int,
+                 n_vq: int, pool, device: torch.device) -> None:
+        self.body, self.max_batch, self.hidden_size, self.dtype = body, max_batch, hidden_size, dtype
+        self.scratch_slot, self.n_vq, self.pool, self.device = scratch_slot, n_vq, pool, device
+        self._graphs: dict[int, _FrameGraph] = {}
+
+    def run(self, hidden: torch.Tensor, slots: list[int], frames: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [n, H] backbone states of the ready requests -> stop [n], codes [n, n_vq]."""
+        n = len(slots)
+        B = bucket(n, self.max_batch)
+        packed = np.zeros((B, 2), dtype=np.int64)
+        packed[:, 0] = self.scratch_slot
+        packed[:n, 0], packed[:n, 1] = slots, frames
+        g = self._graphs.get(B)
+        if g is None:
+            dev = self.device
+            g = _FrameGraph(None, torch.zeros(B, self.hidden_size, dtype=self.dtype, device=dev),
+                            torch.from_numpy(packed).to(dev), torch.empty(B, dtype=torch.bool, device=dev),
+                            torch.empty(B, self.n_vq, dtype=torch.int64, device=dev))
+            g.hidden[:n].copy_(hidden)
+            g.graph = record(lambda: self.body(g.hidden, g.packed[:, 0], g.packed[:, 1]), (g.stop, g.codes),
+                             self.pool, dev)
+            self._graphs[B] = g
+        else:
+            g.hidden[:n].copy_(hidden)
+            g.hidden[n:].zero_()  # padding rows: finite inputs, results unread
+            g.packed.copy_(torch.from_numpy(packed), non_blocking=True)
+            g.graph.replay()
+        return g.stop[:n], g.codes[:n]

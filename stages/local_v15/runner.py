@@ -18,7 +18,8 @@ prefilled again later (recompute), which continues them exactly where they were.
 
 With `cuda_graphs` (CUDA only), a step with no prefill chunk (steps 2-3 for decoding requests)
 is replayed from a graph captured per (batch, KV-blocks) bucket (`stages.local_v15.graphs`);
-steps with prefill run eagerly.
+steps with prefill run their backbone call eagerly and replay the local loop + sampling from a
+graph per batch bucket.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 
 from stages.attention import AttentionBackend, PaddedBatchAttention, ReferenceAttention, build_attention_metadata
 from stages.kv_cache import KVCacheExhausted, PagedKVCache
-from stages.local_v15.graphs import DecodeGraphs
+from stages.local_v15.graphs import DecodeGraphs, FrameGraphs
 from stages.local_v15.loader import load_talker
 from stages.local_v15.model import LocalV15Talker
 from stages.runner import FrameEvent
@@ -114,12 +115,16 @@ class LocalV15Runner:
         self.next_row = torch.full((max_running + extra, 1 + cfg.n_vq), cfg.audio_pad_code, dtype=torch.long,
                                    device=self.device)  # [slots, 1 + n_vq]: the row each request feeds next
         self.graphs: DecodeGraphs | None = None
+        self.frame_graphs: FrameGraphs | None = None
         if use_graphs:
             (scratch_block,) = self.cache.allocator.allocate(1)
             self.next_row[max_running, 0] = cfg.gen_slot
             self.graphs = DecodeGraphs(self._decode_body, max_batch=max_running, max_blocks=num_kv_blocks,
                                        scratch_slot=max_running, scratch_block=scratch_block,
                                        block_size=kv_block_size, n_vq=cfg.n_vq, device=self.device)
+            self.frame_graphs = FrameGraphs(self._frame_body, max_batch=max_running, hidden_size=cfg.hidden_size,
+                                            dtype=self.dtype, scratch_slot=max_running, n_vq=cfg.n_vq,
+                                            pool=self.graphs.pool, device=self.device)
         self._codebooks = torch.arange(cfg.n_vq, device=self.device)
         self._free_slots = list(range(max_running - 1, -1, -1))
         self._requests: dict[int, _Request] = {}
@@ -261,10 +266,17 @@ class LocalV15Runner:
         """Local loop for the requests whose prompt is complete; h [B, H]."""
         dev = self.device
         slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)
+        if self.frame_graphs is not None:
+            stop, codes = self.frame_graphs.run(h, [r.slot for r in ready], [r.frames for r in ready])
+            return self._finish_frames(ready, slots, stop, codes)
         frames = torch.tensor([r.frames for r in ready]).to(dev, non_blocking=True)
         with torch.inference_mode():
-            stop, codes = self.model.decode_frame(h, _SlotSampler(self, slots, frames))  # [B], [B, n_vq]
+            stop, codes = self._frame_body(h, slots, frames)  # [B], [B, n_vq]
         return self._finish_frames(ready, slots, stop, codes)
+
+    def _frame_body(self, h: torch.Tensor, slots: torch.Tensor, frames: torch.Tensor):
+        """The local loop + sampling of a frame (what `FrameGraphs` records)."""
+        return self.model.decode_frame(h, _SlotSampler(self, slots, frames))
 
     def _decode_body(self, slots: torch.Tensor, frames: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode-only step as pure device work (what `DecodeGraphs` records)."""

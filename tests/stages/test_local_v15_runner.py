@@ -180,10 +180,14 @@ def test_cuda_graph_decode_equals_eager_decode():
         p = np.full((20 + 9 * i, 13), 1024, np.int64)
         p[:, 0] = rng.integers(0, 600, len(p))
         reqs[i] = (p, SamplingParams(seed=i, greedy=i == 0, forced_frames=10 + 3 * i))
-    eager, _ = run(LocalV15Runner(model, max_running=8, num_kv_blocks=64, kv_block_size=8), reqs)
-    runner = LocalV15Runner(model, max_running=8, num_kv_blocks=64, kv_block_size=8, cuda_graphs=True)
+    # small prefill chunks: some requests prefill while others already decode (mixed steps)
+    capacity = dict(max_running=8, num_kv_blocks=64, kv_block_size=8, prefill_chunk_tokens=16,
+                    max_prefill_tokens_per_step=32)
+    eager, _ = run(LocalV15Runner(model, **capacity), reqs)
+    runner = LocalV15Runner(model, **capacity, cuda_graphs=True)
     graphed, finish = run(runner, reqs)
     assert runner.graphs is not None and len(runner.graphs._graphs) >= 2  # several buckets were used
+    assert len(runner.frame_graphs._graphs) >= 1  # mixed steps replayed the local loop
     for i in reqs:
         np.testing.assert_array_equal(graphed[i], eager[i])
         assert finish[i] == "stop"
