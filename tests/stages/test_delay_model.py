@@ -72,3 +72,16 @@ def test_full_size_parameter_counts():
     assert 8.3e9 < count_params(full_size_config("ttsd")) < 8.49e9
     assert 1.7e9 < count_params(full_size_config("voice-generator")) < 2.2e9
     assert count_params(tiny_config()) < 5e6
+
+
+def test_fused_sglang_names_load(model):
+    """`MossTTSDelayWithCodec` checkpoints call the backbone `model.` and carry `codec_model.*`."""
+    from stages.delay.model import CHECKPOINT_IGNORED, CHECKPOINT_RENAMES
+
+    state = {k.replace("language_model.", "model.", 1): v for k, v in read_state_dict(GOLDEN).items()}
+    state["codec_model.decoder.0.weight"] = torch.zeros(2)
+    with torch.device("meta"):
+        fused = DelayModel(model.config)
+    fused = fused.to_empty(device="cpu")
+    load_weights(fused, state, rename=CHECKPOINT_RENAMES, ignore=CHECKPOINT_IGNORED)
+    torch.testing.assert_close(fused.language_model.norm.weight, model.language_model.norm.weight)
