@@ -64,36 +64,16 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
 
 from ipc.doorbell import Doorbell
 from ipc.errors import ChannelTimeout, EndOfStream, IpcError, PeerGone, RingClosed, WouldBlock
 from ipc.peer import FALLBACK_SLICE_S, Peer
+from ipc.ring_layout import (ALIGN, HEADER_BYTES, MAGIC, MIN_CAPACITY, RECORD_HEADER, ROLE_CODE,
+                             W_CAPACITY, W_MAGIC, W_OPENER_PID, W_OWNER_PID, W_OWNER_ROLE,
+                             W_READ_COUNT, W_READ_POS, W_READER_CLOSED, W_WRITE_COUNT, W_WRITE_POS,
+                             W_WRITER_CLOSED, WRAP, EndResources, RingStatistics, Role,
+                             record_footprint)
 from ipc.shm import attach_segment, create_segment, segment_name, unlink_segment
-
-HEADER_BYTES = 512
-RECORD_HEADER = 64
-ALIGN = 64
-MIN_CAPACITY = 256
-WRAP = 2**64 - 1
-MAGIC = int.from_bytes(b"MVXRING1", "little")
-
-# Header word indices (8-byte words).
-_MAGIC, _CAPACITY, _OWNER_PID, _OWNER_ROLE, _OPENER_PID = 0, 1, 2, 3, 4
-_WRITE_POS, _WRITE_COUNT, _WRITER_CLOSED = 16, 17, 18
-_READ_POS, _READ_COUNT, _READER_CLOSED = 32, 33, 34
-
-Role = Literal["writer", "reader"]
-_ROLE_CODE = {"writer": 1, "reader": 2}
-
-
-class RingStatistics(NamedTuple):
-    """A snapshot of a ring's fill (racy by nature: the peer keeps moving)."""
-
-    used_bytes: int
-    capacity: int
-    records: int
-
 
 @dataclass(frozen=True)
 class RingSpec:
@@ -109,51 +89,6 @@ class RingSpec:
     def open(self) -> Ring:
         """Attach to the ring in this process, taking the role the owner left free. Once only."""
         return Ring._open(self)
-
-
-def record_footprint(n: int) -> int:
-    """Bytes a record of ``n`` payload bytes occupies in the ring (header + aligned payload)."""
-    return RECORD_HEADER + ((n + ALIGN - 1) & -ALIGN)
-
-
-class _Resources:
-    """What must be released when a ring closes or is collected; holds no reference to the Ring."""
-
-    def __init__(self, shm, role: Role, owner: bool, bells: tuple[Doorbell, Doorbell]) -> None:
-        self.shm = shm
-        self.role = role
-        self.owner = owner
-        self.bells = bells
-        self.peer: Peer | None = None
-        self.views: list[memoryview] = []
-
-    def release(self, warn: bool) -> None:
-        name = self.shm.name
-        if warn:
-            warnings.warn(f"unclosed ipc Ring {name!r} ({self.role})", ResourceWarning, stacklevel=2)
-        words = self.views[0] if self.views else None
-        if words is not None:  # tell the peer: a collected end is a closed end
-            if self.role == "writer":
-                words[_WRITER_CLOSED] = 1
-                self.bells[0].ring()
-            else:
-                words[_READER_CLOSED] = 1
-                self.bells[1].ring()
-        for v in self.views:
-            v.release()
-        self.views = []
-        try:
-            self.shm.close()
-        except BufferError:
-            # A caller still holds a view of a record; the mapping goes when that view does.
-            self.shm._mmap = None  # noqa: SLF001 (lets SharedMemory close its fd, not the map)
-            self.shm.close()
-        if self.owner:
-            unlink_segment(name)
-        for bell in self.bells:
-            bell.close()
-        if self.peer is not None:
-            self.peer.close()
 
 
 class Ring:
@@ -172,21 +107,21 @@ class Ring:
         self.owner = owner
         self._data_bell = data_bell
         self._space_bell = space_bell
-        self._cap = self._words[_CAPACITY]
+        self._cap = self._words[W_CAPACITY]
         self.max_record_size = self._cap // 2 - RECORD_HEADER
         self._closed = False
         self._writable = role == "writer"
         self._poller: select.poll | None = None
         self._poll_fds: tuple[int, ...] = ()
         # writer state
-        self._wpos = self._words[_WRITE_POS]
-        self._wcount = self._words[_WRITE_COUNT]
+        self._wpos = self._words[W_WRITE_POS]
+        self._wcount = self._words[W_WRITE_COUNT]
         self._reserved: tuple[int, int, int] | None = None  # (n, skip, footprint)
         # reader state
-        self._rpos = self._words[_READ_POS]
-        self._rcount = self._words[_READ_COUNT]
+        self._rpos = self._words[W_READ_POS]
+        self._rcount = self._words[W_READ_COUNT]
         self._head: tuple[memoryview, int] | None = None  # (view, footprint)
-        self._res = _Resources(shm, role, owner, (data_bell, space_bell))
+        self._res = EndResources(shm, role, owner, (data_bell, space_bell))
         self._res.views = [self._words, self._buf]
         self._peer_settled = bool(peer_pid)  # the opener knows its peer; the owner learns it
         if peer_pid:
@@ -201,14 +136,14 @@ class Ring:
         if capacity < MIN_CAPACITY or capacity % ALIGN:
             raise ValueError(f"ring capacity must be a multiple of {ALIGN} and >= {MIN_CAPACITY}, "
                              f"got {capacity}")
-        if role not in _ROLE_CODE:
+        if role not in ROLE_CODE:
             raise ValueError(f"role must be 'writer' or 'reader', got {role!r}")
         shm = create_segment(segment_name(instance, name), HEADER_BYTES + capacity)
         words = shm.buf.cast("Q")
-        words[_CAPACITY] = capacity
-        words[_OWNER_PID] = os.getpid()
-        words[_OWNER_ROLE] = _ROLE_CODE[role]
-        words[_MAGIC] = MAGIC
+        words[W_CAPACITY] = capacity
+        words[W_OWNER_PID] = os.getpid()
+        words[W_OWNER_ROLE] = ROLE_CODE[role]
+        words[W_MAGIC] = MAGIC
         words.release()
         return cls(shm, role=role, owner=True, data_bell=Doorbell.create(),
                    space_bell=Doorbell.create(), peer_pid=None)
@@ -218,12 +153,12 @@ class Ring:
         shm = attach_segment(spec.segment)
         words = shm.buf.cast("Q")
         try:
-            if words[_MAGIC] != MAGIC or words[_CAPACITY] != spec.capacity:
+            if words[W_MAGIC] != MAGIC or words[W_CAPACITY] != spec.capacity:
                 raise IpcError(f"segment {spec.segment} is not a ring of capacity {spec.capacity}")
-            if words[_OPENER_PID]:
+            if words[W_OPENER_PID]:
                 raise IpcError(f"ring {spec.segment} was already opened by pid "
-                               f"{words[_OPENER_PID]}")
-            words[_OPENER_PID] = os.getpid()
+                               f"{words[W_OPENER_PID]}")
+            words[W_OPENER_PID] = os.getpid()
         except BaseException:
             words.release()
             shm.close()
@@ -310,7 +245,7 @@ class Ring:
         skip = cap - off if size > cap - off else 0
         needed_read = w + skip + size - cap  # the read position that leaves enough room
         words = self._words
-        if words[_READ_POS] < needed_read or words[_READER_CLOSED]:
+        if words[W_READ_POS] < needed_read or words[W_READER_CLOSED]:
             self._wait_for_space(needed_read, timeout, block)
         self._reserved = (n, skip, size)
         return HEADER_BYTES + RECORD_HEADER + (0 if skip else off)
@@ -323,10 +258,10 @@ class Ring:
             w += skip
         words[(HEADER_BYTES + w % self._cap) >> 3] = n
         self._wcount += 1
-        words[_WRITE_COUNT] = self._wcount
+        words[W_WRITE_COUNT] = self._wcount
         w += size
         self._wpos = w
-        words[_WRITE_POS] = w  # publication point: everything above is visible before this
+        words[W_WRITE_POS] = w  # publication point: everything above is visible before this
         self._reserved = None
         if notify:
             self._data_bell.ring()
@@ -346,9 +281,9 @@ class Ring:
         deadline = None if timeout is None else time.monotonic() + timeout
         words = self._words
         while True:
-            if words[_READER_CLOSED]:
+            if words[W_READER_CLOSED]:
                 raise PeerGone(f"the reader of ring {self.name} closed its end")
-            if words[_READ_POS] >= needed_read:
+            if words[W_READ_POS] >= needed_read:
                 return
             if self._peer_gone():
                 raise PeerGone(f"the reader of ring {self.name} (pid {self._peer_pid()}) died")
@@ -374,13 +309,13 @@ class Ring:
         cap = self._cap
         r = self._rpos
         while True:
-            if r == words[_WRITE_POS]:
-                if words[_WRITER_CLOSED]:
-                    if r == words[_WRITE_POS]:  # re-load: a commit may precede the close
+            if r == words[W_WRITE_POS]:
+                if words[W_WRITER_CLOSED]:
+                    if r == words[W_WRITE_POS]:  # re-load: a commit may precede the close
                         raise EndOfStream(f"ring {self.name}: writer closed")
                     continue
                 if self._peer_gone():
-                    if r == words[_WRITE_POS]:
+                    if r == words[W_WRITE_POS]:
                         raise PeerGone(f"the writer of ring {self.name} "
                                        f"(pid {self._peer_pid()}) died")
                     continue
@@ -390,7 +325,7 @@ class Ring:
             if n == WRAP:
                 r += cap - off
                 self._rpos = r
-                words[_READ_POS] = r
+                words[W_READ_POS] = r
                 continue
             if n > self.max_record_size:
                 raise IpcError(f"ring {self.name} is corrupt: record length {n} at {r}")
@@ -431,8 +366,8 @@ class Ring:
         self._rpos += head[1]
         self._rcount += 1
         words = self._words
-        words[_READ_COUNT] = self._rcount
-        words[_READ_POS] = self._rpos
+        words[W_READ_COUNT] = self._rcount
+        words[W_READ_POS] = self._rpos
         self._space_bell.ring()
 
     # -- both ends ------------------------------------------------------------------------------
@@ -441,8 +376,8 @@ class Ring:
         if self._closed:
             raise RingClosed(f"ring {self.name} is closed")
         w = self._words
-        return RingStatistics(w[_WRITE_POS] - w[_READ_POS], self._cap,
-                              w[_WRITE_COUNT] - w[_READ_COUNT])
+        return RingStatistics(w[W_WRITE_POS] - w[W_READ_POS], self._cap,
+                              w[W_WRITE_COUNT] - w[W_READ_COUNT])
 
     def wait_fds(self) -> tuple[int, ...]:
         """Waitable protocol: the reader wakes on the data bell, the writer on the space bell,
@@ -494,7 +429,7 @@ class Ring:
         from the header, replacing a ``watch_peer`` guess), or the guess until then."""
         peer = self._res.peer
         if not self._peer_settled and self._words is not None:
-            pid = self._words[_OPENER_PID]
+            pid = self._words[W_OPENER_PID]
             if pid:
                 self._peer_settled = True
                 if peer is None or peer.pid != pid:
