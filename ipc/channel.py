@@ -124,9 +124,11 @@ class Channel(Generic[T]):
         return self._ring.max_record_size - _ALIGN
 
     # -- writer ---------------------------------------------------------------------------------
-    def send(self, msg: T, payload: np.ndarray | bytes | bytearray | memoryview | None = None,
-             timeout: float | None = None, *, block: bool = True) -> None:
-        """Send ``msg`` and optional ``payload`` (C-contiguous copy of its bytes) as one record.
+    def send(self, msg: T, payload: Any = None, timeout: float | None = None, *,
+             block: bool = True) -> None:
+        """Send ``msg`` and optional ``payload`` (a numpy array, bytes-like, or CPU torch tensor;
+        its bytes are copied in C order) as one record. The receiver learns dtype and shape from
+        ``msg``: the record carries raw bytes.
 
         Waits up to ``timeout`` s for room (``ChannelTimeout``) or raises ``WouldBlock`` when
         ``block`` is False; ``ValueError`` if the record exceeds the ring's max record size."""
@@ -232,8 +234,13 @@ class Channel(Generic[T]):
 
 
 def _byte_view(payload) -> memoryview:
-    """A flat unsigned-byte view of an array or bytes-like object (copies only if strided)."""
-    if isinstance(payload, np.ndarray):
-        return memoryview(np.ascontiguousarray(payload).reshape(-1).view(np.uint8))
-    view = memoryview(payload)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    """A flat unsigned-byte view of an array, a bytes-like object, or anything ``np.asarray``
+    takes without copying (e.g. a CPU torch tensor); copies only if the data is strided."""
+    if not isinstance(payload, np.ndarray):
+        try:
+            view = memoryview(payload)
+        except TypeError:
+            payload = np.asarray(payload)
+        else:
+            return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    return memoryview(np.ascontiguousarray(payload).reshape(-1).view(np.uint8))

@@ -208,3 +208,18 @@ async def test_doorbell_wait_async():
         assert not bell.drain()  # wait_async drained it
     finally:
         bell.close()
+
+
+def test_torch_cpu_tensor_payload(instance):
+    torch = pytest.importorskip("torch")
+    writer = Channel.create("torch", msg_type=str, capacity=4096, role="writer", instance=instance)
+    reader = writer.spec().open()
+    try:
+        codes = torch.arange(24, dtype=torch.int64).reshape(2, 12)
+        writer.send("codes", codes.t())  # a transposed (strided) tensor arrives in C order
+        with reader.recv(1) as got:
+            received = torch.from_numpy(got.array(np.int64, (12, 2)))
+            assert torch.equal(received, codes.t())
+    finally:
+        writer.close()
+        reader.close()
