@@ -153,6 +153,9 @@ class GreedyFrameSampler:
 
 
 class LocalV15Talker(nn.Module):
+    """The whole talker: `embed_rows` -> `transformer` (Qwen3, paged or dense) -> `decode_frame`
+    (local loop with a `FrameSampler`); `teacher_forced_logits` for parity checks."""
+
     def __init__(self, cfg: LocalV15Config) -> None:
         super().__init__()
         self.config = cfg
