@@ -52,6 +52,7 @@ class AudioEncoder(ABC):
     """One request's encoder. ``encode`` may return b"" while the codec buffers."""
 
     content_type: str
+    heavy = False  # True: milliseconds per chunk (a real codec); run it off the event loop
 
     @abstractmethod
     def encode(self, pcm: np.ndarray) -> bytes:
@@ -136,6 +137,8 @@ class _ByteSink:
 
 class ContainerEncoder(AudioEncoder):
     """mp3 / opus (Ogg) / aac (ADTS) / flac through one PyAV encoder and muxer per request."""
+
+    heavy = True
 
     def __init__(self, fmt: str, sample_rate: int, channels: int, *, streaming: bool) -> None:
         muxer, codec, bit_rate = _CONTAINERS[fmt]
@@ -243,6 +246,8 @@ def _atempo_factors(speed: float) -> list[float]:
 
 
 class SpeedAdjustedEncoder(AudioEncoder):
+    heavy = True
+
     def __init__(self, inner: AudioEncoder, speed: SpeedChange) -> None:
         self.inner = inner
         self.speed = speed

@@ -9,6 +9,7 @@ stream (the connection closes without the final chunk), and is logged.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -137,6 +138,18 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
     return AudioStreamResponse(body_iter, media_type=encoder.content_type, headers=headers)
 
 
+async def _encode(encoder: AudioEncoder, pcm) -> bytes:
+    """Codec work (mp3 is ~30 ms per second of stereo audio) runs in a thread so the loop keeps
+    serving other streams; cheap PCM/WAV packing stays inline. Calls stay in order per request."""
+    if encoder.heavy:
+        return await asyncio.to_thread(encoder.encode, pcm)
+    return encoder.encode(pcm)
+
+
+async def _finish(encoder: AudioEncoder) -> bytes:
+    return await asyncio.to_thread(encoder.finish) if encoder.heavy else encoder.finish()
+
+
 async def _first_chunk(chunks: AsyncIterator):
     """The first chunk, with engine errors turned into HTTP statuses (nothing was sent yet)."""
     try:
@@ -175,8 +188,8 @@ async def _whole_file(first, chunks: AsyncIterator, encoder: AudioEncoder, track
     try:
         async for chunk in _all_chunks(first, chunks):
             tracker.chunk(chunk)
-            pieces.append(encoder.encode(chunk.pcm))
-        pieces.append(encoder.finish())
+            pieces.append(await _encode(encoder, chunk.pcm))
+        pieces.append(await _finish(encoder))
     except EngineFailed as exc:
         tracker.finish("failed")
         log.error("%s failed: %s", request_id, exc)
@@ -194,11 +207,11 @@ async def _raw_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
     try:
         async for chunk in _all_chunks(first, chunks):
             tracker.chunk(chunk)
-            data = encoder.encode(chunk.pcm)
+            data = await _encode(encoder, chunk.pcm)
             if data:
                 tracker.sent_audio()
                 yield data
-        tail = encoder.finish()
+        tail = await _finish(encoder)
         if tail:
             tracker.sent_audio()
             yield tail
@@ -230,10 +243,10 @@ async def _sse_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
     try:
         async for chunk in _all_chunks(first, chunks):
             tracker.chunk(chunk)
-            data = encoder.encode(chunk.pcm)
+            data = await _encode(encoder, chunk.pcm)
             if data:
                 yield delta(data)
-        tail = encoder.finish()
+        tail = await _finish(encoder)
         if tail:
             yield delta(tail)
         frames = round(tracker.audio_seconds * 12.5)
