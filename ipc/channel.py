@@ -242,5 +242,14 @@ def _byte_view(payload) -> memoryview:
         except TypeError:
             payload = np.asarray(payload)
         else:
-            return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+            if view.format == "B" and view.ndim == 1:
+                return view
+            if view.c_contiguous:
+                return view.cast("B")
+            payload = np.asarray(payload)
+    if payload.flags.c_contiguous and payload.ndim:
+        try:
+            return memoryview(payload).cast("B")  # the fast path: no numpy calls
+        except (TypeError, ValueError, NotImplementedError):  # formats memoryview cannot cast
+            pass
     return memoryview(np.ascontiguousarray(payload).reshape(-1).view(np.uint8))
