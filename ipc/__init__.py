@@ -3,6 +3,19 @@
 ``Ring`` moves variable-length byte records; ``Channel`` adds a msgspec codec for one union of
 wire records (``ipc/messages.py``) plus an optional raw array payload per record. ``Doorbell``
 and ``wait_any`` let a process sleep until data (or a peer's death) arrives.
+
+Typical use (the owner creates, the spawned process opens)::
+
+    inbox = Channel.create("talker-in", msg_type=TalkerInbox, capacity=1 << 20,
+                           role="writer", instance=instance)          # owner, writing end
+    proc = mp.get_context("spawn").Process(target=work, args=(inbox.spec(),)); proc.start()
+    inbox.watch_peer(proc.pid)                                        # PeerGone if it dies early
+    inbox.send(Submit(...), codes)                                    # codes: np.ndarray
+
+    def work(spec):                                                   # in the child
+        inbox = spec.open()                                           # reading end
+        with inbox.recv(timeout=1.0) as got:                          # or try_recv / recv_async
+            codes = got.array(np.int64, (got.msg.frames, n_vq))       # zero-copy until release
 """
 
 from ipc.channel import Channel, ChannelSpec, ChannelStatistics, Received
