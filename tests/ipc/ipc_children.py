@@ -155,3 +155,10 @@ def tiny_ring_writer(spec, n: int, seed: int) -> None:
             time.sleep(0.0005)  # let the reader fall asleep now and then
         ring.send(int(seq).to_bytes(8, "little") * (int(sizes[seq]) // 8), timeout=10)
     ring.close()
+
+
+def ring_bell(bell, times: int) -> None:
+    """Ring a doorbell received through spawn ``times`` times."""
+    for _ in range(times):
+        bell.ring()
+    bell.close()

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import uvloop
 
-from ipc import EndOfStream, PeerGone, Ring
+from ipc import Doorbell, EndOfStream, PeerGone, Ring
 from ipc.shm import list_segments
-from ipc_children import (SPAWN, echo, open_then_hang, owner_then_hang, stress_reader_owner,
-                          tiny_ring_writer, write_then_hang)
+from ipc_children import (SPAWN, echo, open_then_hang, owner_then_hang, ring_bell,
+                          stress_reader_owner, tiny_ring_writer, write_then_hang)
 from ipc_kinds import KINDS
 
 DETECT_BOUND_S = 1.0  # a dead peer must surface within this (pidfd: in practice < 10 ms)
@@ -213,3 +213,22 @@ def test_the_real_opener_replaces_a_watch_peer_guess(instance):
         child.kill()
         child.join(5)
         reader.close()
+
+
+@pytest.mark.parametrize("bell_kind", ["eventfd", "pipe"])
+def test_doorbell_crosses_spawn(bell_kind):
+    if bell_kind == "pipe":
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        bell = Doorbell(r, w)
+    else:
+        bell = Doorbell.create()
+    try:
+        child = SPAWN.Process(target=ring_bell, args=(bell, 3))
+        child.start()
+        assert bell.wait(10)
+        child.join(10)
+        assert child.exitcode == 0
+    finally:
+        bell.close()
