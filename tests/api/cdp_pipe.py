@@ -17,7 +17,8 @@ import time
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--autoplay-policy=no-user-gesture-required", "--no-first-run", "--mute-audio")
+         "--autoplay-policy=no-user-gesture-required", "--no-first-run", "--mute-audio",
+         "--window-size=900,1000")
 
 
 def find_chromium() -> str | None:

@@ -406,7 +406,7 @@ def test_demo_page_plays_the_stream_in_headless_chromium(server, tmp_path):
             state = json.loads(state)
             clocks.append(float(state.get("clock", 0)))
             played = float(state.get("playedSeconds", 0))
-            if state["state"] in ("done", "error") or played > 0.5:
+            if state["state"] == "error" or float(state.get("playerTime", 0)) > 0.5:
                 break
             time.sleep(0.1)
         (tmp_path / "demo.png").write_bytes(browser.screenshot())
@@ -415,5 +415,6 @@ def test_demo_page_plays_the_stream_in_headless_chromium(server, tmp_path):
     assert state["state"] != "error", state
     assert int(state["chunks"]) >= 1 and int(state["bytes"]) > 0
     assert played > 0 and clocks[-1] > clocks[0]  # the WebAudio clock advanced while it played
+    assert float(state["playerTime"]) > 0  # and the page's <audio> element played the stream
     png = (tmp_path / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
