@@ -38,6 +38,7 @@ class Variant(Protocol):
     sample_rate: int
     channels: int
     frame_rate: float
+    samples_per_frame: int            # per channel
     sampling_defaults: Sampling
 
     def build_request(self, job: SpeechJobLike) -> tuple[np.ndarray, Sampling]:

@@ -16,7 +16,7 @@ from engine.coordinator import StageNotReady
 from engine.launcher import launch
 from ipc.shm import list_segments
 from profiles import load_profile
-from tests.engine.conftest import collect
+from tests.engine.conftest import collect, settle
 
 
 async def wait_for(predicate, timeout: float) -> None:
@@ -62,3 +62,21 @@ async def test_sigkill_of_a_worker_fails_everything_fast(demo_model_dir, stage) 
 async def test_a_stage_that_never_comes_up_is_named(demo_model_dir) -> None:
     with pytest.raises(StageNotReady, match="(talker|codec)"):
         await launch(load_profile("cpu", ["engine.ready_timeout_s=0.5"]), demo_model_dir)
+
+
+async def test_request_deadline_fails_the_request_and_frees_it(demo_model_dir) -> None:
+    handle = await launch(load_profile("cpu", ["admission.request_timeout_s=1.5"]),
+                          demo_model_dir)
+    client = handle.client(0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EngineFailed, match="deadline"):
+            await collect(client, SpeechJob(text="too long", forced_frames=3000))
+        assert 1.4 < time.monotonic() - t0 < 5.0
+        snap = await settle(client)
+        assert snap["running"] == 0 and snap["talker_slots"] == 0 and snap["codec_slots"] == 0
+        assert client.healthy()
+        chunks = await collect(client, SpeechJob(text="short", forced_frames=2))
+        assert chunks[-1].finish_reason == "stop"
+    finally:
+        await handle.stop()
