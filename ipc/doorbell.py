@@ -36,6 +36,7 @@ class Doorbell:
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self._rfd = read_fd
         self._wfd = write_fd  # same as read_fd for an eventfd
+        self._eventfd = read_fd == write_fd
         self.unpickled = False  # set on the copy a spawned process receives
 
     @classmethod
@@ -65,7 +66,7 @@ class Doorbell:
     def ring(self) -> None:
         """Make the bell readable. Cheap (one syscall); never blocks."""
         try:
-            if self._rfd == self._wfd:
+            if self._eventfd:
                 os.eventfd_write(self._wfd, 1)
             else:
                 os.write(self._wfd, b"\x01")

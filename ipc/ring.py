@@ -111,6 +111,7 @@ class Ring:
         self.max_record_size = self._cap // 2 - RECORD_HEADER
         self._closed = False
         self._writable = role == "writer"
+        self._readable = role == "reader"
         self._poller: select.poll | None = None
         self._poll_fds: tuple[int, ...] = ()
         # writer state
@@ -224,11 +225,37 @@ class Ring:
         self._publish(n, skip, size, notify)
 
     def send(self, data, timeout: float | None = None, *, block: bool = True) -> None:
-        """Copy a bytes-like ``data`` into one record and publish it (reserve + copy + commit)."""
+        """Copy a bytes-like ``data`` into one record and publish it (reserve + copy + commit).
+
+        The data plane's hot path, so ``_claim`` and ``_publish`` are inlined here (about 20%
+        of the per-record cost); keep the three in step."""
         n = len(data)
-        start = self._claim(n, timeout, block)
-        self._buf[start:start + n] = data
-        self._publish(*self._reserved, True)
+        if self._reserved is not None or not self._writable:
+            self._raise_not_writable()
+        if n > self.max_record_size:
+            raise ValueError(f"record of {n} bytes exceeds this ring's max_record_size "
+                             f"{self.max_record_size} (capacity {self._cap})")
+        size = RECORD_HEADER + ((n + ALIGN - 1) & -ALIGN)
+        cap = self._cap
+        w = self._wpos
+        off = w % cap
+        skip = cap - off if size > cap - off else 0
+        words = self._words
+        if words[W_READ_POS] < w + skip + size - cap or words[W_READER_CLOSED]:
+            self._wait_for_space(w + skip + size - cap, timeout, block)
+        if skip:
+            words[(HEADER_BYTES + off) >> 3] = WRAP
+            w += skip
+            off = 0
+        start = HEADER_BYTES + off
+        self._buf[start + RECORD_HEADER:start + RECORD_HEADER + n] = data
+        words[start >> 3] = n
+        self._wcount += 1
+        words[W_WRITE_COUNT] = self._wcount
+        w += size
+        self._wpos = w
+        words[W_WRITE_POS] = w  # publication point: everything above is visible before this
+        self._data_bell.ring()
 
     def _claim(self, n: int, timeout: float | None, block: bool) -> int:
         """Find room for a record of ``n`` bytes (waiting if needed); returns its payload offset
@@ -301,10 +328,9 @@ class Ring:
         head = self._head
         if head is not None:
             return head[0]
-        if self._closed:
-            raise RingClosed(f"ring {self.name} is closed")
-        if self.role != "reader":
-            raise IpcError("peek() on the writing end")
+        if not self._readable:
+            raise RingClosed(f"ring {self.name} is closed") if self._closed else \
+                IpcError("peek() on the writing end")
         words = self._words
         cap = self._cap
         r = self._rpos
@@ -406,7 +432,7 @@ class Ring:
         if self._closed:
             return
         self._closed = True
-        self._writable = False
+        self._writable = self._readable = False
         self._head = None
         self._reserved = None
         self._finalizer.detach()
