@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.api.helpers import data_url, tone_wav
+from tests.api.helpers import data_url, labelled, tone_wav
 from tests.api.server_process import ServerProcess
 
 ATTEMPTS = 60  # new connections tried until the other process answers
@@ -61,6 +61,19 @@ def test_voice_uploaded_on_one_is_usable_on_the_other(server):
     spoken = until_process(server.url, "/v1/audio/speech", exclude=upload.headers["x-api-process"],
                            json={"input": "Voice from the other process.", "voice": "shared", "response_format": "pcm"})
     assert spoken.status_code == 200 and len(spoken.content) > 0
+
+
+def test_metrics_sum_over_both_processes(server):
+    def ok_total() -> float:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            return labelled(client.get("/metrics").text, "mossvox_requests_total", outcome="ok")
+
+    before = ok_total()
+    pids = {fresh_post(server.url, "/v1/audio/speech", json={"input": "Count me.", "response_format": "pcm"})
+            .headers["x-api-process"] for _ in range(12)}
+    assert len(pids) == 2
+    for _ in range(3):  # whichever process answers the scrape reports both processes' requests
+        assert ok_total() == before + 12
 
 
 def test_everything_survives_a_restart(server, data_dir):
