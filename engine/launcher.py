@@ -7,7 +7,8 @@ cleaning up). The coordinator runs as tasks on the caller's loop, in the caller'
 a spawned API process passes to `EngineClient.connect`. `await handle.stop()` shuts down (drain or
 abort per `engine.shutdown`), joins both workers (SIGKILL after a grace period), closes every
 channel and removes this instance's shared-memory segments: no orphan processes, no /dev/shm
-leftovers, also after a worker crash.
+leftovers, also after a worker crash. On cuda with `engine.mps`, a private MPS daemon runs for
+the workers from launch to stop (`engine.mps`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from engine.client import ClientSpec, EngineClient
 from engine.coordinator import Coordinator
 from engine.counters import CounterBlock
+from engine.mps import MpsDaemon, maybe_start
 from ipc.channel import Channel, ChannelSpec
 from ipc.messages import ClientInbox, CodecInbox, CoordinatorInbox, TalkerInbox
 from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segment
@@ -85,7 +87,8 @@ class EngineHandle:
 
     def __init__(self, profile: Profile, model_dir: Path, variant: Any, instance: str,
                  wiring: _Wiring, coordinator: Coordinator, counters: CounterBlock,
-                 procs: dict[str, Any]) -> None:
+                 procs: dict[str, Any], mps: MpsDaemon | None = None) -> None:
+        self.mps = mps
         self.profile = profile
         self.model_dir = model_dir
         self.variant = variant
@@ -132,6 +135,8 @@ class EngineHandle:
             for client in self._clients.values():
                 await client.close()
             await _join_or_kill(self.procs)
+            if self.mps is not None:
+                await asyncio.to_thread(self.mps.stop)
             await self.coordinator.close()
             for ch in self._wiring.all():
                 ch.close()
@@ -156,6 +161,8 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     wiring = _create_wiring(profile, instance, clients, reference_ring_bytes(profile, variant))
     counters = CounterBlock.create(instance, max(profile.coalescing.max_batch,
                                                  profile.talker.max_running))
+    mps = await asyncio.to_thread(maybe_start, profile.engine.mps, device)
+    env = tuple(mps.env.items()) if mps is not None else ()
     ctx = mp.get_context("spawn")
     procs: dict[str, Any] = {}
     pipes: dict[str, Any] = {}
@@ -171,7 +178,7 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
             spec = WorkerSpec(stage=stage, model_dir=str(model_dir), profile=profile,
                               device=device, instance=instance, inbox=inbox.spec(),
                               to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
-                              num_clients=clients if stage == "codec" else 0)
+                              num_clients=clients if stage == "codec" else 0, env=env)
             proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{stage}", daemon=True)
             proc.start()
             theirs.close()
@@ -190,6 +197,8 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
             ch.close()
         counters.close()
         _remove_segments(instance)
+        if mps is not None:
+            await asyncio.to_thread(mps.stop)
         raise
     finally:
         for conn in pipes.values():
@@ -197,7 +206,7 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     log.info("engine %s ready: talker pid %d, codec pid %d, %d client slot(s), device %s",
              instance, procs["talker"].pid, procs["codec"].pid, clients, device)
     return EngineHandle(profile, model_dir, variant, instance, wiring, coordinator, counters,
-                        procs)
+                        procs, mps)
 
 
 async def _relay_specs(pipes: dict[str, Any], wiring: _Wiring, timeout: float) -> None:

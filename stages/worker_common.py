@@ -48,11 +48,13 @@ class WorkerSpec:
     setup: Connection               # set-up pipe to the launcher (spec relay)
     parent_pid: int
     num_clients: int = 0            # codec: rings to create, one per client
+    env: tuple[tuple[str, str], ...] = ()  # set before CUDA initialises (e.g. the MPS pipe)
 
 
 def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Any:
     """Die with the launcher, configure logging and torch threads; returns the `Variant`."""
     _die_with_parent(spec.parent_pid)
+    os.environ.update(dict(spec.env))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the launcher, which stops us
     level = spec.profile.engine.log_level.upper()
     logging.basicConfig(level=level, format=f"%(asctime)s {spec.stage}[%(process)d] %(levelname)s "

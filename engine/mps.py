@@ -1,0 +1,98 @@
+"""A private CUDA MPS daemon for one engine, so talker and codec share the GPU concurrently.
+
+Without MPS, CUDA time-slices separate processes (DESIGN.md: two busy processes each ran 2.1x
+slower on an H200). When the profile asks for it (`engine.mps`) and the device is cuda, the
+launcher starts `nvidia-cuda-mps-control -d` with its own pipe and log directories, hands the
+workers the pipe directory (they set `CUDA_MPS_PIPE_DIRECTORY` before CUDA initialises), and on
+stop sends `quit` to that daemon only, then removes its directories. Full quota: no partial SM
+limits (vllm_omni.md notes incomplete bf16 GEMM outputs with partial quotas).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+
+log = logging.getLogger(__name__)
+
+CONTROL = "nvidia-cuda-mps-control"
+TIMEOUT_S = 15.0
+
+
+class MpsUnavailable(RuntimeError):
+    """The MPS control binary is missing or the daemon did not start."""
+
+
+class MpsDaemon:
+    """One private MPS control daemon: `start()`, `env` for the workers, `stop()`."""
+
+    def __init__(self) -> None:
+        self.root: str | None = None
+
+    @property
+    def pipe_dir(self) -> str:
+        assert self.root is not None
+        return os.path.join(self.root, "pipe")
+
+    @property
+    def log_dir(self) -> str:
+        assert self.root is not None
+        return os.path.join(self.root, "log")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a worker process sets before CUDA initialises."""
+        return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
+
+    def _run(self, args: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(args, input=stdin, env={**os.environ, **self.env},
+                              capture_output=True, timeout=TIMEOUT_S, check=False)
+
+    def start(self) -> None:
+        if shutil.which(CONTROL) is None:
+            raise MpsUnavailable(f"{CONTROL} not found on PATH")
+        self.root = tempfile.mkdtemp(prefix="mossvox-mps-")
+        os.makedirs(self.pipe_dir)
+        os.makedirs(self.log_dir)
+        done = self._run([CONTROL, "-d"])
+        if done.returncode != 0:
+            message = done.stderr.decode(errors="replace").strip()
+            self._remove_dirs()
+            raise MpsUnavailable(f"{CONTROL} -d failed ({done.returncode}): {message}")
+        log.info("started a private MPS daemon (pipe %s)", self.pipe_dir)
+
+    def stop(self) -> None:
+        """Quit the daemon this object started (never another one); idempotent."""
+        if self.root is None:
+            return
+        try:
+            done = self._run([CONTROL], stdin=b"quit\n")
+            if done.returncode != 0:
+                log.warning("MPS quit returned %d: %s", done.returncode,
+                            done.stderr.decode(errors="replace").strip())
+        except subprocess.TimeoutExpired:
+            log.warning("MPS daemon did not answer quit within %.0f s", TIMEOUT_S)
+        finally:
+            self._remove_dirs()
+
+    def _remove_dirs(self) -> None:
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+
+def maybe_start(wanted: bool, device: str) -> MpsDaemon | None:
+    """A started daemon when the profile wants MPS on cuda; None (logged) when it cannot start."""
+    if not wanted or not device.startswith("cuda"):
+        return None
+    daemon = MpsDaemon()
+    try:
+        daemon.start()
+    except (MpsUnavailable, OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("engine.mps is on but MPS is unavailable (%s): talker and codec will "
+                    "time-slice the GPU", exc)
+        return None
+    return daemon

@@ -1,0 +1,54 @@
+"""The private MPS daemon (GPU machines only): started with its own directories, workers get its
+pipe, and stop quits that daemon and removes them. The engine runs with it end to end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from engine.mps import CONTROL, MpsDaemon, maybe_start
+
+needs_mps = pytest.mark.skipif(
+    shutil.which(CONTROL) is None or not os.path.exists("/dev/nvidiactl"),
+    reason=f"needs a CUDA machine with {CONTROL}")
+
+
+def test_not_started_without_cuda_or_when_off() -> None:
+    assert maybe_start(True, "cpu") is None
+    assert maybe_start(False, "cuda") is None
+
+
+@pytest.mark.gpu
+@needs_mps
+def test_private_daemon_starts_and_stops() -> None:
+    daemon = MpsDaemon()
+    daemon.start()
+    root = daemon.root
+    try:
+        assert os.path.isdir(daemon.pipe_dir)
+        assert daemon.env["CUDA_MPS_PIPE_DIRECTORY"] == daemon.pipe_dir
+    finally:
+        daemon.stop()
+    assert root is not None and not os.path.exists(root)
+
+
+@pytest.mark.gpu
+@needs_mps
+async def test_engine_on_cuda_with_mps(demo_model_dir) -> None:
+    from engine.client import SpeechJob
+    from engine.launcher import launch
+    from profiles import load_profile
+    from tests.engine.conftest import collect
+
+    handle = await launch(load_profile("cpu", ["model.device=cuda", "engine.mps=true"]),
+                          demo_model_dir)
+    try:
+        assert handle.mps is not None
+        chunks = await collect(handle.client(0), SpeechJob(text="gpu", forced_frames=20,
+                                                           sampling={"seed": 1}))
+        assert chunks[-1].finish_reason == "stop"
+    finally:
+        await handle.stop()
+    assert handle.mps.root is None
