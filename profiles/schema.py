@@ -66,6 +66,10 @@ class ModelConfig(_Section):
         "where the talker and codec run; auto = cuda when available, else cpu; issue 4")] = "auto"
     dtype: Annotated[Literal["auto", "float32", "bfloat16"], doc(
         "weight and activation dtype; auto = bfloat16 on cuda, float32 on cpu; issue 3")] = "auto"
+    variant: Annotated[Literal["moss-tts", "ttsd", "sound-effect", "voice-generator"] | None, doc(
+        "which Delay-family model a moss_tts_delay checkpoint is; null = config.json's "
+        "mossvox_variant, else n_vq 32 = moss-tts (16-codebook checkpoints must be named); "
+        "issue 6")] = None
     served_name: Annotated[str, doc(
         "model name accepted in requests and listed by /v1/models; issue 5", min_length=1)] = "mossvox"
     force_length_from_text: Annotated[bool, doc(

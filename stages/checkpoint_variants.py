@@ -76,6 +76,12 @@ def _delay_config(name: str) -> Callable[[Size], dict]:
     return config
 
 
+def _delay_finish(name: str) -> Callable[[dict], dict]:
+    """Record which Delay variant this is: 16-codebook configs cannot tell TTSD, SoundEffect and
+    VoiceGenerator apart (read by `stages.delay.variant`)."""
+    return lambda config: {**config, "mossvox_variant": name}
+
+
 def _delay_module(config: dict) -> nn.Module:
     from stages.delay.config import DelayConfig
     from stages.delay.model import DelayModel
@@ -98,9 +104,11 @@ def _realtime_module(config: dict) -> nn.Module:
 
 VARIANTS: dict[str, VariantWriter] = {
     "local-v1.5": VariantWriter(_local_v15_config, _local_v15_module, _v2_codec, _local_v15_finish),
-    "delay": VariantWriter(_delay_config("moss-tts"), _delay_module, _v1_codec),
-    "ttsd": VariantWriter(_delay_config("ttsd"), _delay_module, _v1_codec),
-    "sound-effect": VariantWriter(_delay_config("sound-effect"), _delay_module, _v1_codec),
-    "voice-generator": VariantWriter(_delay_config("voice-generator"), _delay_module, _v1_codec),
+    "delay": VariantWriter(_delay_config("moss-tts"), _delay_module, _v1_codec, _delay_finish("moss-tts")),
+    "ttsd": VariantWriter(_delay_config("ttsd"), _delay_module, _v1_codec, _delay_finish("ttsd")),
+    "sound-effect": VariantWriter(_delay_config("sound-effect"), _delay_module, _v1_codec,
+                                  _delay_finish("sound-effect")),
+    "voice-generator": VariantWriter(_delay_config("voice-generator"), _delay_module, _v1_codec,
+                                     _delay_finish("voice-generator")),
     "realtime": VariantWriter(_realtime_config, _realtime_module, _v1_codec),
 }

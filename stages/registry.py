@@ -74,13 +74,28 @@ def load_variant(model_dir: str | Path, profile: Profile) -> Variant:
     """The variant serving the checkpoint in `model_dir`, chosen from its `config.json`."""
     config = read_config(model_dir)
     model_type = config.get("model_type")
+    if profile.model.variant is not None and model_type != "moss_tts_delay":
+        raise UnknownModel(f"model.variant {profile.model.variant!r} names a Delay-family variant, but "
+                           f"{model_dir}/config.json has model_type {model_type!r}")
     if model_type == "moss_tts_local":
         from stages.local_v15.variant import LocalV15Variant
 
         return LocalV15Variant(Path(model_dir), profile, config)
+    if model_type == "moss_tts_delay" and "local_num_layers" in config:
+        raise UnknownModel(f"{model_dir}/config.json is MOSS-TTS-Local-Transformer v1 (moss_tts_delay "
+                           f"with local_num_layers), which is not served; v1.5 (moss_tts_local) is")
+    if model_type == "moss_tts_delay":
+        from stages.delay.variant import DelayVariant
+
+        return DelayVariant(Path(model_dir), profile, config)
+    if model_type == "moss_tts_realtime":
+        from stages.realtime.variant import RealtimeVariant
+
+        return RealtimeVariant(Path(model_dir), profile, config)
     raise UnknownModel(
-        f"{model_dir}/config.json: model_type {model_type!r} is not served "
-        f"(known: 'moss_tts_local' = MOSS-TTS-Local-Transformer-v1.5)")
+        f"{model_dir}/config.json: model_type {model_type!r} is not served (known: "
+        f"'moss_tts_local' = MOSS-TTS-Local-Transformer-v1.5, 'moss_tts_delay' = MOSS-TTS / TTSD / "
+        f"SoundEffect / VoiceGenerator, 'moss_tts_realtime' = MOSS-TTS-Realtime)")
 
 
 def resolve_device(profile: Profile) -> str:

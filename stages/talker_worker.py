@@ -197,8 +197,10 @@ class WarmUpJob:
 
 
 def warm_up(runner: Any, variant: Any) -> None:
-    """Run one short request through the runner so first requests do not pay for lazy set-up."""
-    prompt, sampling = variant.build_request(WarmUpJob())
+    """Run one short request through the runner so first requests do not pay for lazy set-up.
+    A variant whose adapter needs other fields (TTSD: speaker tags) offers `warm_up_job()`."""
+    job = variant.warm_up_job() if hasattr(variant, "warm_up_job") else WarmUpJob()
+    prompt, sampling = variant.build_request(job)
     rid = -1
     runner.add(rid, prompt, from_wire(sampling))
     for _ in range(8):

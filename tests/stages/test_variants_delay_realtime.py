@@ -1,0 +1,263 @@
+"""The Delay-family and Realtime variants: registry choice, request adapters, and first audio
+through the talker worker's loop.
+
+Checkpoints are tiny random-weight ones written by `make_checkpoint` (one per variant). The
+first-audio measurement drives the real `TalkerLoop` (the talker worker's loop) over real rings
+with the variant's real talker runner and counts runner steps until the first code chunk leaves
+for the codec, then decodes it with the variant's v1 codec runner. Streaming decode with the v1
+codec equalling the whole decode is `tests/stages/test_codec_streaming.py` (case "v1").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+from ipc.channel import Channel
+from ipc.messages import CodecInbox, CodeChunk, CoordinatorInbox, Submit, TalkerInbox
+from ipc.shm import new_instance_id
+from profiles import load_profile
+from stages.delay.adapters import AdapterError
+from stages.delay.variant import split_transcripts
+from stages.make_checkpoint import make_checkpoint
+from stages.registry import UnknownModel, load_variant
+from stages.talker_worker import TalkerLoop
+from stages.worker_common import payload_array, schedule_from
+
+VARIANTS = ("delay", "ttsd", "sound-effect", "voice-generator", "realtime")
+# the text each variant's adapter accepts for a plain request
+ACCEPTED = {"delay": {}, "ttsd": {"text": "[S1] hello there [S2] hi"}, "sound-effect": {"text": "rain on a roof"},
+            "voice-generator": {"instructions": "a calm, low voice"}, "realtime": {}}
+
+
+@dataclass
+class Job:
+    text: str = "hello world"
+    language: str | None = None
+    instructions: str | None = None
+    ref_codes: np.ndarray | None = None
+    ref_text: str | None = None
+    sampling: dict = field(default_factory=dict)
+    forced_frames: int | None = None
+    extra_ref_codes: list = field(default_factory=list)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+    for name in VARIANTS:
+        make_checkpoint(root / name, variant=name, size="tiny", seed=3)
+    return root
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_profile("cpu", ["model.max_new_frames=200"])
+
+
+def variant_of(checkpoints, name, profile):
+    return load_variant(checkpoints / name, profile)
+
+
+def codes(frames: int, n_vq: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1024, size=(frames, n_vq), dtype=np.int64)
+
+
+# ---- the registry -------------------------------------------------------------------------------
+
+
+def test_registry_picks_each_variant_from_its_config(checkpoints, profile) -> None:
+    facts = {name: (v.name, v.n_vq, v.sample_rate, v.channels, v.frame_rate)
+             for name in VARIANTS for v in [variant_of(checkpoints, name, profile)]}
+    assert facts == {
+        "delay": ("moss-tts-delay", 32, 24000, 1, 12.5),
+        "ttsd": ("moss-ttsd", 16, 24000, 1, 12.5),
+        "sound-effect": ("moss-sound-effect", 16, 24000, 1, 12.5),
+        "voice-generator": ("moss-voice-generator", 16, 24000, 1, 12.5),
+        "realtime": ("moss-tts-realtime", 16, 24000, 1, 12.5),
+    }
+
+
+def test_an_unnamed_16_codebook_delay_checkpoint_must_be_named(checkpoints, profile, tmp_path) -> None:
+    config = json.loads((checkpoints / "ttsd" / "config.json").read_text())
+    del config["mossvox_variant"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "audio_tokenizer").symlink_to(checkpoints / "ttsd" / "audio_tokenizer")
+    with pytest.raises(ValueError, match="model.variant"):
+        load_variant(tmp_path, profile)
+    named = load_profile("cpu", ["model.variant=sound-effect"])
+    assert load_variant(tmp_path, named).name == "moss-sound-effect"
+    # the profile's name wins over the one make-checkpoint recorded
+    assert load_variant(checkpoints / "ttsd", named).name == "moss-sound-effect"
+    with pytest.raises(UnknownModel, match="Delay"):
+        load_variant(checkpoints / "realtime", named)
+
+
+def test_local_v1_checkpoint_is_refused_by_name(checkpoints, profile, tmp_path) -> None:
+    config = json.loads((checkpoints / "delay" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "local_num_layers": 1}))
+    with pytest.raises(UnknownModel, match="Local-Transformer v1"):
+        load_variant(tmp_path, profile)
+
+
+# ---- request adapters ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, job, message", [
+    ("sound-effect", Job(text="thunder", ref_codes=codes(20, 16)), "takes no reference audio"),
+    ("voice-generator", Job(), "instructions"),
+    ("voice-generator", Job(instructions="warm", ref_codes=codes(20, 16)), "takes no reference audio"),
+    ("ttsd", Job(text="no tags here"), "speaker tags"),
+    ("ttsd", Job(text="[S1] a [S2] b", ref_codes=codes(20, 16), extra_ref_codes=[codes(20, 16, 1)],
+                 ref_text="both clips' words, untagged"), "tag ref_text by speaker"),
+    ("ttsd", Job(text="[S1] a [S2] b", ref_codes=codes(20, 16)), "go together"),
+    ("delay", Job(ref_codes=codes(20, 32), extra_ref_codes=[codes(20, 32, 1)]), "at most one reference"),
+    ("realtime", Job(instructions="whisper"), "does not take instructions"),
+    ("realtime", Job(ref_codes=codes(20, 16), ref_text="words"), "no continuation mode"),
+    ("realtime", Job(ref_codes=codes(20, 16), extra_ref_codes=[codes(20, 16, 1)]), "one reference clip"),
+])
+def test_adapter_errors_say_what_to_change(checkpoints, profile, name, job, message) -> None:
+    with pytest.raises(AdapterError, match=message):
+        variant_of(checkpoints, name, profile).build_request(job)
+
+
+def test_ttsd_clones_several_speakers_by_continuation(checkpoints, profile) -> None:
+    variant = variant_of(checkpoints, "ttsd", profile)
+    s1, s2 = codes(6, 16, 1), codes(4, 16, 2)
+    job = Job(text="[S1] how are you [S2] fine", ref_codes=s1, extra_ref_codes=[s2],
+              ref_text="[S1] first words [S2] second words")
+    prompt, _ = variant.build_request(job)
+    cfg = variant.processor.config
+    # continuation: the prompt ends inside the assistant's audio block, on 10 gen-slot rows whose
+    # codebook 0 is S1's frames then S2's (delayed layout: codebook 0 is not shifted)
+    tail = prompt[-10:]
+    assert (tail[:, 0] == cfg.gen_slot).all()
+    assert (tail[:, 1] == np.concatenate([s1, s2])[:, 0]).all()
+    # and each speaker's clip is in the user turn as its own reference block
+    assert (prompt[:, 0] == cfg.user_slot).sum() == (6 + 15) + (4 + 15)
+
+
+def test_split_transcripts() -> None:
+    assert split_transcripts("[S1] a b [S2] c", 2) == ["[S1] a b", "[S2] c"]
+    assert split_transcripts("just words", 1) == ["just words"]
+    assert split_transcripts(None, 2) == [None, None]
+    assert split_transcripts("[S2] only two", 2) == [None, "[S2] only two"]
+    with pytest.raises(AdapterError, match="3 speakers but 2"):
+        split_transcripts("[S1] a [S2] b [S3] c", 2)
+
+
+def test_sound_effect_input_is_the_ambient_sound_field(checkpoints, profile) -> None:
+    variant = variant_of(checkpoints, "sound-effect", profile)
+    prompt, _ = variant.build_request(Job(text="distant thunder"))
+    decoded = variant.processor.tokenizer.decode(prompt[:, 0].tolist())
+    assert "- Ambient Sound:\ndistant thunder" in decoded
+    assert "- Text:\nNone" in decoded
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("delay", (1.7, 0.8, 25, 1.0)), ("ttsd", (1.1, 0.9, 50, 1.1)), ("sound-effect", (1.5, 0.6, 50, 1.2)),
+    ("voice-generator", (1.5, 0.6, 50, 1.1)), ("realtime", (0.8, 0.6, 30, 1.1)),
+])
+def test_sampling_defaults_overrides_and_caps(checkpoints, profile, name, expected) -> None:
+    variant = variant_of(checkpoints, name, profile)
+    _, s = variant.build_request(Job(**ACCEPTED[name]))
+    assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty) == expected
+    assert s.max_new_frames == 200  # the model card's budget, capped by model.max_new_frames
+    _, s = variant.build_request(Job(**ACCEPTED[name], sampling={"top_k": 3, "seed": 9, "max_new_frames": 10**6}))
+    assert (s.top_k, s.seed, s.max_new_frames) == (3, 9, 200)
+    with pytest.raises(ValueError, match="unknown sampling fields"):
+        variant.build_request(Job(**ACCEPTED[name], sampling={"beams": 2}))
+
+
+# ---- first audio through the talker loop ---------------------------------------------------------
+
+
+class LoopRig:
+    """The talker worker's loop over real rings: the test plays coordinator and codec."""
+
+    def __init__(self, runner, variant, profile) -> None:
+        instance = new_instance_id()
+        make = lambda name, t, role: Channel.create(name, msg_type=t, capacity=1 << 20, role=role,  # noqa: E731
+                                                    instance=instance)
+        self.inbox = make("inbox", TalkerInbox, "writer")
+        self.codes = make("codes", CodecInbox, "reader")
+        self.coord = make("coord", CoordinatorInbox, "reader")
+        self.ends = [self.inbox.spec().open(), self.codes.spec().open(), self.coord.spec().open()]
+        self.loop = TalkerLoop(runner, *self.ends, schedule_from(profile), variant.n_vq)
+        self.runner, self.n_vq = runner, variant.n_vq
+
+    def close(self) -> None:
+        for ch in [*self.ends, self.inbox, self.codes, self.coord]:
+            ch.close()
+
+    def chunks_until_done(self, prompt, sampling, initial_frames: int):
+        """[(runner steps so far, still running?, CodeChunk, codes [T, n_vq])] of one request."""
+        self.inbox.send(Submit(rid=1, client=0, sampling=sampling, initial_chunk_frames=initial_frames), prompt)
+        out, steps = [], 0
+        while True:
+            self.loop.step()
+            steps += 1
+            while (rec := self.codes.try_recv()) is not None:
+                with rec:
+                    out.append((steps, self.runner.num_running() > 0, rec.msg, payload_array(rec, np.int64, self.n_vq)))
+            if out and out[-1][2].final:
+                return out
+            assert steps < 500
+
+
+@pytest.fixture(scope="module")
+def first_audio_report():
+    lines: list[str] = []
+    yield lines
+    print("\ntalker steps before the first audio chunk leaves for the codec:\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("initial_frames", [1, 3])
+def test_first_audio_leaves_after_n_vq_steps_for_delay_and_at_once_for_realtime(
+        checkpoints, profile, name, initial_frames, first_audio_report) -> None:
+    variant = variant_of(checkpoints, name, profile)
+    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
+    try:
+        prompt, sampling = variant.build_request(Job(**ACCEPTED[name], forced_frames=20, sampling={"seed": 1}))
+        assert len(prompt) <= profile.talker.prefill_chunk_tokens  # the prefill is one step
+        chunks = rig.chunks_until_done(prompt, sampling, initial_frames)
+    finally:
+        rig.close()
+    steps, running, first, first_codes = chunks[0]
+    expected = initial_frames if name == "realtime" else variant.n_vq + initial_frames
+    assert steps == expected
+    assert running and not first.final  # streaming: generation goes on after the first chunk
+    assert first_codes.shape == (initial_frames, variant.n_vq)
+    assert sum(len(c) for *_, c in chunks) == 20 and chunks[-1][2].finish_reason == "stop"
+    codec = variant.make_codec_runner("cpu")
+    codec.open(1)
+    pcm = codec.decode([(1, first_codes)])[0]
+    assert pcm.shape == (1, initial_frames * 1920) and np.isfinite(pcm).all()
+    first_audio_report.append(f"  {name:16s} n_vq {variant.n_vq:2d}, initial chunk {initial_frames} frame(s): "
+                              f"{steps} steps ({len(prompt)}-row prompt, 20 frames in {chunks[-1][0]} steps)")
+
+
+def test_delay_continuation_emits_its_first_frame_one_step_sooner(checkpoints, profile) -> None:
+    variant = variant_of(checkpoints, "delay", profile)
+    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
+    try:
+        prompt, sampling = variant.build_request(Job(ref_codes=codes(8, 32), ref_text="the reference words",
+                                                     forced_frames=5))
+        chunks = rig.chunks_until_done(prompt, sampling, 1)
+    finally:
+        rig.close()
+    assert chunks[0][0] == variant.n_vq  # no audio_start row to sample: one step less
+    assert sum(len(c) for *_, c in chunks) == 5
