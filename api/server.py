@@ -72,7 +72,7 @@ def serve(profile, model_dir: str | None) -> int:
     if not (model_dir or profile.model.path):
         log.warning("no model given: serving the embedded tiny demo model; its weights are RANDOM "
                     "(noise-like audio, length forced from the text)")
-    log.info("resolved profile (sha256 %s):\n%s", profile.sha256(), _profile_text(profile))
+    log.info("resolved profile (sha256 %s):\n%s", profile.sha256(), profile.to_yaml())
     metrics_dir = Path(tempfile.mkdtemp(prefix="mossvox-metrics-"))
     # prometheus-client's multiprocess mode is switched by this variable (read when the library
     # is imported, in each spawned API process); it is the library's mechanism, not a setting.
@@ -112,15 +112,6 @@ async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSign
     finally:
         await asyncio.to_thread(_stop_processes, procs)
         await engine.stop()
-
-
-def _profile_text(profile) -> str:
-    to_yaml = getattr(profile, "to_yaml", None)
-    if to_yaml is not None:
-        return to_yaml()
-    import json
-
-    return json.dumps(profile.to_dict(), indent=2, sort_keys=True)
 
 
 async def _supervise(procs: list, stop: "_StopSignal") -> int:
@@ -181,6 +172,8 @@ class _StopSignal:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        os.close(self._read)
+        os.close(self._write)
 
 
 def _die_with_parent() -> None:
