@@ -1,0 +1,172 @@
+"""Figures of `mossvox bench serve`: per-request player simulation, per-run summary, the printed
+table, the JSON document and the progress line.
+
+Definitions (all times from the client's clock, ``time.perf_counter``):
+
+- TTFA: from sending the request to the first non-empty body chunk.
+- latency: from sending to the last body byte; RTF = latency / audio seconds of that request.
+- audio seconds: PCM bytes received / (sample_rate * channels * 2).
+- inter-chunk gap: time between two successive bursts of body bytes of one request; reads that
+  arrive within 2 ms of the previous one are the same burst (a socket hands one server chunk of
+  460 KB over in several reads).
+- player: starts playing at the first byte and plays at real time; when the next byte it needs
+  has not arrived it stalls until it does. Underrun = the summed stall time of a request; a
+  request is "smooth" when no single stall is longer than 100 ms.
+- audio-s/s = all audio seconds of the pass / the pass's wall time (first send to last byte);
+  requests/s likewise.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+SMOOTH_GAP_S = 0.1
+BURST_S = 0.002
+
+
+@dataclass
+class RequestResult:
+    """What the client saw of one request (times in seconds from its send)."""
+
+    index: int
+    utt_id: str
+    target_chars: int
+    forced_frames: int | None
+    ok: bool = False
+    error: str | None = None
+    status: int | None = None
+    start_s: float = 0.0  # send time, from the start of the pass
+    ttfa_s: float | None = None
+    latency_s: float | None = None
+    audio_bytes: int = 0
+    audio_s: float = 0.0
+    chunk_at_s: list[float] = field(default_factory=list)  # arrival of each non-empty chunk
+    chunk_bytes: list[int] = field(default_factory=list)
+    ref_cache: str | None = None  # the server's X-Ref-Cache header (hit / miss)
+
+
+@dataclass(frozen=True)
+class PlayerStats:
+    underrun_s: float  # summed stall time
+    max_stall_s: float  # longest single stall
+
+    @property
+    def smooth(self) -> bool:
+        return self.max_stall_s <= SMOOTH_GAP_S
+
+
+def simulate_player(chunk_at_s: list[float], chunk_bytes: list[int], bytes_per_s: float) -> PlayerStats:
+    """A real-time player that starts at the first chunk: each chunk must arrive before the
+    audio before it has played out, else the player stalls until it does."""
+    if not chunk_at_s:
+        return PlayerStats(0.0, 0.0)
+    stalled = longest = 0.0
+    played_until = chunk_at_s[0]  # wall time at which the audio received so far runs out
+    for at, size in zip(chunk_at_s, chunk_bytes):
+        stall = max(0.0, at - played_until)
+        stalled += stall
+        longest = max(longest, stall)
+        played_until = max(played_until, at) + size / bytes_per_s
+    return PlayerStats(stalled, longest)
+
+
+def burst_gaps(chunk_at_s: list[float], within_s: float = BURST_S) -> list[float]:
+    """Gaps between bursts: reads closer than ``within_s`` to the previous read join its burst."""
+    return [b - a for a, b in zip(chunk_at_s, chunk_at_s[1:]) if b - a >= within_s]
+
+
+def _stats(values: list[float], scale: float = 1.0, digits: int = 2) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p99": None, "max": None}
+    v = np.asarray(values, dtype=float) * scale
+    return {"mean": round(float(v.mean()), digits), "p50": round(float(np.percentile(v, 50)), digits),
+            "p99": round(float(np.percentile(v, 99)), digits), "max": round(float(v.max()), digits)}
+
+
+def summarize(concurrency: int, results: list[RequestResult], wall_s: float, bytes_per_s: float,
+              *, warmup: dict | None = None) -> dict:
+    """One run's figures (the JSON ``runs[]`` entry); ``failed`` when any request failed."""
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    players = [simulate_player(r.chunk_at_s, r.chunk_bytes, bytes_per_s) for r in ok]
+    gaps = [g for r in ok for g in burst_gaps(r.chunk_at_s)]
+    audio_total = sum(r.audio_s for r in ok)
+    run = {
+        "concurrency": concurrency,
+        "failed": bool(failed) or not results or bool(warmup and warmup["num_failed"]),
+        "num_requests": len(results),
+        "num_failed": len(failed),
+        "wall_s": round(wall_s, 4),
+        "audio_s_total": round(audio_total, 3),
+        "audio_s_per_s": round(audio_total / wall_s, 3) if wall_s > 0 else None,
+        "requests_per_s": round(len(ok) / wall_s, 3) if wall_s > 0 else None,
+        "ttfa_ms": _stats([r.ttfa_s for r in ok], 1000, 1),
+        "latency_s": _stats([r.latency_s for r in ok], 1, 3),
+        "rtf": _stats([r.latency_s / r.audio_s for r in ok], 1, 4),
+        "audio_s_per_request": _stats([r.audio_s for r in ok], 1, 3),
+        "chunk_gap_ms": _stats(gaps, 1000, 1),
+        "underrun_s": {**_stats([p.underrun_s for p in players], 1, 4),
+                       "total": round(sum(p.underrun_s for p in players), 4)},
+        "max_stall_ms": _stats([p.max_stall_s for p in players], 1000, 1),
+        "share_smooth": round(sum(p.smooth for p in players) / len(results), 4) if results else 0.0,
+        "ref_cache_hits": sum(r.ref_cache == "hit" for r in ok),
+        "errors": [f"{r.utt_id}: {r.error}" for r in failed[:10]],
+        "warmup": warmup,
+        "requests": [{**asdict(r), "max_stall_ms": round(1000 * p.max_stall_s, 2),
+                      "underrun_s": round(p.underrun_s, 4)}
+                     for r, p in zip(ok, players)] + [asdict(r) for r in failed],
+    }
+    return run
+
+
+def _f(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(runs: list[dict]) -> str:
+    """The printed table, one row per run (markdown, so it pastes into docs/performance.md)."""
+    head = ("| C | requests | failed | wall s | audio-s/s | req/s | TTFA mean | TTFA p50 | TTFA p99 "
+            "| RTF mean | gap p99 | underrun mean | smooth |")
+    lines = [head, "|" + "---:|" * (head.count("|") - 1)]
+    for r in runs:
+        lines.append(
+            f"| {r['concurrency']} | {r['num_requests']} | {r['num_failed']} | {_f(r['wall_s'], '.2f')} "
+            f"| {_f(r['audio_s_per_s'], '.2f')} | {_f(r['requests_per_s'], '.2f')} "
+            f"| {_f(r['ttfa_ms']['mean'], '.1f')} ms | {_f(r['ttfa_ms']['p50'], '.1f')} ms "
+            f"| {_f(r['ttfa_ms']['p99'], '.1f')} ms | {_f(r['rtf']['mean'], '.3f')} "
+            f"| {_f(r['chunk_gap_ms']['p99'], '.0f')} ms | {_f(r['underrun_s']['mean'], '.3f')} s "
+            f"| {100 * r['share_smooth']:.0f}% |")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, document: dict) -> None:
+    Path(path).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+
+
+class ProgressLine:
+    """A one-line progress bar on a stream (stderr), redrawn at most 10 times a second."""
+
+    def __init__(self, label: str, total: int, stream: TextIO | None = sys.stderr) -> None:
+        self.label, self.total, self.stream = label, total, stream
+        self.done = self.failed = 0
+        self._drawn = 0.0
+
+    def update(self, ok: bool) -> None:
+        self.done += 1
+        self.failed += not ok
+        if self.stream is not None and (self.done == self.total or time.monotonic() - self._drawn > 0.1):
+            self._drawn = time.monotonic()
+            width = 30
+            filled = width * self.done // max(1, self.total)
+            self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                              f"{self.done}/{self.total} failed {self.failed}")
+            if self.done == self.total:
+                self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,103 @@
+"""`mossvox bench serve`: closed-loop streaming clients against a running server.
+
+    mossvox bench serve --url http://127.0.0.1:8000 --concurrency 1,16,64 \
+        [--dataset synthetic-en1088 | --dataset PATH] [--num-prompts N] [--out results.json]
+
+Prints the forcing rule and a table of runs (one per concurrency); exit status 1 when any
+request of any run (warm-up included) failed, 2 when the dataset or server cannot be used.
+Clients: `api.bench_client`; prompt sets: `api.bench_dataset`; figures: `api.bench_report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _concurrencies(values: list[str]) -> list[int]:
+    out = []
+    for value in values:
+        for item in value.split(","):
+            if item.strip():
+                number = int(item)
+                if number < 1:
+                    raise ValueError(f"concurrency must be >= 1, got {number}")
+                out.append(number)
+    return out or [1]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    parser.add_argument("--concurrency", action="append", default=[], metavar="C[,C...]",
+                        help="closed-loop clients; repeatable or a comma list to sweep (default 1)")
+    parser.add_argument("--dataset", default="synthetic-en1088", metavar="PATH|synthetic-en1088",
+                        help="a Seed-TTS-format directory (<root>/en/meta.lst) or the synthetic stand-in")
+    parser.add_argument("--num-prompts", type=int, default=None, metavar="N",
+                        help="prompts per pass, in a seeded order (default: the whole dataset)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt order and per-request sampling seeds")
+    parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    parser.add_argument("--model", default=None, help="model name to request (default: the first served)")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="run a full discarded pass before each measured one (default on)")
+    parser.add_argument("--frames-per-char", type=float, default=0.87,
+                        help="forced length per input character for random weights; 0 = send none")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="cap of the forced length")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    parser.add_argument("--cache-dir", default="~/.cache/mossvox/bench",
+                        help="where synthetic-en1088's clips are generated once")
+    parser.add_argument("--out", default=None, metavar="FILE", help="write the JSON results here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import datetime
+
+    import httpx
+
+    from api.bench_client import ClientConfig, ForcedLength, run_sweep, server_info
+    from api.bench_dataset import DatasetError, describe, digest, load_dataset, select_prompts
+    from api.bench_report import format_table, write_json
+
+    try:
+        concurrencies = _concurrencies(args.concurrency)
+        dataset = load_dataset(args.dataset, args.cache_dir)
+    except (ValueError, DatasetError) as exc:
+        print(f"mossvox bench serve: {exc}", file=sys.stderr)
+        return 2
+    prompts = select_prompts(dataset.prompts, args.num_prompts, args.seed)
+    dataset.prepare(prompts)
+    forced = ForcedLength(args.frames_per_char, args.max_new_tokens) if args.frames_per_char > 0 else None
+    config = ClientConfig(args.url.rstrip("/"), args.model, args.api_key, args.seed, forced, args.timeout)
+    try:
+        info = asyncio.run(server_info(config))
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        print(f"mossvox bench serve: cannot use {config.url}: {exc}", file=sys.stderr)
+        return 2
+    rule = forced.describe() if forced else "none (the model stops by itself)"
+    print(f"server {config.url}: model {info.model}, {info.sample_rate} Hz x {info.channels} ch s16 PCM")
+    stats = describe(prompts)
+    print(f"dataset {dataset.name}: {stats['prompts']} prompts, {stats['distinct_clips']} distinct "
+          f"reference clips, target text {stats['target_chars_mean']} chars on average")
+    print(f"forced length: {rule}")
+    print(f"warm-up pass: {'yes, discarded' if args.warmup else 'no'}")
+    runs = asyncio.run(run_sweep(prompts, config, concurrencies, warmup=args.warmup, info=info,
+                                 progress=None if args.no_progress else sys.stderr))
+    failed = any(r["failed"] for r in runs) or len(runs) < len(concurrencies)
+    print(format_table(runs))
+    for r in runs:
+        for line in (r["warmup"] or {}).get("errors", []) + r["errors"]:
+            print(f"C={r['concurrency']} failed request: {line}")
+    if len(runs) < len(concurrencies):
+        print(f"stopped after the failed run at C={runs[-1]['concurrency']}")
+    print("RESULT: FAILED" if failed else "RESULT: ok (every request returned non-empty audio)")
+    if args.out:
+        write_json(args.out, {
+            "tool": "mossvox bench serve",
+            "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "url": config.url, "model": info.model, "sample_rate": info.sample_rate,
+            "channels": info.channels, "dataset": {"name": dataset.name, "digest": digest(prompts), **stats},
+            "seed": args.seed, "warmup": args.warmup, "forced_length": rule, "failed": failed,
+            "concurrencies": concurrencies, "runs": runs,
+        })
+    return 1 if failed else 0

@@ -1,0 +1,185 @@
+"""`mossvox bench serve` against a real `mossvox serve` on loopback (tiny demo model, cpu profile).
+
+The demo model's weights are random, so its lengths are forced: every request's audio length is
+known exactly (forced_frames * 80 ms), which lets these tests check the client's accounting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import wave
+
+import pytest
+
+from api.bench_client import ClientConfig, ForcedLength, run_pass, server_info
+from api.bench_dataset import (DatasetError, SyntheticEn1088, digest, load_dataset, read_seed_tts,
+                               select_prompts)
+from api.bench_report import simulate_player, summarize
+from api.cli import main
+from api.commands.bench_serve import _concurrencies
+from tests.api.helpers import tone_wav
+from tests.api.server_process import ServerProcess
+
+FRAME_S = 0.08
+KEY = "bench-key"
+# short forced lengths keep each request near one second of audio (two chunks), so a run is quick
+FAST = ["--frames-per-char", "0.25", "--max-new-tokens", "16"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = ServerProcess(tmp_path_factory.mktemp("data"), "--api-key", KEY).start()
+    yield s
+    s.stop()
+
+
+def _write_seed_tts(root, rows):
+    """rows: (utt_id, prompt_text, wav name, target_text, wav bytes or None)."""
+    (root / "en" / "wavs").mkdir(parents=True)
+    lines = []
+    for utt, text, name, target, data in rows:
+        if data is not None:
+            (root / "en" / "wavs" / name).write_bytes(data)
+        lines.append(f"{utt}|{text}|wavs/{name}|{target}")
+    (root / "en" / "meta.lst").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_synthetic_dataset_has_the_stated_shape_and_is_deterministic(tmp_path):
+    a, b = SyntheticEn1088(tmp_path / "a"), SyntheticEn1088(tmp_path / "b")
+    assert digest(a.prompts) == digest(b.prompts)
+    assert len(a.prompts) == 1088
+    assert len({p.prompt_wav for p in a.prompts}) == 666 == len(a.clips)
+    assert all(3.0 <= c.seconds <= 8.0 and c.transcript for c in a.clips)
+    mean_chars = sum(len(p.target_text) for p in a.prompts) / len(a.prompts)
+    assert 61 <= mean_chars <= 65
+    assert 4.2 <= mean_chars * 0.87 * FRAME_S <= 4.6  # ~4.4 s of audio per request, as Seed-TTS EN
+
+    some = select_prompts(a.prompts, 3, seed=5)
+    assert some == select_prompts(a.prompts, 3, seed=5) != select_prompts(a.prompts, 3, seed=6)
+    a.prepare(some)
+    b.prepare(select_prompts(b.prompts, 3, seed=5))
+    for p in some:
+        other = b.root / p.prompt_wav.relative_to(a.root)
+        assert p.prompt_wav.read_bytes() == other.read_bytes()
+        with wave.open(str(p.prompt_wav)) as w:
+            seconds = w.getnframes() / w.getframerate()
+            assert w.getframerate() in (24000, 48000)
+        clip = next(c for c in a.clips if c.name == p.prompt_wav.name)
+        assert seconds == pytest.approx(clip.seconds, abs=1e-3)
+        assert clip.transcript == p.prompt_text
+
+    stamps = [p.prompt_wav.stat().st_mtime_ns for p in some]
+    SyntheticEn1088(tmp_path / "a").prepare(some)  # made once: a second run writes nothing
+    assert [p.prompt_wav.stat().st_mtime_ns for p in some] == stamps
+    assert read_seed_tts(a.root) == a.prompts  # the cache folder is a Seed-TTS-format directory
+
+
+def test_seed_tts_directory_is_read_and_bad_lines_are_named(tmp_path):
+    root = tmp_path / "seed"
+    _write_seed_tts(root, [("u1", "Prompt one.", "a.wav", "Target one.", b"x"),
+                           ("u2", "Prompt two.", "b.wav", "Target two.", b"y")])
+    meta = root / "en" / "meta.lst"
+    meta.write_text(meta.read_text() + "\nu3|Prompt three.|wavs/c.wav|Target three.|extra\n")
+    prompts = load_dataset(str(root)).prompts
+    assert [(p.utt_id, p.prompt_text, p.target_text) for p in prompts] == [
+        ("u1", "Prompt one.", "Target one."), ("u2", "Prompt two.", "Target two."),
+        ("u3", "Prompt three.", "Target three.")]
+    assert prompts[0].prompt_wav == root / "en" / "wavs" / "a.wav"
+
+    meta.write_text("u1|Prompt one.|wavs/a.wav|Target one.\nu2|only three|fields\n")
+    with pytest.raises(DatasetError, match=r"meta\.lst:2:"):
+        read_seed_tts(root)
+    with pytest.raises(DatasetError, match="meta.lst"):
+        read_seed_tts(tmp_path / "nothing-here")
+
+
+def test_player_simulation_counts_stalls():
+    bytes_per_s = 1000.0
+    # 1 s of audio at t=0, the next second arrives at t=1.5: a 0.5 s stall
+    stats = simulate_player([0.0, 1.5], [1000, 1000], bytes_per_s)
+    assert stats.underrun_s == pytest.approx(0.5) and not stats.smooth
+    # data arriving ahead of the play head never stalls
+    stats = simulate_player([0.0, 0.5, 1.9], [1000, 1000, 500], bytes_per_s)
+    assert stats.underrun_s == 0 and stats.smooth
+    # a 50 ms stall is still smooth (no gap over 100 ms)
+    assert simulate_player([0.0, 0.15], [100, 100], bytes_per_s).smooth
+    assert _concurrencies(["1,4", "16"]) == [1, 4, 16]
+
+
+def test_small_run_against_a_real_server_reports_sane_figures(server, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "serve", "--url", server.url, "--api-key", KEY, "--dataset", "synthetic-en1088",
+               "--cache-dir", str(tmp_path / "cache"), "--num-prompts", "8", "--concurrency", "2",
+               "--warmup", "--out", str(out), *FAST])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.out + printed.err
+    doc = json.loads(out.read_text())
+    assert not doc["failed"] and doc["dataset"]["prompts"] == 8
+    assert "0.25" in doc["forced_length"] and "16" in doc["forced_length"]
+    assert doc["forced_length"] in printed.out and "| 2 | 8 | 0 |" in printed.out
+    assert "C=2 measure" in printed.err and "8/8" in printed.err  # the progress bar
+
+    (run,) = doc["runs"]
+    assert run["concurrency"] == 2 and run["num_requests"] == 8 and run["num_failed"] == 0
+    assert run["warmup"]["num_requests"] == 8 and run["warmup"]["num_failed"] == 0  # discarded pass
+    bytes_per_s = doc["sample_rate"] * doc["channels"] * 2
+    requests = run["requests"]
+    for r in requests:
+        assert r["ok"] and r["status"] == 200 and r["audio_bytes"] == sum(r["chunk_bytes"]) > 0
+        assert r["audio_s"] == pytest.approx(r["audio_bytes"] / bytes_per_s)
+        assert r["forced_frames"] == min(16, max(1, round(0.25 * r["target_chars"])))
+        assert r["audio_s"] == pytest.approx(r["forced_frames"] * FRAME_S)
+        assert 0 < r["ttfa_s"] <= r["latency_s"] and r["start_s"] + r["latency_s"] <= run["wall_s"]
+        assert r["chunk_at_s"] == sorted(r["chunk_at_s"]) and r["underrun_s"] >= 0
+    total = sum(r["audio_s"] for r in requests)
+    assert run["audio_s_total"] == pytest.approx(total, abs=1e-3)
+    assert run["audio_s_per_s"] == pytest.approx(total / run["wall_s"], rel=1e-3)
+    assert run["requests_per_s"] == pytest.approx(8 / run["wall_s"], rel=1e-3)
+    ttfa = sorted(1000 * r["ttfa_s"] for r in requests)
+    assert run["ttfa_ms"]["mean"] == pytest.approx(sum(ttfa) / 8, abs=0.1)
+    assert ttfa[0] <= run["ttfa_ms"]["p50"] <= run["ttfa_ms"]["p99"] <= ttfa[-1] + 0.1
+    assert run["rtf"]["mean"] == pytest.approx(
+        sum(r["latency_s"] / r["audio_s"] for r in requests) / 8, rel=1e-3)
+    assert 0 <= run["share_smooth"] <= 1 and run["chunk_gap_ms"]["max"] is not None
+
+
+def test_bad_dataset_rows_fail_the_run(server, tmp_path, capsys):
+    good = tone_wav(3.0, rate=24000)
+    root = tmp_path / "seed"
+    _write_seed_tts(root, [("good1", "A calm voice.", "g1.wav", "Hello from the benchmark.", good),
+                           ("corrupt", "Not audio.", "bad.wav", "This clip is not a wav file.", b"RIFFjunk"),
+                           ("missing", "Gone.", "gone.wav", "This clip does not exist.", None),
+                           ("good2", "A calm voice.", "g2.wav", "Another sentence to speak.", good)])
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "serve", "--url", server.url, "--api-key", KEY, "--dataset", str(root),
+               "--concurrency", "2", "--no-warmup", "--no-progress", "--out", str(out), *FAST])
+    printed = capsys.readouterr().out
+    assert rc == 1 and "RESULT: FAILED" in printed
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert doc["failed"] and run["failed"] and run["num_failed"] == 2
+    errors = {r["utt_id"]: r["error"] for r in run["requests"] if not r["ok"]}
+    assert errors["corrupt"].startswith("HTTP 400") and "unreadable" in errors["missing"]
+    assert {r["utt_id"] for r in run["requests"] if r["ok"]} == {"good1", "good2"}
+
+
+def test_server_stopped_mid_run_fails_the_run(server, tmp_path):
+    """Last in the file: it stops the module's server."""
+    dataset = SyntheticEn1088(tmp_path / "cache")
+    prompts = select_prompts(dataset.prompts, 6, seed=1)
+    dataset.prepare(prompts)
+    config = ClientConfig(server.url, api_key=KEY, forced=ForcedLength(0.25, 16))
+    info = asyncio.run(server_info(config))
+    first = []
+
+    def stop_after_first(result):
+        if not first:
+            first.append(result)
+            threading.Thread(target=server.stop, daemon=True).start()
+
+    results, wall_s = asyncio.run(run_pass(prompts, config, info, 2, stop_after_first))
+    assert first[0].ok  # the key was accepted: the failures below come from the stop
+    run = summarize(2, results, wall_s, info.bytes_per_s)
+    assert run["failed"] and 1 <= run["num_failed"] < 6 and run["errors"]
