@@ -3,9 +3,13 @@ machine is shared; docs/performance.md holds a real run)."""
 
 from __future__ import annotations
 
+import pytest
+
 import numpy as np
 
 from ipc.bench import LATENCY_TRANSPORTS, TRANSPORTS, measure_latency, measure_throughput, report
+
+pytestmark = pytest.mark.timeout(60)  # a lost wake-up must fail fast, not hang
 
 
 def test_bench_measures_every_transport(instance):

@@ -14,6 +14,8 @@ from ipc import ChannelTimeout, EndOfStream, PeerGone, RingClosed, WouldBlock, w
 from ipc.ring import record_footprint
 from ipc_kinds import KINDS
 
+pytestmark = pytest.mark.timeout(60)  # a lost wake-up must fail fast, not hang
+
 CAPACITY = 4096
 
 

@@ -18,6 +18,8 @@ from ipc import (Channel, Doorbell, IpcError, Peer, Ring, RingClosed, new_instan
                  wait_any)
 from ipc.shm import create_segment, list_segments, segment_name, unlink_segment
 
+pytestmark = pytest.mark.timeout(60)  # a lost wake-up must fail fast, not hang
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 
@@ -220,6 +222,33 @@ def test_torch_cpu_tensor_payload(instance):
         with reader.recv(1) as got:
             received = torch.from_numpy(got.array(np.int64, (12, 2)))
             assert torch.equal(received, codes.t())
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_reserve_commit_shrink_and_batched_notify(instance):
+    writer = Ring.create("shrink", 2048, role="writer", instance=instance)
+    reader = writer.spec().open()
+    try:
+        writer.send(b"\0" * 900)  # move the positions on (to 1024), so the batch below wraps
+        reader.recv(1)
+        reader.release()
+        wait_any([reader], 0)  # drain the bell
+        for i in range(6):  # 6 x (64 + 128) bytes from offset 1024: wraps once
+            view = writer.reserve(200, timeout=1)
+            view[:100] = bytes([i]) * 100
+            writer.commit(100, notify=False)  # shrink to what was written; no wake-up yet
+        assert writer.statistics().records == 6
+        assert wait_any([reader], 0.02) == []  # nobody was woken
+        writer.notify()
+        assert wait_any([reader], 1) == [reader]
+        for i in range(6):
+            assert bytes(reader.recv(1)) == bytes([i]) * 100
+            reader.release()
+        writer.reserve(10, timeout=1)
+        with pytest.raises(ValueError):
+            writer.commit(11)
     finally:
         writer.close()
         reader.close()

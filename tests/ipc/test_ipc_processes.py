@@ -18,6 +18,8 @@ from ipc_children import (SPAWN, echo, open_then_hang, owner_then_hang, ring_bel
                           stress_reader_owner, tiny_ring_writer, write_then_hang)
 from ipc_kinds import KINDS
 
+pytestmark = pytest.mark.timeout(60)  # a lost wake-up must fail fast, not hang
+
 DETECT_BOUND_S = 1.0  # a dead peer must surface within this (pidfd: in practice < 10 ms)
 
 
