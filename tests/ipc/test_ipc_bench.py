@@ -3,9 +3,8 @@ machine is shared; docs/performance.md holds a real run)."""
 
 from __future__ import annotations
 
-import pytest
-
 import numpy as np
+import pytest
 
 from ipc.bench import LATENCY_TRANSPORTS, TRANSPORTS, measure_latency, measure_throughput, report
 
