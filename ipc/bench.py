@@ -228,10 +228,11 @@ def report(results: dict) -> str:
                      f" {by['channel'] / by['queue']:>12.1f}x")
     lat = results["latency_us"]
     lines += ["", f"one-way wake-up latency, reader asleep (us, {lat['ring']['n']} samples):",
-              f"{'transport':>14} | {'p50':>8} | {'p99':>8} | p50 vs Queue"]
+              f"{'transport':>14} | {'p50':>8} | {'p99':>8} | Queue p50 / p50 | Pipe p50 / p50"]
     for transport, v in lat.items():
         lines.append(f"{transport:>14} | {v['p50']:>8.1f} | {v['p99']:>8.1f} | "
-                     f"{lat['queue']['p50'] / v['p50']:>6.1f}x faster")
+                     f"{lat['queue']['p50'] / v['p50']:>14.2f}x | "
+                     f"{lat['pipe']['p50'] / v['p50']:>13.2f}x")
     return "\n".join(lines)
 
 
