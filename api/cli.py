@@ -64,7 +64,7 @@ COMMANDS: tuple[Entry, ...] = (
     )),
     Command("make-checkpoint", "write a random-weight checkpoint directory of a variant",
             "api.commands.make_checkpoint", takes_profile=False, issue=3),
-    Command("profile", "show the resolved deploy profile or list the shipped ones",
+    Command("profile", "deploy profiles: show the resolved one, list the shipped ones, list the settings",
             "api.commands.profile", takes_profile=False),
 )
 
