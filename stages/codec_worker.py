@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ipc.doorbell import wait_any
-from ipc.errors import EndOfStream, PeerGone
+from ipc.errors import ChannelTimeout, EndOfStream, PeerGone, RingClosed
 from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, EncodeDone,
                           EncodeRequest, EncodeResult, PcmChunk, Ready, Shutdown, Slots,
                           StageError)
@@ -53,7 +53,9 @@ class CodecLoop:
 
     def __init__(self, runner: Any, from_talker: Any, from_coord: Any, to_coord: Any,
                  to_clients: list[Any], coalescer: Coalescer, encode_batch: int,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Any = time.monotonic, client_stall_s: float = 5.0) -> None:
+        self.client_stall_s = client_stall_s
+        self._dead_clients: set[int] = set()
         self.runner = runner
         self.from_talker, self.from_coord, self.to_coord = from_talker, from_coord, to_coord
         self.to_clients = to_clients
@@ -134,13 +136,18 @@ class CodecLoop:
         stream = self.streams.get(chunk.rid)
         if stream is None:
             stream = self.streams[chunk.rid] = _Stream(client=chunk.client)
+            if chunk.client in self._dead_clients:  # nobody to deliver to: fail it at once
+                stream.aborted = True
+                self.to_coord.send(StageError(stage="codec", rid=chunk.rid,
+                                              message=f"API process {chunk.client} is gone"))
         if chunk.finish_reason == "abort" or chunk.finish_reason == "error":
             stream.aborted = True
             stream.waiting.clear()
             self.coalescer.forget(chunk.rid)
         if stream.aborted:
             if chunk.final:
-                self._close(chunk.rid, stream, chunk.seq, chunk.finish_reason or "abort")
+                reason = "error" if chunk.finish_reason == "error" else "abort"
+                self._close(chunk.rid, stream, chunk.seq, reason)
             return
         codes = payload_array(rec, np.int64, self.runner.n_vq)  # [T, n_vq], owned
         now = self.clock()
@@ -185,9 +192,10 @@ class CodecLoop:
                 continue
             t1 = time.perf_counter()
             reason = chunk.finish_reason if chunk.final else None
-            self.to_clients[stream.client].send(  # pcm: [channels, samples], planar
-                PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final, finish_reason=reason,
-                         batch_size=len(rids), waited_s=now - arrived), pcm)
+            self._to_client(stream.client,  # pcm: [channels, samples], planar
+                            PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final,
+                                     finish_reason=reason, batch_size=len(rids),
+                                     waited_s=now - arrived), pcm)
             self.to_coord.send(ChunkDone(rid=rid, seq=chunk.seq, samples=pcm.shape[1],
                                          final=chunk.final, finish_reason=reason))
             emit_s += time.perf_counter() - t1
@@ -206,8 +214,8 @@ class CodecLoop:
         the coordinator tells it (deadline, error)."""
         if not stream.aborted:
             empty = np.zeros((self.runner.channels, 0), dtype=np.float32)
-            self.to_clients[stream.client].send(
-                PcmChunk(rid=rid, seq=seq, final=True, finish_reason=reason), empty)
+            self._to_client(stream.client,
+                            PcmChunk(rid=rid, seq=seq, final=True, finish_reason=reason), empty)
         self.to_coord.send(ChunkDone(rid=rid, seq=seq, samples=0, final=True,
                                      finish_reason=reason))
         self._release(rid, stream)
@@ -236,8 +244,27 @@ class CodecLoop:
                     errors.append(f"{type(single).__name__}: {single}")
             log.warning("codec: batched reference encode failed (%s); retried one by one", exc)
         for (job, _), codes, error in zip(batch, results, errors):
-            self.to_clients[job.client].send(EncodeResult(job=job.job, error=error), codes)
+            self._to_client(job.client, EncodeResult(job=job.job, error=error), codes)
             self.to_coord.send(EncodeDone(job=job.job))
+
+    def _to_client(self, client: int, msg: Any, payload: Any) -> None:
+        """Write to an API process's ring. A process that has gone, or that leaves its ring full
+        for `client_stall_s`, loses its streams (the coordinator fails them), never the codec."""
+        if client in self._dead_clients:
+            return
+        try:
+            self.to_clients[client].send(msg, payload, timeout=self.client_stall_s)
+        except (PeerGone, ChannelTimeout, RingClosed) as exc:
+            log.error("codec: client %d cannot take records (%s): failing its streams",
+                      client, exc)
+            self._dead_clients.add(client)
+            for rid, stream in self.streams.items():
+                if stream.client == client and not stream.aborted:
+                    stream.aborted = True
+                    stream.waiting.clear()
+                    self.coalescer.forget(rid)
+                    self.to_coord.send(StageError(stage="codec", rid=rid,
+                                                  message=f"API process {client} stalled or gone"))
 
     def _report_slots(self) -> None:
         in_use = self.runner.num_open()

@@ -11,6 +11,7 @@ import signal
 
 import numpy as np
 import pytest
+import pytest_asyncio
 
 from engine.client import EngineClient, EngineFailed, SpeechJob
 from engine.launcher import launch
@@ -47,35 +48,60 @@ def _api_process_that_hangs(spec, started) -> None:
     asyncio.run(go())
 
 
-async def test_spawned_client_and_client_death(demo_model_dir) -> None:
-    handle = await launch(load_profile("cpu"), demo_model_dir, clients=3)
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(demo_model_dir):
+    handle = await launch(load_profile("cpu"), demo_model_dir, clients=4)
     instance = handle.instance
-    ctx = mp.get_context("spawn")
     try:
-        local = handle.client(0)
-        expected = joined(await collect(local, SpeechJob(text="from another process",
-                                                         forced_frames=20,
-                                                         sampling={"seed": 7})))
-        out = ctx.Queue()
-        proc = ctx.Process(target=_api_process, args=(handle.client_spec(1), 7, 20, out))
-        proc.start()
-        got = await asyncio.to_thread(out.get, True, 60)
-        await asyncio.to_thread(proc.join, 10)
-        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
-
-        started = ctx.Event()
-        hung = ctx.Process(target=_api_process_that_hangs, args=(handle.client_spec(2), started))
-        hung.start()
-        assert await asyncio.to_thread(started.wait, 60)
-        assert local.counters()["running"] >= 1
-        os.kill(hung.pid, signal.SIGKILL)
-        await asyncio.to_thread(hung.join, 10)
-        snap = await settle(local)
-        assert snap["running"] == 0 and snap["codec_slots"] == 0, snap
-        assert local.healthy()  # an API process dying is not an engine failure
+        yield handle
     finally:
         await handle.stop()
-    assert list_segments(instance) == []
+        assert list_segments(instance) == []
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_spawned_client_gets_the_same_audio(engine) -> None:
+    local = engine.client(0)
+    expected = joined(await collect(local, SpeechJob(text="from another process",
+                                                     forced_frames=20, sampling={"seed": 7})))
+    out = mp.get_context("spawn").Queue()
+    proc = mp.get_context("spawn").Process(target=_api_process,
+                                           args=(engine.client_spec(1), 7, 20, out))
+    proc.start()
+    got = await asyncio.to_thread(out.get, True, 60)
+    await asyncio.to_thread(proc.join, 10)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_sigkill_of_an_api_process_releases_its_requests(engine) -> None:
+    ctx = mp.get_context("spawn")
+    local = engine.client(0)
+    started = ctx.Event()
+    hung = ctx.Process(target=_api_process_that_hangs, args=(engine.client_spec(2), started))
+    hung.start()
+    assert await asyncio.to_thread(started.wait, 60)
+    assert local.counters()["running"] >= 1
+    os.kill(hung.pid, signal.SIGKILL)
+    await asyncio.to_thread(hung.join, 10)
+    snap = await settle(local)
+    assert snap["running"] == 0 and snap["codec_slots"] == 0, snap
+    assert local.healthy()  # an API process dying is not an engine failure
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_client_closing_mid_stream_leaves_the_engine_serving(engine) -> None:
+    leaving, staying = engine.client(3), engine.client(0)
+    gens = [leaving.generate(SpeechJob(text="bye", forced_frames=400, sampling={"seed": i}))
+            for i in range(2)]
+    for gen in gens:
+        await gen.__anext__()
+    await leaving.close()  # its rings close while the codec may still write to them
+    snap = await settle(staying)
+    assert snap["running"] == 0 and snap["codec_slots"] == 0, snap
+    assert staying.healthy()
+    chunks = await collect(staying, SpeechJob(text="still here", forced_frames=3))
+    assert chunks[-1].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("mode", ["drain", "abort"])

@@ -1,0 +1,112 @@
+"""The codec worker's loop driven in-process: real codec runner (tiny demo codec), real channels.
+
+Covers the paths an end-to-end run cannot hit on purpose: an abort that finds the stream's final
+record already queued, an API process whose ring is closed or stays full (its streams fail; the
+codec keeps serving the others)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipc.channel import Channel
+from ipc.messages import (Abort, ChunkDone, ClientInbox, CodecInbox, CodeChunk, CoordinatorInbox,
+                          PcmChunk, StageError)
+from ipc.shm import new_instance_id
+from profiles import load_profile
+from stages.coalescer import Coalescer
+from stages.codec_worker import CodecLoop
+from stages.registry import load_variant
+
+
+class Rig:
+    """A CodecLoop wired to channels whose other ends this test holds."""
+
+    def __init__(self, model_dir, clients: int = 2, client_ring: int = 1 << 20) -> None:
+        variant = load_variant(model_dir, load_profile("cpu"))
+        self.runner = variant.make_codec_runner("cpu")
+        self.n_vq = variant.n_vq
+        inst = new_instance_id()
+
+        def pair(name, msg_type, capacity=1 << 20):
+            w = Channel.create(name, msg_type=msg_type, capacity=capacity, role="writer",
+                               instance=inst)
+            return w, w.spec().open()
+
+        self.talker, talker_r = pair("t", CodecInbox)
+        self.coord, coord_r = pair("c", CodecInbox)
+        to_coord, self.events = pair("e", CoordinatorInbox)
+        outs = [pair(f"o{i}", ClientInbox, client_ring) for i in range(clients)]
+        self.client_rx = [r for _, r in outs]
+        self.loop = CodecLoop(self.runner, talker_r, coord_r, to_coord, [w for w, _ in outs],
+                              Coalescer(), encode_batch=4, client_stall_s=0.2)
+        self._all = [self.talker, talker_r, self.coord, coord_r, to_coord, self.events,
+                     *[c for pair_ in outs for c in pair_]]
+
+    def chunk(self, rid: int, client: int, seq: int, frames: int, final: bool = False,
+              reason: str | None = None) -> None:
+        codes = np.full((frames, self.n_vq), seq % 7, dtype=np.int64)
+        self.talker.send(CodeChunk(rid=rid, client=client, seq=seq, final=final,
+                                   finish_reason=reason), codes)
+
+    def drain_events(self) -> list:
+        out = []
+        while (rec := self.events.try_recv()) is not None:
+            out.append(rec.msg)
+            rec.release()
+        return out
+
+    def close(self) -> None:
+        for ch in self._all:
+            ch.close()
+
+
+@pytest.fixture
+def rig(demo_model_dir):
+    r = Rig(demo_model_dir)
+    yield r
+    r.close()
+
+
+def test_abort_finds_the_final_record_already_queued(rig) -> None:
+    rig.chunk(1, 0, 0, 1)
+    rig.chunk(1, 0, 1, 2, final=True, reason="stop")
+    rig.loop.step()                      # decodes the first chunk; the final one waits its turn
+    assert len(rig.loop.streams[1].waiting) == 1
+    rig.coord.send(Abort(rid=1))
+    rig.loop.step()
+    done = [m for m in rig.drain_events() if isinstance(m, ChunkDone) and m.final]
+    assert [(d.rid, d.finish_reason) for d in done] == [(1, "abort")]
+    assert rig.loop.streams == {} and rig.runner.num_open() == 0
+
+
+def test_a_closed_client_ring_fails_only_that_clients_streams(rig) -> None:
+    rig.chunk(1, 0, 0, 1)
+    rig.chunk(2, 1, 0, 1)
+    rig.client_rx[1].close()             # API process 1 went away
+    rig.loop.step()
+    events = rig.drain_events()
+    failed = [m.rid for m in events if isinstance(m, StageError)]
+    assert failed == [2]
+    rec = rig.client_rx[0].try_recv()    # client 0 still got its audio
+    assert isinstance(rec.msg, PcmChunk) and rec.msg.rid == 1
+    rec.release()
+    rig.chunk(2, 1, 1, 0, final=True, reason="abort")  # the talker's final record after abort
+    rig.chunk(1, 0, 1, 0, final=True, reason="stop")
+    rig.loop.step()
+    closed = {m.rid for m in rig.drain_events() if isinstance(m, ChunkDone) and m.final}
+    assert closed == {1, 2} and rig.loop.streams == {}
+
+
+def test_a_stalled_client_ring_times_out(demo_model_dir) -> None:
+    rig = Rig(demo_model_dir, clients=1, client_ring=256 * 1024)  # holds ~8 one-frame chunks
+    try:
+        for seq in range(12):            # nobody reads client 0's ring
+            rig.chunk(5, 0, seq, 1)
+        rig.loop.step()
+        while rig.loop.streams[5].waiting and not rig.loop.streams[5].aborted:
+            rig.loop.step()
+        assert rig.loop.streams[5].aborted
+        assert [m.rid for m in rig.drain_events() if isinstance(m, StageError)] == [5]
+    finally:
+        rig.close()
