@@ -119,6 +119,10 @@ class CodecConfig(_Section):
         "reference-encoding jobs batched together at most; issues 4, 5", ge=1)] = 8
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the codec process; null = torch's default; issue 4")] = None
+    client_stall_s: Annotated[float, doc(
+        "longest the codec waits for room in an API process's PCM ring before failing that "
+        "process's requests (a stuck API process must not stall every stream); issue 4",
+        gt=0)] = 5.0
 
 
 class ChunkingConfig(_Section):

@@ -295,7 +295,8 @@ def main(spec: WorkerSpec) -> None:
         coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,
                               max_batch=c.max_batch, policy=c.policy)
         CodecLoop(runner, from_talker, from_coord, to_coord, to_clients, coalescer,
-                  spec.profile.codec.encode_batch).run()
+                  spec.profile.codec.encode_batch,
+                  client_stall_s=spec.profile.codec.client_stall_s).run()
     except Exception as exc:
         log.exception("codec worker failed")
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))
