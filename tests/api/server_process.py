@@ -15,7 +15,6 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
-CONTROL_RING_BYTES = 32 * 1024 * 1024
 
 
 class ServerProcess:
@@ -32,10 +31,7 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         cmd = [sys.executable, "-c", "import sys; from api.cli import main; sys.exit(main())", "serve",
                "--profile", "cpu", "--port", "0", *self.args,
-               "--set", f"api.data_dir={self.data_dir}",
-               # A reference clip travels to the codec worker as one control record; 30 s of
-               # 48 kHz stereo float32 is 11.5 MB, more than half of the 1 MiB default ring.
-               "--set", f"ipc.control_ring_bytes={CONTROL_RING_BYTES}"]
+               "--set", f"api.data_dir={self.data_dir}"]
         for item in self.sets:
             cmd += ["--set", item]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -180,6 +180,19 @@ def test_reference_audio_forms_and_cache(http, server):
     assert labelled(after, name, result="miss") - labelled(before, name, result="miss") == 2
 
 
+def test_long_mp3_reference_near_the_limit(http):
+    """25 s of reference (9.6 MB once prepared as 48 kHz stereo float32) reaches the codec worker."""
+    from api.audio_encoding import make_encoder
+
+    t = np.arange(25 * 16000) / 16000
+    encoder = make_encoder("mp3", 16000, 1, streaming=False)
+    mp3 = encoder.encode((0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)[:, None]) + encoder.finish()
+    r = http.post("/v1/audio/speech", json={"input": "Long reference.", "response_format": "pcm",
+                                            "ref_audio": "data:audio/mpeg;base64," + base64.b64encode(mp3).decode()})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-ref-cache"] == "miss" and len(r.content) > 0
+
+
 def test_voice_registry_round_trip(http, oai):
     wav = tone_wav(1.5, hz=440.0)
     r = http.post("/v1/audio/voices", data={"name": "tester", "consent": "recorded consent #1",
