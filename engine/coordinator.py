@@ -158,6 +158,12 @@ class Coordinator:
         if not self.lifecycle.accepting:
             self._reject(submit, "engine is shutting down")
             return
+        size = 0 if rec.payload is None else rec.payload.nbytes
+        if size > self.talker.channel.max_payload_size:
+            self.counters.add("failed")
+            client.put(Failed(rid=submit.rid, message=f"prompt of {size} bytes exceeds the "
+                                                      f"talker ring's largest record"))
+            return
         verdict = self.admission.decide(self.table.num_running, self.table.num_queued)
         if verdict is Verdict.REJECT:
             self._reject(submit, f"queue full ({self.table.num_queued} waiting)")

@@ -56,9 +56,10 @@ class _Wiring:
 
 
 def reference_ring_bytes(profile: Profile, variant: Any) -> int:
-    """Capacity of the rings that carry reference waveforms (client → coordinator → codec):
-    the longest accepted reference (`api.max_ref_seconds`, float32 at the codec rate) must fit
-    in one record, which is at most half a ring. Pages are only touched when used."""
+    """Capacity of the rings that carry reference waveforms or prompts (client → coordinator →
+    codec or talker): the longest accepted reference (`api.max_ref_seconds`, float32 at the
+    codec rate) must fit in one record, which is at most half a ring; a prompt of that many bytes
+    is far beyond any KV cache. Pages are only touched when used."""
     ref = int(profile.api.max_ref_seconds * variant.sample_rate) * variant.channels * 4
     need = 2 * (ref + 64 * 1024)
     return max(profile.ipc.control_ring_bytes, (need + 63) // 64 * 64)
@@ -72,7 +73,7 @@ def _create_wiring(profile: Profile, instance: str, clients: int, ref_bytes: int
                               instance=instance)
 
     return _Wiring(
-        to_talker=make("coord-talker", TalkerInbox, "writer"),
+        to_talker=make("coord-talker", TalkerInbox, "writer", ref_bytes),  # long prompts
         from_talker=make("talker-coord", CoordinatorInbox, "reader"),
         to_codec=make("coord-codec", CodecInbox, "writer", ref_bytes),
         from_codec=make("codec-coord", CoordinatorInbox, "reader"),

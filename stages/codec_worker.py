@@ -170,15 +170,17 @@ class CodecLoop:
                 chunk, _, _ = stream.waiting.popleft()
                 self._close(rid, stream, chunk.seq, chunk.finish_reason or "stop")
 
-    def _decode(self, rids: tuple[int, ...]) -> None:
+    def _decode(self, chosen: tuple[int, ...]) -> None:
         now = self.clock()
-        heads = []
-        for rid in rids:
+        rids, heads = [], []
+        for rid in chosen:
             stream = self.streams[rid]
-            if not stream.slot_open:
-                self.runner.open(rid)
-                stream.slot_open = True
+            if not stream.slot_open and not self._open_slot(rid, stream):
+                continue
+            rids.append(rid)
             heads.append(stream.waiting.popleft())
+        if not rids:
+            return
         waited = now - min(h[2] for h in heads)  # the oldest chunk's wait
         t0 = time.perf_counter()
         pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)])
@@ -206,6 +208,20 @@ class CodecLoop:
                     self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
         self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s,
                                        emit_s=emit_s))
+
+    def _open_slot(self, rid: int, stream: _Stream) -> bool:
+        """Lease a decode slot; when none is free (codec.max_slots below the requests in flight)
+        this request fails, not the worker."""
+        try:
+            self.runner.open(rid)
+        except Exception as exc:
+            log.error("codec: no decode slot for request %d: %s", rid, exc)
+            stream.aborted = True
+            stream.waiting.clear()
+            self.to_coord.send(StageError(stage="codec", rid=rid, message=str(exc)))
+            return False
+        stream.slot_open = True
+        return True
 
     def _close(self, rid: int, stream: _Stream, seq: int, reason: str) -> None:
         """End a stream without decoding: an empty final PCM record (unless aborted) and done.

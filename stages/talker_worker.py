@@ -113,7 +113,10 @@ class TalkerLoop:
             self._send_final(rid, stream.client, stream.seq, None, "abort")
 
     def _admit(self) -> None:
-        while self.waiting and self.runner.can_admit(len(self.waiting[0][1])):
+        # With nothing running, nothing will free up: try anyway, so a prompt too long for the
+        # whole KV cache fails alone (the runner raises) instead of blocking the queue.
+        while self.waiting and (self.runner.can_admit(len(self.waiting[0][1]))
+                                or self.runner.num_running() == 0):
             submit, prompt = self.waiting.popleft()
             params = from_wire(submit.sampling)
             try:

@@ -110,3 +110,18 @@ def test_a_stalled_client_ring_times_out(demo_model_dir) -> None:
         assert [m.rid for m in rig.drain_events() if isinstance(m, StageError)] == [5]
     finally:
         rig.close()
+
+
+def test_no_free_decode_slot_fails_the_request_not_the_worker(demo_model_dir) -> None:
+    rig = Rig(demo_model_dir, clients=1)
+    try:
+        for rid in range(rig.runner.max_slots + 1):
+            rig.chunk(rid, 0, 0, 1)
+        rig.loop.step()
+        failed = [m.rid for m in rig.drain_events() if isinstance(m, StageError)]
+        assert len(failed) == 1 and rig.runner.num_open() == rig.runner.max_slots
+        rig.chunk(failed[0], 0, 1, 0, final=True, reason="abort")
+        rig.loop.step()
+        assert failed[0] not in rig.loop.streams
+    finally:
+        rig.close()

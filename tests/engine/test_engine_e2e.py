@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from engine.client import EngineRejected, SpeechJob
+from engine.client import EngineFailed, EngineRejected, SpeechJob
 from engine.launcher import launch
 from ipc.shm import list_segments
 from profiles import load_profile
@@ -105,6 +105,15 @@ async def test_engine_equals_direct_synthesis(engine, client, direct, mode) -> N
                                                  sampling={"seed": 21})))
     assert got.shape == expected.T.shape and stats.frames > 0
     np.testing.assert_allclose(got, expected.T, atol=1e-4, rtol=0)
+
+
+async def test_a_prompt_beyond_the_kv_cache_fails_alone(engine, client) -> None:
+    kv_tokens = engine.profile.talker.kv_blocks * engine.profile.talker.kv_block_size
+    text = "many words here " * (kv_tokens // 3)
+    with pytest.raises(EngineFailed, match="KV cache"):
+        await asyncio.wait_for(collect(client, SpeechJob(text=text, forced_frames=2)), 60)
+    chunks = await collect(client, SpeechJob(text="fine", forced_frames=2, sampling={"seed": 1}))
+    assert chunks[-1].finish_reason == "stop"
 
 
 async def test_runaway_guard_finishes_with_length(engine, client) -> None:
