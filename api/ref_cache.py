@@ -53,8 +53,10 @@ class ReferenceCodeCache:
     def path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.npy"
 
-    async def get_or_encode(self, digest: str, wav: np.ndarray) -> tuple[np.ndarray, bool]:
-        """Codes for the clip with content ``digest``; ``wav`` [C, S] is encoded only on a miss."""
+    async def get_or_encode(self, digest: str, wav: np.ndarray | Callable[[], np.ndarray]
+                            ) -> tuple[np.ndarray, bool]:
+        """Codes for the clip with content ``digest``; ``wav`` [C, S] (or a function computing
+        it, run in a thread) is only used on a miss."""
         key = self.key(digest)
         codes = self.lookup(key)
         if codes is not None:
@@ -68,6 +70,8 @@ class ReferenceCodeCache:
         self._in_flight[key] = future
         self.misses += 1
         try:
+            if callable(wav):
+                wav = await asyncio.to_thread(wav)
             codes = self._validate(np.asarray(await self._encode(wav)), key)
             await asyncio.to_thread(self._write, key, codes)
             self._remember(key, codes)

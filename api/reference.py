@@ -29,13 +29,31 @@ from api.errors import ApiError, bad_request
 from stages.audio_prep import prepare_reference
 
 
-@dataclass(frozen=True)
 class PreparedReference:
-    """A validated reference clip, ready for ``EngineClient.encode_reference``."""
+    """A decoded, validated reference clip, ready for ``EngineClient.encode_reference``.
 
-    wav: np.ndarray  # [channels, samples] float32 at the codec rate, normalised
-    duration_s: float  # measured on the decoded clip
-    digest: str  # sha256 of the decoded samples and their rate (content address)
+    ``digest`` (the content address) and ``duration_s`` are known at once; the codec-ready
+    waveform (channels fixed, resampled, loudness-normalised: tens of ms for a few seconds of
+    audio) is computed by ``prepare()`` only when asked, i.e. on a reference-cache miss."""
+
+    def __init__(self, samples: np.ndarray, rate: int, *, digest: str, policy: "ReferencePolicy") -> None:
+        self._samples = samples  # [C, S] float32 as decoded
+        self._rate = rate
+        self._policy = policy
+        self.digest = digest
+        self.duration_s = samples.shape[1] / rate
+        self._prepared: np.ndarray | None = None
+
+    def prepare(self) -> np.ndarray:
+        """[codec channels, samples at the codec rate] float32 (computed once)."""
+        if self._prepared is None:
+            self._prepared = prepare_reference(self._samples, self._rate, target_rate=self._policy.sample_rate,
+                                               channels=self._policy.channels)
+        return self._prepared
+
+    @property
+    def wav(self) -> np.ndarray:
+        return self.prepare()
 
 
 @dataclass(frozen=True)
@@ -93,7 +111,7 @@ class ReferenceLoader:
         return self._check_size(data, param)
 
     def prepare_bytes(self, data: bytes, *, param: str = "ref_audio") -> PreparedReference:
-        """Decode, validate the duration, hash, and prepare for the codec (CPU work)."""
+        """Decode, validate the duration and hash (CPU work); the codec waveform comes later."""
         self._check_size(data, param)
         wav, rate = decode_audio_bytes(data, param)  # [C, S]
         duration = wav.shape[1] / rate
@@ -108,9 +126,7 @@ class ReferenceLoader:
         digest = hashlib.sha256()
         digest.update(f"{rate}:{wav.shape[0]}:".encode())
         digest.update(np.ascontiguousarray(wav, dtype="<f4").tobytes())
-        prepared = prepare_reference(wav, rate, target_rate=self.policy.sample_rate,
-                                     channels=self.policy.channels)
-        return PreparedReference(wav=prepared, duration_s=duration, digest=digest.hexdigest())
+        return PreparedReference(wav, rate, digest=digest.hexdigest(), policy=self.policy)
 
     def _check_size(self, data: bytes, param: str) -> bytes:
         if len(data) > self.policy.max_bytes:

@@ -135,3 +135,18 @@ async def test_wrong_shape_from_encoder_is_an_error_not_a_cache_entry(tmp_path):
     with pytest.raises(RuntimeError, match="expected"):
         await cache.get_or_encode("w", np.ones((1, 10), np.float32))
     assert not list((tmp_path / "ref_codes").rglob("*.npy"))
+
+
+async def test_waveform_function_runs_only_on_a_miss(tmp_path):
+    """A hit skips preparing the codec waveform (resampling costs ~40 ms per clip here)."""
+    calls = []
+
+    def prepare():
+        calls.append(1)
+        return np.ones((1, 300), np.float32)
+
+    encoder = CountingEncoder()
+    cache = make_cache(tmp_path, encoder)
+    _, hit1 = await cache.get_or_encode("lazy", prepare)
+    _, hit2 = await make_cache(tmp_path, encoder).get_or_encode("lazy", prepare)
+    assert (hit1, hit2) == (False, True) and len(calls) == 1 and encoder.calls == 1
