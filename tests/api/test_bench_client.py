@@ -7,10 +7,16 @@ known exactly (forced_frames * 80 ms), which lets these tests check the client's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+import subprocess
+import sys
 import threading
+import time
 import wave
 
+import httpx
 import pytest
 
 from api.bench_client import ClientConfig, ForcedLength, run_pass, server_info
@@ -20,12 +26,18 @@ from api.bench_report import simulate_player, summarize
 from api.cli import main
 from api.commands.bench_serve import _concurrencies
 from tests.api.helpers import tone_wav
-from tests.api.server_process import ServerProcess
+from tests.api.server_process import REPO, ServerProcess
 
 FRAME_S = 0.08
 KEY = "bench-key"
 # short forced lengths keep each request near one second of audio (two chunks), so a run is quick
 FAST = ["--frames-per-char", "0.25", "--max-new-tokens", "16"]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """One synthetic-en1088 cache for the module, so each clip is rendered once."""
+    return tmp_path_factory.mktemp("clips")
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +120,10 @@ def test_player_simulation_counts_stalls():
     assert _concurrencies(["1,4", "16"]) == [1, 4, 16]
 
 
-def test_small_run_against_a_real_server_reports_sane_figures(server, tmp_path, capsys):
+def test_small_run_against_a_real_server_reports_sane_figures(server, clips, tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = main(["bench", "serve", "--url", server.url, "--api-key", KEY, "--dataset", "synthetic-en1088",
-               "--cache-dir", str(tmp_path / "cache"), "--num-prompts", "8", "--concurrency", "2",
+               "--cache-dir", str(clips), "--num-prompts", "8", "--concurrency", "2",
                "--warmup", "--out", str(out), *FAST])
     printed = capsys.readouterr()
     assert rc == 0, printed.out + printed.err
@@ -165,10 +177,39 @@ def test_bad_dataset_rows_fail_the_run(server, tmp_path, capsys):
     assert {r["utt_id"] for r in run["requests"] if r["ok"]} == {"good1", "good2"}
 
 
-def test_server_stopped_mid_run_fails_the_run(server, tmp_path):
+def test_many_clients_against_a_stub_count_every_byte(clips, tmp_path, capsys):
+    """64 concurrent streams (more than the tiny server runs quickly): exact byte accounting.
+    Seed 0's first prompts are the ones the small run rendered, so few new clips are made."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    stub = subprocess.Popen([sys.executable, "-m", "tests.api.stub_speech_server", "--port", str(port)],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert "stub serving" in stub.stdout.readline()
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v1/models").status_code == 200:
+                    break
+            time.sleep(0.05)
+        out = tmp_path / "stub.json"
+        rc = main(["bench", "serve", "--url", url, "--cache-dir", str(clips), "--num-prompts", "96",
+                   "--concurrency", "64", "--no-warmup", "--no-progress", "--out", str(out)])
+    finally:
+        stub.terminate()
+        stub.wait(10)
+    assert rc == 0, capsys.readouterr().out
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["num_requests"] == 96 and run["num_failed"] == 0
+    for r in run["requests"]:
+        assert r["audio_s"] == pytest.approx(r["forced_frames"] * FRAME_S)
+
+
+def test_server_stopped_mid_run_fails_the_run(server, clips):
     """Last in the file: it stops the module's server."""
-    dataset = SyntheticEn1088(tmp_path / "cache")
-    prompts = select_prompts(dataset.prompts, 6, seed=1)
+    dataset = SyntheticEn1088(clips)
+    prompts = select_prompts(dataset.prompts, 6, seed=0)
     dataset.prepare(prompts)
     config = ClientConfig(server.url, api_key=KEY, forced=ForcedLength(0.25, 16))
     info = asyncio.run(server_info(config))
