@@ -14,12 +14,16 @@ Two entry points, one set of layers:
   multiplied by the query mask at the input, after every layer and after the final norm, as
   upstream `MossQwen3Model` does.
 Nothing variant-specific lives here: inputs are embeddings, outputs final-norm hidden states.
+
+Tensor parallelism: built with `tp=TPGroup`, q/k/v and gate/up are column-parallel and o_proj /
+down_proj row-parallel (`stages.tensor_parallel`): each rank holds `rank_config`'s heads, KV heads
+(its KV cache too) and FFN channels, and each layer all-reduces twice. `tp=None` is one device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +31,7 @@ from torch import nn
 
 from stages.attention import AttentionBackend, AttentionMetadata, ReferenceAttention
 from stages.kv_cache import KVCacheSpec, PagedKVCache
+from stages.tensor_parallel import TPGroup, column_linear, row_linear
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,15 @@ class Qwen3Config:
 
     def kv_cache_spec(self, num_blocks: int, block_size: int = 16) -> KVCacheSpec:
         return KVCacheSpec(self.num_layers, self.num_kv_heads, self.head_dim, num_blocks, block_size)
+
+    def per_rank(self, tp_size: int) -> "Qwen3Config":
+        """The shapes one of `tp_size` tensor-parallel ranks holds: heads, KV heads, FFN split."""
+        split = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
+                 "intermediate_size": self.intermediate_size}
+        bad = [f"{k}={v}" for k, v in split.items() if v % tp_size]
+        if bad:
+            raise ValueError(f"tensor parallel size {tp_size} does not divide {', '.join(bad)}")
+        return replace(self, **{k: v // tp_size for k, v in split.items()})
 
 
 class RMSNorm(nn.Module):
@@ -103,14 +117,15 @@ AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        local = cfg.per_rank(tp.size) if tp else cfg
+        self.num_heads, self.num_kv_heads, self.head_dim = local.num_heads, local.num_kv_heads, cfg.head_dim
         self.scale = cfg.head_dim**-0.5
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = column_linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, tp)
+        self.k_proj = column_linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, tp)
+        self.v_proj = column_linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, tp)
+        self.o_proj = row_linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
@@ -124,21 +139,21 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = column_linear(cfg.hidden_size, cfg.intermediate_size, tp)
+        self.up_proj = column_linear(cfg.hidden_size, cfg.intermediate_size, tp)
+        self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(cfg)
-        self.mlp = Qwen3MLP(cfg)
+        self.self_attn = Qwen3Attention(cfg, tp)
+        self.mlp = Qwen3MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -150,11 +165,12 @@ class Qwen3DecoderLayer(nn.Module):
 class Qwen3Model(nn.Module):
     """Embedding table, decoder layers and final norm (no LM head: variants own their heads)."""
 
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = cfg
+        self.rank_config = cfg.per_rank(tp.size) if tp else cfg  # what this rank holds (KV cache shape)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
