@@ -23,6 +23,7 @@ from stages.checkpoint import load_weights, read_config, read_state_dict
 from stages.delay.config import DelayConfig
 from stages.kv_cache import PagedKVCache
 from stages.qwen3 import Qwen3Config, Qwen3Model
+from stages.tensor_parallel import TPGroup, shard_state_dict
 
 # Fused SGLang checkpoints call the backbone `model.` and carry the codec under `codec_model.`.
 CHECKPOINT_RENAMES = ((r"^model\.", "language_model."),)
@@ -30,12 +31,12 @@ CHECKPOINT_IGNORED = (r"codec_model\..*",)
 
 
 class DelayModel(nn.Module):
-    def __init__(self, config: DelayConfig) -> None:
+    def __init__(self, config: DelayConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = config
         self.backbone_config = Qwen3Config.from_hf(config.language)
         hidden, rows = config.hidden_size, config.audio_rows
-        self.language_model = Qwen3Model(self.backbone_config)
+        self.language_model = Qwen3Model(self.backbone_config, tp)  # tp: backbone split, heads replicated
         self.emb_ext = nn.ModuleList(nn.Embedding(rows, hidden) for _ in range(config.n_vq))
         heads = [nn.Linear(hidden, config.vocab_size, bias=False)]
         heads += [nn.Linear(hidden, rows, bias=False) for _ in range(config.n_vq)]
@@ -47,14 +48,20 @@ class DelayModel(nn.Module):
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32) -> DelayModel:
-        """Build from `config.json` and load the safetensors strictly (one error names every problem)."""
+                 dtype: torch.dtype = torch.float32, tp: TPGroup | None = None) -> DelayModel:
+        """Build from `config.json` and load the safetensors strictly (one error names every problem).
+
+        With `tp`, this rank's shards are cut from the full tensors (read on the host first)."""
         config = DelayConfig.from_dict(read_config(model_dir))
         with torch.device("meta"):
-            model = cls(config)
+            model = cls(config, tp)
         model = model.to_empty(device=device).to(dtype)
-        state = read_state_dict(model_dir, device=device, dtype=dtype)
-        load_weights(model, state, rename=CHECKPOINT_RENAMES, ignore=CHECKPOINT_IGNORED)
+        if tp is None:
+            state = read_state_dict(model_dir, device=device, dtype=dtype)
+            load_weights(model, state, rename=CHECKPOINT_RENAMES, ignore=CHECKPOINT_IGNORED)
+        else:
+            state = shard_state_dict(model, read_state_dict(model_dir, dtype=dtype), rename=CHECKPOINT_RENAMES)
+            load_weights(model, state, ignore=CHECKPOINT_IGNORED)
         return model.fuse_().eval()
 
     def fuse_(self) -> DelayModel:

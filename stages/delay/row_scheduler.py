@@ -32,15 +32,21 @@ DEFAULT_CPU_TOKENS_PER_REQUEST = 2048  # KV sizing on CPU when no block count is
 def make_paged_cache(backbone: Qwen3Config, *, device: torch.device, dtype: torch.dtype, max_running: int,
                      block_size: int = 16, num_blocks: int | None = None,
                      memory_fraction: float = 0.5) -> PagedKVCache:
-    """A KV pool of `num_blocks`, or sized from free GPU memory (CUDA) / a fixed per-request budget (CPU)."""
+    """A KV pool of `num_blocks`, or sized by `default_num_blocks`."""
     if num_blocks is None:
-        spec = backbone.kv_cache_spec(1, block_size)
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            num_blocks = max(1, int(free * memory_fraction) // spec.bytes_per_block(dtype))
-        else:
-            num_blocks = max_running * spec.blocks_for(DEFAULT_CPU_TOKENS_PER_REQUEST)
+        num_blocks = default_num_blocks(backbone, device=device, dtype=dtype, max_running=max_running,
+                                        block_size=block_size, memory_fraction=memory_fraction)
     return PagedKVCache(backbone.kv_cache_spec(num_blocks, block_size), dtype=dtype, device=device)
+
+
+def default_num_blocks(backbone: Qwen3Config, *, device: torch.device, dtype: torch.dtype, max_running: int,
+                       block_size: int = 16, memory_fraction: float = 0.5) -> int:
+    """KV blocks that fit in `memory_fraction` of free GPU memory (CUDA) / a fixed per-request budget (CPU)."""
+    spec = backbone.kv_cache_spec(1, block_size)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(1, int(free * memory_fraction) // spec.bytes_per_block(dtype))
+    return max_running * spec.blocks_for(DEFAULT_CPU_TOKENS_PER_REQUEST)
 
 
 class RowBuffer:

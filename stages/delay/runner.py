@@ -34,7 +34,7 @@ from stages.attention import AttentionBackend, ReferenceAttention
 from stages.delay.config import DelayConfig
 from stages.delay.delay_pattern import IncrementalDeDelayer
 from stages.delay.model import DelayModel
-from stages.delay.row_scheduler import RowRequest, RowScheduler, make_paged_cache
+from stages.delay.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, make_paged_cache
 from stages.delay.state import INSIDE_AUDIO, DelayState, TextRule
 from stages.runner import FrameEvent
 from stages.sampling import RowSampling, SamplingParams, sample_tokens
@@ -77,9 +77,9 @@ class DelayRunner:
         self.n_vq = cfg.n_vq
         self.finish_on_audio_end = finish_on_audio_end
         self.attention = attention or ReferenceAttention()
-        cache = make_paged_cache(model.backbone_config, device=self.device, dtype=self.dtype, max_running=max_running,
-                                 block_size=kv_block_size, num_blocks=num_kv_blocks,
-                                 memory_fraction=kv_memory_fraction)
+        cache = make_paged_cache(model.language_model.rank_config, device=self.device, dtype=self.dtype,
+                                 max_running=max_running, block_size=kv_block_size, num_blocks=num_kv_blocks,
+                                 memory_fraction=kv_memory_fraction)  # rank_config: this rank's KV heads
         self.scheduler = RowScheduler(cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
                                       max_prefill_tokens_per_step=max_prefill_tokens_per_step)
         dev = self.device
@@ -144,7 +144,7 @@ class DelayRunner:
     def step(self) -> list[FrameEvent]:
         if not self._requests:
             return []
-        batch = self.scheduler.pack(self.scheduler.schedule(), self.device)
+        batch = self._pack()
         with torch.inference_mode():
             hidden = self.model(batch.ids, batch.meta, self.scheduler.cache, self.attention)  # [N, H]
             if not batch.ready:
@@ -152,6 +152,10 @@ class DelayRunner:
             ready = [self._requests[r.rid] for r in batch.ready]
             rows = self._sample_rows(ready, hidden[batch.ready_rows]).cpu().numpy()  # the one host copy
         return [event for req, row in zip(ready, rows) if (event := self._advance(req, row)) is not None]
+
+    def _pack(self) -> ScheduledBatch:
+        """This step's backbone inputs (the tensor-parallel runner also sends them to its ranks)."""
+        return self.scheduler.pack(self.scheduler.schedule(), self.device)
 
     def _frame_limit(self, req: _Delay) -> int:
         forced = req.params.forced_frames
