@@ -106,6 +106,9 @@ class TalkerConfig(_Section):
         "capture the decode step in CUDA graphs per batch bucket; issue 7")] = True
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the talker process; null = torch's default; issue 4")] = None
+    tensor_parallel: Annotated[int, doc(
+        "GPUs one Delay talker is split over (tensor parallelism: heads, KV cache and FFN "
+        "sharded, embeddings and heads replicated); 1 = one device; issue 8", ge=1)] = 1
 
 
 class CodecConfig(_Section):
