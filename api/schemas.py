@@ -51,9 +51,10 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     stream_format: StreamFormat | None = None
     stream: bool | None = None
     ref_audio: Annotated[
-        str | None,
+        str | Annotated[list[str], Meta(min_length=1, max_length=5)] | None,
         Meta(description="Reference audio: data: URL, bare base64, file:// or a path under an "
-                         "allowed directory, or http(s) when the server allows remote fetch."),
+                         "allowed directory, or http(s) when the server allows remote fetch. A "
+                         "list gives one clip per speaker (TTSD: [S1], [S2], ...)."),
     ] = None
     ref_text: str | None = None
     language: str | None = None

@@ -76,16 +76,19 @@ class ResolvedVoice:
     codes: np.ndarray | None  # [T, n_vq] int64
     ref_text: str | None
     source: str  # "none", "ref_audio" or "voice:<name>"
-    cache_hit: bool | None = None
+    cache_hit: bool | None = None  # with several clips: True only when every one was cached
+    extra_codes: tuple[np.ndarray, ...] = ()  # the 2nd, 3rd, ... ref_audio clip (TTSD speakers)
 
 
 async def resolve_voice(req: SpeechRequest, state) -> ResolvedVoice:
     """Reference codes for the request, from ``ref_audio`` or a registered voice."""
     ref_text = req.ref_text if req.ref_text and req.ref_text.strip() else None
     if req.ref_audio is not None:
-        prepared = await state.references.load(req.ref_audio)
-        codes, hit = await reference_codes(state, prepared)
-        return ResolvedVoice(codes=codes, ref_text=ref_text, source="ref_audio", cache_hit=hit)
+        clips = [req.ref_audio] if isinstance(req.ref_audio, str) else req.ref_audio
+        found = [await reference_codes(state, await state.references.load(clip)) for clip in clips]
+        return ResolvedVoice(codes=found[0][0], ref_text=ref_text, source="ref_audio",
+                             cache_hit=all(hit for _, hit in found),
+                             extra_codes=tuple(codes for codes, _ in found[1:]))
     name = req.voice.id if isinstance(req.voice, VoiceObject) else req.voice
     if name is None or not name.strip():
         return _own_voice(ref_text)

@@ -45,6 +45,8 @@ class SpeechJob:
     instructions: str | None = None
     ref_codes: np.ndarray | None = None   # [T, n_vq] int64, from the reference-code cache
     ref_text: str | None = None            # continuation mode when set with ref_codes
+    extra_ref_codes: list = field(default_factory=list)  # further references [T, n_vq] int64
+    #   each, after ref_codes (TTSD: speakers S2, S3, ...)
     sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k,
     #   repetition_penalty, seed, max_new_frames, greedy
     initial_chunk_frames: int | None = None

@@ -3,7 +3,7 @@
 By default it goes through the engine (`engine.engine.Engine`: talker and codec worker processes,
 the coordinator in this process); `--direct` runs the models in this process without workers.
 
-    mossvox synth "text" [--model DIR] [--ref-audio FILE] [--ref-text TEXT] [--language L]
+    mossvox synth "text" [--model DIR] [--ref-audio FILE ...] [--ref-text TEXT] [--language L]
                   [--instructions I] [--seed N] [--profile P --set k=v] -o out.wav
 
 Without `--model` (and no `model.path` in the profile) it uses the embedded demo model: a tiny
@@ -26,9 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--out", required=True, type=Path, help="output WAV file")
     parser.add_argument("--model", type=Path, default=None,
                         help="checkpoint directory; default: the profile's model.path, else the demo model")
-    parser.add_argument("--ref-audio", type=Path, default=None, help="reference clip to clone the voice of")
+    parser.add_argument("--ref-audio", type=Path, action="append", default=None,
+                        help="reference clip to clone the voice of; repeat it for several speakers "
+                             "(TTSD: [S1], [S2], ... in order)")
     parser.add_argument("--ref-text", default=None,
-                        help="transcript of --ref-audio: continue from the clip instead of cloning it")
+                        help="transcript of --ref-audio: continue from the clip instead of cloning it "
+                             "(several clips: tag it by speaker, '[S1] ... [S2] ...')")
     parser.add_argument("--language", default=None, help="language name written into the prompt, e.g. English")
     parser.add_argument("--instructions", default=None,
                         help="style/voice instructions, where the variant has such a field")
@@ -57,11 +60,16 @@ def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     profile = profile_from_args(args, default="cpu")
-    if args.ref_text and args.ref_audio is None:
+    refs: list[Path] = args.ref_audio or []
+    if args.ref_text and not refs:
         print("mossvox: --ref-text needs --ref-audio", file=sys.stderr)
         return 2
-    if args.ref_audio is not None and not args.ref_audio.is_file():
-        print(f"mossvox: no such reference file: {args.ref_audio}", file=sys.stderr)
+    for ref in refs:
+        if not ref.is_file():
+            print(f"mossvox: no such reference file: {ref}", file=sys.stderr)
+            return 2
+    if args.direct and len(refs) > 1:
+        print("mossvox: several --ref-audio clips need the engine path (drop --direct)", file=sys.stderr)
         return 2
 
     import soundfile as sf
@@ -76,10 +84,10 @@ def run(args: argparse.Namespace) -> int:
     model_dir = model_dir_for(args, profile)
     synth = DirectSynthesizer(model_dir, profile)
     try:
-        pcm, stats = synth.synthesize(args.text, ref_audio=args.ref_audio, ref_text=args.ref_text,
+        pcm, stats = synth.synthesize(args.text, ref_audio=refs[0] if refs else None, ref_text=args.ref_text,
                                       language=args.language, instructions=args.instructions, seed=args.seed)
     except sf.LibsndfileError as exc:
-        print(f"mossvox: cannot decode {args.ref_audio}: {exc}", file=sys.stderr)
+        print(f"mossvox: cannot decode {refs[0]}: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # a field the variant rejects
         print(f"mossvox: {exc}", file=sys.stderr)
@@ -104,23 +112,34 @@ def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
     from engine.engine import Engine
     from stages.audio_prep import prepare_reference, read_audio
 
+    clips = []
+    for ref in args.ref_audio or []:  # decode before starting the engine: a bad file fails fast
+        try:
+            clips.append(read_audio(ref))
+        except sf.LibsndfileError as exc:
+            print(f"mossvox: cannot decode {ref}: {exc}", file=sys.stderr)
+            return 2
+
     async def go() -> tuple:
         async with Engine(profile, model_dir) as eng:
-            codes = None
-            if args.ref_audio is not None:
-                wav, rate = read_audio(args.ref_audio)
+            codes = []
+            for wav, rate in clips:
                 prepared = prepare_reference(wav, rate, target_rate=eng.sample_rate,
                                              channels=eng.channels)
-                codes = await eng.encode_reference(prepared)
+                codes.append(await eng.encode_reference(prepared))
             job = SpeechJob(text=args.text, language=args.language,
-                            instructions=args.instructions, ref_codes=codes,
-                            ref_text=args.ref_text or None,
+                            instructions=args.instructions, ref_codes=codes[0] if codes else None,
+                            extra_ref_codes=codes[1:], ref_text=args.ref_text or None,
                             sampling={} if args.seed is None else {"seed": args.seed})
             start = time.perf_counter()
             pcm, reason = await eng.synthesize(job)
             return pcm, reason, time.perf_counter() - start, eng.sample_rate
 
-    pcm, reason, wall, rate = asyncio.run(go())
+    try:
+        pcm, reason, wall, rate = asyncio.run(go())
+    except ValueError as exc:  # a field the variant rejects (its request adapter)
+        print(f"mossvox: {exc}", file=sys.stderr)
+        return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(args.out), pcm, rate, subtype="FLOAT", format="WAV")
     log.info("wrote %s: %.2f s of %d-channel %d Hz audio (%s) through the engine, %.2f s wall",

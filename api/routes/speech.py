@@ -110,7 +110,8 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
                        headers={"Retry-After": "1"})
     voice = await resolve_voice(req, state)
     job = SpeechJob(text=req.input, language=req.language, instructions=req.instructions,
-                    ref_codes=voice.codes, ref_text=voice.ref_text, sampling=sampling_overrides(req),
+                    ref_codes=voice.codes, ref_text=voice.ref_text, extra_ref_codes=list(voice.extra_codes),
+                    sampling=sampling_overrides(req),
                     initial_chunk_frames=req.initial_codec_chunk_frames, forced_frames=req.forced_frames)
     try:
         encoder = make_encoder(plan.response_format, client.sample_rate, client.channels,

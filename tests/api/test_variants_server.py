@@ -1,0 +1,135 @@
+"""The Delay family and Realtime through the real server: one `mossvox serve` per variant on a
+tiny random-weight checkpoint written by `make_checkpoint`.
+
+Each variant streams raw PCM (24 kHz mono) whose first chunk reaches the client while the talker
+is still generating (its slot gauge, read from /metrics when the first bytes arrive, is 1), and
+each variant's request-adapter errors come back as 400s in the OpenAI envelope. TTSD takes a list
+of reference clips with a speaker-tagged transcript; `mossvox synth` repeats --ref-audio for it.
+The number of talker steps before the first chunk is measured in
+`tests/stages/test_variants_delay_realtime.py`; streaming v1 decode = whole decode in
+`tests/stages/test_codec_streaming.py`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from stages.make_checkpoint import make_checkpoint
+from tests.api.helpers import assert_error, data_url, metric, tone_wav
+from tests.api.server_process import REPO, ServerProcess
+
+SAMPLES_PER_FRAME = 1920  # v1 codec: 24 kHz / 12.5 Hz
+# a body each variant's adapter accepts, and enough forced frames that generation outlasts a
+# /metrics round trip by a wide margin (Realtime's 16-step depth loop is slower per frame)
+ACCEPTED = {
+    "delay": ({"input": "Hello from the delay model."}, 150),
+    "ttsd": ({"input": "[S1] Hello there. [S2] Hi, how are you?"}, 150),
+    "sound-effect": ({"input": "rain on a tin roof"}, 150),
+    "voice-generator": ({"input": "Hello there.", "instructions": "a calm, low voice"}, 150),
+    "realtime": ({"input": "Hello from the realtime model."}, 60),
+}
+CLIP = data_url(tone_wav(1.5))
+CLIP2 = data_url(tone_wav(1.5, hz=330.0))
+# (body, message fragment) of one request each variant's adapter refuses
+REFUSED = {
+    "delay": ({"input": "Hi.", "ref_audio": [CLIP, CLIP2]}, "at most one reference"),
+    "ttsd": ({"input": "no speaker tags here"}, "speaker tags"),
+    "sound-effect": ({"input": "thunder", "ref_audio": CLIP}, "takes no reference audio"),
+    "voice-generator": ({"input": "Hello there."}, "instructions"),
+    "realtime": ({"input": "Hello.", "instructions": "whisper"}, "does not take instructions"),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("variant-checkpoints")
+    for name in ACCEPTED:
+        make_checkpoint(root / name, variant=name, size="tiny", seed=4)
+    return root
+
+
+@pytest.fixture(scope="module")
+def servers(checkpoints, tmp_path_factory):
+    """One server per variant, started together (start-up is mostly imports and waiting)."""
+    started = {name: ServerProcess(tmp_path_factory.mktemp("data"), str(checkpoints / name))
+               for name in ACCEPTED}
+    try:
+        with ThreadPoolExecutor(len(started)) as pool:
+            for future in [pool.submit(server.start) for server in started.values()]:
+                future.result()
+        yield started
+    finally:
+        with ThreadPoolExecutor(len(started)) as pool:
+            list(pool.map(ServerProcess.stop, started.values()))
+
+
+@pytest.fixture(params=list(ACCEPTED))
+def served(request, servers):
+    """(variant name, server, http client) of each variant's server."""
+    server = servers[request.param]
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        yield request.param, server, http
+
+
+def test_each_variant_streams_its_first_audio_while_still_generating(served):
+    name, server, http = served
+    body, frames = ACCEPTED[name]
+    arrivals, got, slots_at_first = [], 0, None
+    with http.stream("POST", "/v1/audio/speech", json={
+            **body, "response_format": "pcm", "stream_format": "audio", "forced_frames": frames,
+            "initial_codec_chunk_frames": 1, "seed": 3}) as response:
+        assert response.status_code == 200, response.read()
+        assert (response.headers["x-audio-sample-rate"], response.headers["x-audio-channels"]) == ("24000", "1")
+        for piece in response.iter_raw():
+            arrivals.append(time.perf_counter())
+            got += len(piece)
+            if slots_at_first is None:
+                slots_at_first = metric(http.get("/metrics").text, "mossvox_engine_talker_slots")
+    assert slots_at_first == 1, "the first audio arrived only after the talker had finished"
+    assert got == frames * SAMPLES_PER_FRAME * 2  # s16 mono, every forced frame
+    assert len(arrivals) >= 3 and arrivals[-1] - arrivals[0] > 0.05  # later chunks kept coming
+
+
+def test_each_variant_refuses_what_its_adapter_cannot_serve_with_a_400(served):
+    name, _, http = served
+    body, message = REFUSED[name]
+    response = http.post("/v1/audio/speech", json={**body, "response_format": "pcm"})
+    assert_error(response, 400, contains=message)
+
+
+def test_ttsd_takes_one_clip_per_speaker_and_a_tagged_transcript(servers):
+    body = {"input": "[S1] How are you? [S2] Fine, thanks.", "ref_audio": [CLIP, CLIP2],
+            "ref_text": "[S1] The first clip. [S2] The second clip.", "response_format": "pcm",
+            "forced_frames": 12}
+    with httpx.Client(base_url=servers["ttsd"].url, timeout=60) as http:
+        first = http.post("/v1/audio/speech", json=body)
+        assert first.status_code == 200, first.text
+        assert len(first.content) == 12 * SAMPLES_PER_FRAME * 2 and first.headers["x-ref-cache"] == "miss"
+        assert http.post("/v1/audio/speech", json=body).headers["x-ref-cache"] == "hit"
+        untagged = http.post("/v1/audio/speech", json={**body, "ref_text": "both clips, untagged"})
+        assert_error(untagged, 400, contains="tag ref_text by speaker")
+        too_many = http.post("/v1/audio/speech", json={**body, "ref_audio": [CLIP] * 6})
+        assert_error(too_many, 400, param="ref_audio")
+
+
+def test_synth_cli_repeats_ref_audio_for_ttsd(checkpoints, tmp_path):
+    (tmp_path / "a.wav").write_bytes(tone_wav(1.5))
+    (tmp_path / "b.wav").write_bytes(tone_wav(1.5, hz=330.0))
+    cmd = [sys.executable, "-c", "import sys; from api.cli import main; sys.exit(main())", "synth",
+           "[S1] Hi there. [S2] Hello.", "--model", str(checkpoints / "ttsd"), "-o", str(tmp_path / "out.wav"),
+           "--ref-audio", str(tmp_path / "a.wav"), "--ref-audio", str(tmp_path / "b.wav"),
+           "--ref-text", "[S1] first clip [S2] second clip", "--seed", "1"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import soundfile
+
+    audio, rate = soundfile.read(tmp_path / "out.wav")
+    assert rate == 24000 and audio.ndim == 1 and len(audio) > 0
+    refused = subprocess.run(cmd[:-4] + ["--direct"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "drop --direct" in refused.stderr
