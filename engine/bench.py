@@ -30,8 +30,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 
 @dataclass
 class Row:
