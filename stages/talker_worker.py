@@ -216,6 +216,7 @@ def main(spec: WorkerSpec) -> None:
     """Process entry: load the talker, warm up, say Ready, loop until shutdown."""
     variant = prepare_process(spec, spec.profile.talker.torch_threads)
     inbox, to_codec, to_coord = attach_talker(spec)
+    runner = None
     try:
         runner = variant.make_talker_runner(spec.device)
         warm_up(runner, variant)
@@ -228,5 +229,7 @@ def main(spec: WorkerSpec) -> None:
         to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        if hasattr(runner, "close"):  # a tensor-parallel runner stops its follower ranks
+            runner.close()
         for ch in (inbox, to_codec, to_coord):
             ch.close()

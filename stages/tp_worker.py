@@ -95,6 +95,15 @@ class LaunchedTPDelayRunner(TPDelayRunner):
             destroy_tp()
 
 
+def tp_devices(device: str, size: int) -> list[str]:
+    """The device of each of `size` ranks: `cuda` / `cuda:i` -> consecutive GPUs from i; `cpu` -> cpu each."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return [str(dev)] * size
+    first = dev.index or 0
+    return [f"cuda:{first + r}" for r in range(size)]
+
+
 def start_delay_tp(model_dir: str | Path, *, devices: list[str], dtype: torch.dtype = torch.float32,
                    max_running: int = 64, kv_block_size: int = 16, num_kv_blocks: int | None = None,
                    kv_memory_fraction: float = 0.5, torch_threads: int | None = None,

@@ -148,9 +148,14 @@ class DelayVariant:
         from stages.delay.runner import DelayRunner
         from stages.local_v15.loader import resolve_dtype
 
-        return DelayRunner.from_dir(self.model_dir, device=device,
-                                    dtype=resolve_dtype(self.profile.model.dtype, device),
-                                    **talker_options(self.profile))
+        dtype = resolve_dtype(self.profile.model.dtype, device)
+        tp = self.profile.talker.tensor_parallel
+        if tp > 1:  # this process becomes rank 0 of tp ranks on consecutive GPUs
+            from stages.tp_worker import start_delay_tp, tp_devices
+
+            return start_delay_tp(self.model_dir, devices=tp_devices(device, tp), dtype=dtype,
+                                  torch_threads=self.profile.talker.torch_threads, **talker_options(self.profile))
+        return DelayRunner.from_dir(self.model_dir, device=device, dtype=dtype, **talker_options(self.profile))
 
     def make_codec_runner(self, device: str) -> Any:
         return make_codec_runner(self.codec_dir, self.profile, device, self.n_vq)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -21,12 +22,14 @@ from stages.attention import build_attention_metadata
 from stages.delay.model import DelayModel
 from stages.delay.runner import DelayRunner
 from stages.kv_cache import PagedKVCache
+from profiles import load_profile
 from stages.make_checkpoint import make_checkpoint
 from stages.qwen3 import Qwen3Config
+from stages.registry import from_wire, load_variant
 from stages.sampling import SamplingParams
 from stages.tensor_parallel import (MULTICAST_OFF, ColumnParallelLinear, RowParallelLinear, TPGroup, destroy_tp,
                                     free_port, init_tp)
-from stages.tp_worker import start_delay_tp
+from stages.tp_worker import LaunchedTPDelayRunner, start_delay_tp, tp_devices
 from tests.conftest import golden_dir
 
 ATOL = 1e-5
@@ -62,7 +65,30 @@ def _rank_main(fn, address, size, rank, results, args):
         destroy_tp()
 
 
-# ---- parallel linears ----------------------------------------------------------------------------
+# ---- ranks: parallel linears and the model, TP=2 against TP=1 ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_delay(tmp_path_factory):
+    out = tmp_path_factory.mktemp("delay_tiny")
+    make_checkpoint(out, variant="delay", size="tiny", seed=3)
+    return out
+
+
+@pytest.fixture(scope="module")
+def linear_inputs():
+    torch.manual_seed(0)
+    return torch.randn(3, 6), torch.randn(8, 6), torch.randn(6, 8)  # x, W_col, W_row: hidden 6, inner 8
+
+
+@pytest.fixture(scope="module")
+def model_inputs(tiny_delay):
+    torch.manual_seed(1)
+    config = DelayModel.from_dir(tiny_delay).config
+    ids = torch.cat([torch.randint(0, 600, (2, 6, 1)), torch.randint(0, config.audio_rows, (2, 6, config.n_vq))],
+                    dim=-1)  # [B, S, 1 + n_vq]
+    mask = torch.tensor([[False, True, True, True, True, True], [True] * 6])  # left padding on row 0
+    return tiny_delay, ids, mask
 
 
 def _linears(tp: TPGroup, x, w_col, w_row):
@@ -73,37 +99,6 @@ def _linears(tp: TPGroup, x, w_col, w_row):
         row.weight.copy_(row.shard(w_row))
         y = col(x)  # [B, out / size]: this rank's columns, no communication
         return y, row(y), os.environ.get("NCCL_NVLS_ENABLE")  # [B, hidden] after the all-reduce
-
-
-def test_column_then_row_parallel_equals_full_matmuls():
-    torch.manual_seed(0)
-    x, w_col, w_row = torch.randn(3, 6), torch.randn(8, 6), torch.randn(6, 8)  # hidden 6, inner 8
-    ranks = run_ranks(_linears, x, w_col, w_row)
-    full = x @ w_col.T  # [3, 8]
-    torch.testing.assert_close(torch.cat([y for y, _, _ in ranks], dim=-1), full, atol=ATOL, rtol=0)
-    for _, z, nvls in ranks:  # every rank holds the whole all-reduced output
-        torch.testing.assert_close(z, full @ w_row.T, atol=ATOL, rtol=0)
-        assert nvls == MULTICAST_OFF["NCCL_NVLS_ENABLE"]
-
-
-def test_shapes_that_do_not_split_are_refused():
-    with pytest.raises(ValueError, match="does not split"):
-        TPGroup(0, 3, None, None).split(torch.zeros(4, 2), 0)
-    cfg = Qwen3Config(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
-                      intermediate_size=128, vocab_size=10)
-    with pytest.raises(ValueError, match="num_kv_heads=2"):
-        cfg.per_rank(4)
-    assert cfg.per_rank(2).num_kv_heads == 1 and cfg.per_rank(2).intermediate_size == 64
-
-
-# ---- the model: TP=2 equals TP=1 -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_delay(tmp_path_factory):
-    out = tmp_path_factory.mktemp("delay_tiny")
-    make_checkpoint(out, variant="delay", size="tiny", seed=3)
-    return out
 
 
 def _model_outputs(tp: TPGroup | None, model_dir, ids, mask):
@@ -124,18 +119,48 @@ def _model_outputs(tp: TPGroup | None, model_dir, ids, mask):
     return out
 
 
-def test_tp2_model_equals_tp1_hidden_and_logits(tiny_delay):
-    torch.manual_seed(1)
-    config = DelayModel.from_dir(tiny_delay).config
-    ids = torch.cat([torch.randint(0, 600, (2, 6, 1)), torch.randint(0, config.audio_rows, (2, 6, config.n_vq))],
-                    dim=-1)  # [B, S, 1 + n_vq]
-    mask = torch.tensor([[False, True, True, True, True, True], [True] * 6])  # left padding on row 0
-    want = _model_outputs(None, tiny_delay, ids, mask)
-    ranks = run_ranks(_model_outputs, tiny_delay, ids, mask)
-    for got in ranks:
+def _both(tp: TPGroup, linear_args, model_args):
+    """One spawn for both checks (starting ranks is most of the cost)."""
+    return _linears(tp, *linear_args), _model_outputs(tp, *model_args)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(linear_inputs, model_inputs):
+    """Per rank: (linear outputs, model outputs) computed on two gloo ranks."""
+    return run_ranks(_both, linear_inputs, model_inputs)
+
+
+def test_column_then_row_parallel_equals_full_matmuls(two_ranks, linear_inputs):
+    x, w_col, w_row = linear_inputs
+    ranks = [linears for linears, _ in two_ranks]
+    full = x @ w_col.T  # [3, 8]
+    torch.testing.assert_close(torch.cat([y for y, _, _ in ranks], dim=-1), full, atol=ATOL, rtol=0)
+    for _, z, nvls in ranks:  # every rank holds the whole all-reduced output
+        torch.testing.assert_close(z, full @ w_row.T, atol=ATOL, rtol=0)
+        assert nvls == MULTICAST_OFF["NCCL_NVLS_ENABLE"]
+
+
+def test_tp2_model_equals_tp1_hidden_and_logits(two_ranks, model_inputs):
+    want = _model_outputs(None, *model_inputs)
+    for _, got in two_ranks:
         for key in ("hidden", "text", "audio", "paged"):
             torch.testing.assert_close(got[key], want[key], atol=ATOL, rtol=0, msg=key)
         assert got["kv_heads"] == want["kv_heads"] // 2  # the KV cache is split by KV heads
+
+
+def test_rank_devices():
+    assert tp_devices("cuda", 2) == ["cuda:0", "cuda:1"] and tp_devices("cuda:2", 2) == ["cuda:2", "cuda:3"]
+    assert tp_devices("cpu", 2) == ["cpu", "cpu"]
+
+
+def test_shapes_that_do_not_split_are_refused():
+    with pytest.raises(ValueError, match="does not split"):
+        TPGroup(0, 3, None, None).split(torch.zeros(4, 2), 0)
+    cfg = Qwen3Config(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=128, vocab_size=10)
+    with pytest.raises(ValueError, match="num_kv_heads=2"):
+        cfg.per_rank(4)
+    assert cfg.per_rank(2).num_kv_heads == 1 and cfg.per_rank(2).intermediate_size == 64
 
 
 # ---- the runner through the real launcher ---------------------------------------------------------
@@ -177,9 +202,44 @@ def test_tp2_greedy_generation_equals_tp1_and_followers_exit():
     assert runner.exit_codes == [0] and follower.poll() == 0
 
 
+@dataclass
+class Job:
+    """A plain request in the engine's `SpeechJobLike` shape."""
+
+    text: str = "hello tensor parallel world"
+    language: str | None = None
+    instructions: str | None = None
+    ref_codes: np.ndarray | None = None
+    ref_text: str | None = None
+    sampling: dict = field(default_factory=lambda: {"seed": 11})
+    forced_frames: int | None = None
+    extra_ref_codes: list = field(default_factory=list)
+
+
+def test_profile_tensor_parallel_gives_the_talker_worker_a_tp_runner(tiny_delay):
+    """`talker.tensor_parallel: 2` through the variant the talker worker uses: seeded sampling, same rows."""
+    rows = {}
+    for tp in (1, 2):
+        variant = load_variant(tiny_delay, load_profile("cpu", [f"talker.tensor_parallel={tp}"]))
+        runner = variant.make_talker_runner("cpu")
+        try:
+            prompt, sampling = variant.build_request(Job())
+            runner.add(5, prompt, from_wire(sampling))
+            for _ in range(12):
+                runner.step()
+            rows[tp] = runner.rows(5)
+        finally:
+            if tp == 2:
+                assert isinstance(runner, LaunchedTPDelayRunner)
+                runner.close()
+    assert runner.exit_codes == [0]
+    np.testing.assert_array_equal(rows[2], rows[1])
+    assert len(rows[1]) == len(prompt) + 12
+
+
 ORPHAN_SCRIPT = textwrap.dedent("""
     import os, sys
-    from stages.tp_worker import start_delay_tp
+    from stages.tp_worker import LaunchedTPDelayRunner, start_delay_tp, tp_devices
     runner = start_delay_tp(sys.argv[1], devices=["cpu", "cpu"], num_kv_blocks=8, max_running=1, torch_threads=1)
     print(runner.ranks.processes[0].pid, flush=True)
     os._exit(0)  # rank 0 dies without closing
