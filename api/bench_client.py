@@ -192,8 +192,10 @@ async def run_sweep(prompts: list[Prompt], config: ClientConfig, concurrencies: 
             warm = {"wall_s": round(wall_s, 4), "num_requests": len(results), "num_failed": len(failed),
                     "errors": [f"{r.utt_id}: {r.error}" for r in failed[:10]]}
         bar = ProgressLine(f"C={concurrency} measure", len(prompts), progress)
+        cpu = time.process_time()
         results, wall_s = await run_pass(prompts, config, info, concurrency, lambda r: bar.update(r.ok))
-        runs.append(summarize(concurrency, results, wall_s, info.bytes_per_s, warmup=warm))
+        runs.append(summarize(concurrency, results, wall_s, info.bytes_per_s, warmup=warm,
+                              client_cpu_s=time.process_time() - cpu))
         if runs[-1]["failed"] and stop_on_failure:
             break
     return runs

@@ -91,8 +91,10 @@ def _stats(values: list[float], scale: float = 1.0, digits: int = 2) -> dict:
 
 
 def summarize(concurrency: int, results: list[RequestResult], wall_s: float, bytes_per_s: float,
-              *, warmup: dict | None = None) -> dict:
-    """One run's figures (the JSON ``runs[]`` entry); ``failed`` when any request failed."""
+              *, warmup: dict | None = None, client_cpu_s: float | None = None) -> dict:
+    """One run's figures (the JSON ``runs[]`` entry); ``failed`` when any request failed.
+    ``client_cpu_s``: the client process's CPU time over the pass; near ``wall_s`` means the
+    client, not the server, was the limit."""
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     players = [simulate_player(r.chunk_at_s, r.chunk_bytes, bytes_per_s) for r in ok]
@@ -118,6 +120,7 @@ def summarize(concurrency: int, results: list[RequestResult], wall_s: float, byt
         "share_smooth": round(sum(p.smooth for p in players) / len(results), 4) if results else 0.0,
         "ref_cache_hits": sum(r.ref_cache == "hit" for r in ok),
         "errors": [f"{r.utt_id}: {r.error}" for r in failed[:10]],
+        "client_cpu_s": None if client_cpu_s is None else round(client_cpu_s, 3),
         "warmup": warmup,
         "requests": [{**asdict(r), "max_stall_ms": round(1000 * p.max_stall_s, 2),
                       "underrun_s": round(p.underrun_s, 4)}
@@ -143,6 +146,11 @@ def format_table(runs: list[dict]) -> str:
             f"| {_f(r['ttfa_ms']['p99'], '.1f')} ms | {_f(r['rtf']['mean'], '.3f')} "
             f"| {_f(r['chunk_gap_ms']['p99'], '.0f')} ms | {_f(r['underrun_s']['mean'], '.3f')} s "
             f"| {100 * r['share_smooth']:.0f}% |")
+    cpu = [f"C={r['concurrency']} {100 * r['client_cpu_s'] / r['wall_s']:.0f}%" for r in runs
+           if r.get("client_cpu_s") is not None and r["wall_s"] > 0]
+    if cpu:
+        lines.append("client CPU over the pass, % of one core (near 100% = the client is the limit): "
+                     + ", ".join(cpu))
     return "\n".join(lines)
 
 
