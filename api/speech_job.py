@@ -107,7 +107,7 @@ async def resolve_voice(req: SpeechRequest, state) -> ResolvedVoice:
 async def reference_codes(state, prepared) -> tuple[np.ndarray, bool]:
     """Codes of a prepared clip through the shared cache (misses go to the codec worker)."""
     try:
-        codes, hit = await state.ref_cache.get_or_encode(prepared.digest, prepared.wav)
+        codes, hit = await state.ref_cache.get_or_encode(prepared.digest, prepared.prepare)
     except EngineFailed as exc:
         raise ApiError(503 if not state.client.healthy() else 500,
                        f"Reference encoding failed: {exc}", param="ref_audio") from None
