@@ -10,8 +10,8 @@ column layer feeding a row layer therefore costs one all-reduce. The Qwen3 backb
 rows: two all-reduces per decoder layer, one after attention and one after the MLP. Embeddings,
 norms and output heads are replicated (see `docs/interfaces.md`, "Tensor parallelism").
 
-Both layers hold only their shard. Checkpoints stay full-size: `shard_state_dict` cuts each
-parallel layer's tensor out of the full one before strict loading.
+Both layers hold only their shard. Checkpoints stay full-size: `read_shards` reads each parallel
+layer's slice straight from the safetensors files (the rest whole), ready for strict loading.
 
 `init_tp` joins a group: NCCL for device collectives on CUDA, gloo on CPU, plus a gloo group for
 host-side broadcasts (step inputs). It sets the NVLink-multicast-off variables first.
@@ -22,13 +22,15 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from safetensors import safe_open
 from torch import nn
 
 # Every process of a TP group runs with NVLink multicast off (device README, issue 8).
@@ -50,11 +52,17 @@ class TPGroup:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def bounds(self, length: int) -> tuple[int, int]:
+        """This rank's contiguous [start, end) of `length` items (which must split evenly)."""
+        if length % self.size:
+            raise ValueError(f"{length} does not split into {self.size} ranks")
+        step = length // self.size
+        return self.rank * step, (self.rank + 1) * step
+
     def split(self, full: torch.Tensor, dim: int) -> torch.Tensor:
-        """This rank's contiguous 1/size of `full` along `dim` (which must divide evenly)."""
-        if full.shape[dim] % self.size:
-            raise ValueError(f"dimension {dim} of shape {tuple(full.shape)} does not split into {self.size}")
-        return full.chunk(self.size, dim)[self.rank].contiguous()
+        """This rank's contiguous 1/size of `full` along `dim`."""
+        start, end = self.bounds(full.shape[dim])
+        return full.narrow(dim, start, end - start).contiguous()
 
     def broadcast_object(self, obj: object = None) -> object:
         """Rank 0's `obj` on every rank (pickled over the gloo group)."""
@@ -102,6 +110,8 @@ def destroy_tp() -> None:
 class ColumnParallelLinear(nn.Module):
     """y[..., out / size] = x[..., in] @ W_r^T: this rank's slice of the outputs; no communication."""
 
+    split_dim = 0  # of the [out, in] weight
+
     def __init__(self, in_features: int, out_features: int, tp: TPGroup) -> None:
         super().__init__()
         if out_features % tp.size:
@@ -114,11 +124,13 @@ class ColumnParallelLinear(nn.Module):
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         """The checkpoint's `[out, in]` weight -> this rank's `[out / size, in]` rows."""
-        return self.tp.split(full, 0)
+        return self.tp.split(full, self.split_dim)
 
 
 class RowParallelLinear(nn.Module):
     """y[..., out] = sum over ranks of x_r[..., in / size] @ W_r^T: one all-reduce per call."""
+
+    split_dim = 1  # of the [out, in] weight
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup) -> None:
         super().__init__()
@@ -132,7 +144,7 @@ class RowParallelLinear(nn.Module):
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         """The checkpoint's `[out, in]` weight -> this rank's `[out, in / size]` columns."""
-        return self.tp.split(full, 1)
+        return self.tp.split(full, self.split_dim)
 
 
 def column_linear(in_features: int, out_features: int, tp: TPGroup | None) -> nn.Module:
@@ -149,19 +161,31 @@ def row_linear(in_features: int, out_features: int, tp: TPGroup | None) -> nn.Mo
     return RowParallelLinear(in_features, out_features, tp)
 
 
-def shard_state_dict(module: nn.Module, state: Mapping[str, torch.Tensor], *,
-                     rename: Iterable[tuple[str, str]] = ()) -> dict[str, torch.Tensor]:
-    """Full checkpoint tensors -> what `module` holds: renamed, parallel layers' weights cut to shard.
+def read_shards(module: nn.Module, files: Iterable[str | Path], *, rename: Iterable[tuple[str, str]] = (),
+                dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of full-size safetensors `files` as `module` holds them, on the host.
 
-    rename: (regex, replacement) pairs applied in order (as `stages.checkpoint.load_weights` does);
-    the result is keyed by module names, ready for `load_weights` without renames.
+    A parallel layer's weight is read as this rank's slice only (rows or columns); every other
+    tensor whole. rename: (regex, replacement) pairs applied in order (as
+    `stages.checkpoint.load_weights` does); the result is keyed by the renamed names, ready for
+    `load_weights` without renames. Floating tensors are cast to `dtype` when given.
     """
     rules = [(re.compile(p), r) for p, r in rename]
     owners = {f"{name}.weight": m for name, m in module.named_modules()
               if isinstance(m, (ColumnParallelLinear, RowParallelLinear))}
     out: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        for pat, rep in rules:
-            name = pat.sub(rep, name)
-        out[name] = owners[name].shard(t) if name in owners else t
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for stored in f.keys():
+                name = stored
+                for pat, rep in rules:
+                    name = pat.sub(rep, name)
+                owner = owners.get(name)
+                if owner is None:
+                    t = f.get_tensor(stored)
+                else:
+                    part = f.get_slice(stored)
+                    start, end = owner.tp.bounds(part.get_shape()[owner.split_dim])
+                    t = part[start:end] if owner.split_dim == 0 else part[:, start:end]
+                out[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
     return out

@@ -89,8 +89,13 @@ class LaunchedTPDelayRunner(TPDelayRunner):
         self.exit_codes: list[int] | None = None
 
     def close(self) -> None:
-        if self.exit_codes is None:
+        if self.exit_codes is not None:
+            return
+        try:
             super().close()
+        except RuntimeError as exc:  # a follower is already gone (gloo: connection closed by peer)
+            log.warning("tensor-parallel ranks could not be told to stop: %s", exc)
+        finally:
             self.exit_codes = self.ranks.stop()
             destroy_tp()
 

@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from stages.attention import AttentionBackend, AttentionMetadata
-from stages.checkpoint import load_weights, read_config, read_state_dict
+from stages.checkpoint import load_weights, read_config, read_state_dict, safetensors_files
 from stages.delay.config import DelayConfig
 from stages.kv_cache import PagedKVCache
 from stages.qwen3 import Qwen3Config, Qwen3Model
-from stages.tensor_parallel import TPGroup, shard_state_dict
+from stages.tensor_parallel import TPGroup, read_shards
 
 # Fused SGLang checkpoints call the backbone `model.` and carry the codec under `codec_model.`.
 CHECKPOINT_RENAMES = ((r"^model\.", "language_model."),)
@@ -51,7 +51,7 @@ class DelayModel(nn.Module):
                  dtype: torch.dtype = torch.float32, tp: TPGroup | None = None) -> DelayModel:
         """Build from `config.json` and load the safetensors strictly (one error names every problem).
 
-        With `tp`, this rank's shards are cut from the full tensors (read on the host first)."""
+        With `tp`, only this rank's slices of the split backbone weights are read."""
         config = DelayConfig.from_dict(read_config(model_dir))
         with torch.device("meta"):
             model = cls(config, tp)
@@ -60,7 +60,7 @@ class DelayModel(nn.Module):
             state = read_state_dict(model_dir, device=device, dtype=dtype)
             load_weights(model, state, rename=CHECKPOINT_RENAMES, ignore=CHECKPOINT_IGNORED)
         else:
-            state = shard_state_dict(model, read_state_dict(model_dir, dtype=dtype), rename=CHECKPOINT_RENAMES)
+            state = read_shards(model, safetensors_files(model_dir), rename=CHECKPOINT_RENAMES, dtype=dtype)
             load_weights(model, state, ignore=CHECKPOINT_IGNORED)
         return model.fuse_().eval()
 

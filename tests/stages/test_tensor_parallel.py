@@ -202,6 +202,24 @@ def test_tp2_greedy_generation_equals_tp1_and_followers_exit():
     assert runner.exit_codes == [0] and follower.poll() == 0
 
 
+def test_a_dead_follower_fails_the_step_at_once():
+    golden, cases = _prompts()
+    runner = start_delay_tp(golden, devices=["cpu", "cpu"], torch_threads=1, max_running=1, num_kv_blocks=16)
+    try:
+        runner.add(0, cases[0][0], GREEDY)
+        runner.step()
+        follower = runner.ranks.processes[0]
+        follower.kill()
+        follower.wait()
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="(?i)closed|reset|broken"):
+            runner.step()
+        assert time.monotonic() - start < 5  # an error the talker worker reports, not a hang
+    finally:
+        runner.close()
+    assert runner.exit_codes == [-9]
+
+
 @dataclass
 class Job:
     """A plain request in the engine's `SpeechJobLike` shape."""
