@@ -34,6 +34,9 @@ ACCEPTED = {
     "voice-generator": ({"input": "Hello there.", "instructions": "a calm, low voice"}, 150),
     "realtime": ({"input": "Hello from the realtime model."}, 60),
 }
+# talker steps beyond one per frame: Delay opens audio (1 row) and drains n_vq - 1 delay rows;
+# Realtime emits a frame from its prefill step on
+EXTRA_STEPS = {"delay": 32, "ttsd": 16, "sound-effect": 16, "voice-generator": 16, "realtime": 0}
 CLIP = data_url(tone_wav(1.5))
 CLIP2 = data_url(tone_wav(1.5, hz=330.0))
 # (body, message fragment) of one request each variant's adapter refuses
@@ -77,9 +80,21 @@ def served(request, servers):
         yield request.param, server, http
 
 
+def talker_steps(http) -> float:
+    """Talker steps so far (count of the engine's talker_batch_sizes), once the talker is idle."""
+    deadline = time.monotonic() + 10
+    text = http.get("/metrics").text
+    while metric(text, "mossvox_engine_talker_slots") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        text = http.get("/metrics").text
+    counts = [line for line in text.splitlines() if line.startswith("mossvox_engine_talker_batch_sizes_count ")]
+    return float(counts[0].split()[1]) if counts else 0.0
+
+
 def test_each_variant_streams_its_first_audio_while_still_generating(served):
     name, server, http = served
     body, frames = ACCEPTED[name]
+    steps_before = talker_steps(http)
     arrivals, got, slots_at_first = [], 0, None
     with http.stream("POST", "/v1/audio/speech", json={
             **body, "response_format": "pcm", "stream_format": "audio", "forced_frames": frames,
@@ -94,6 +109,9 @@ def test_each_variant_streams_its_first_audio_while_still_generating(served):
     assert slots_at_first == 1, "the first audio arrived only after the talker had finished"
     assert got == frames * SAMPLES_PER_FRAME * 2  # s16 mono, every forced frame
     assert len(arrivals) >= 3 and arrivals[-1] - arrivals[0] > 0.05  # later chunks kept coming
+    # At most one frame per talker step, so with this many steps in all the first frame left by
+    # step EXTRA_STEPS + 1 (Delay: n_vq + 1; Realtime: the prefill step)
+    assert talker_steps(http) - steps_before == frames + EXTRA_STEPS[name]
 
 
 def test_each_variant_refuses_what_its_adapter_cannot_serve_with_a_400(served):
