@@ -3,7 +3,8 @@
 Every response format is produced incrementally from one encoder per request: raw s16le PCM, WAV
 with a streaming header (sizes 0xFFFFFFFF), and mp3 / opus-in-Ogg / aac-ADTS / flac muxed by
 PyAV (FFmpeg) into one container whose bytes are handed out as packets are written. ``speed``
-other than 1 is applied with FFmpeg's ``atempo`` filter, streaming as well.
+other than 1 is applied with FFmpeg's ``atempo`` filter and another output rate with FFmpeg's
+resampler, both streaming as well.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from abc import ABC, abstractmethod
 import av
 import av.filter
 import numpy as np
+
+# Output rates a request may ask for (``sample_rate``); the model's own rate is always allowed.
+OUTPUT_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 
 CONTENT_TYPES = {
     "pcm": "audio/pcm",
@@ -245,38 +249,83 @@ def _atempo_factors(speed: float) -> list[float]:
     return factors
 
 
-class SpeedAdjustedEncoder(AudioEncoder):
+class RateChange:
+    """Streaming sample-rate conversion (FFmpeg's swresample), PCM in, PCM out."""
+
+    def __init__(self, rate_in: int, rate_out: int, channels: int) -> None:
+        self.channels = channels
+        self._layout = _layout(channels)
+        self._rate_in = rate_in
+        self._resampler = av.AudioResampler(format="flt", layout=self._layout, rate=rate_out)
+        self._pts = 0
+
+    def process(self, pcm: np.ndarray) -> np.ndarray:
+        """[S, C] float32 at ``rate_in`` -> [S', C] float32 at ``rate_out``."""
+        interleaved = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)  # [1, S*C]
+        frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=self._layout)
+        frame.sample_rate = self._rate_in
+        frame.pts = self._pts
+        self._pts += pcm.shape[0]
+        return self._collect(self._resampler.resample(frame))
+
+    def flush(self) -> np.ndarray:
+        return self._collect(self._resampler.resample(None))
+
+    def _collect(self, frames: list) -> np.ndarray:
+        parts = [f.to_ndarray().reshape(-1, self.channels) for f in frames]  # [S, C] each
+        if not parts:
+            return np.zeros((0, self.channels), np.float32)
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+
+class StagedEncoder(AudioEncoder):
+    """PCM stages (tempo, rate) in front of an encoder; flushing runs through every stage."""
+
     heavy = True
 
-    def __init__(self, inner: AudioEncoder, speed: SpeedChange) -> None:
+    def __init__(self, inner: AudioEncoder, stages: list) -> None:
         self.inner = inner
-        self.speed = speed
+        self.stages = stages
         self.content_type = inner.content_type
 
     def encode(self, pcm: np.ndarray) -> bytes:
         if pcm.shape[0] == 0:  # the final chunk may be empty; FFmpeg refuses empty frames
             return b""
-        out = self.speed.process(pcm)
-        return self.inner.encode(out) if out.shape[0] else b""
+        return self._through(pcm, 0)
 
     def finish(self) -> bytes:
-        tail = self.speed.flush()
-        head = self.inner.encode(tail) if tail.shape[0] else b""
-        return head + self.inner.finish()
+        out = b""
+        for index, stage in enumerate(self.stages):
+            tail = stage.flush()
+            if tail.shape[0]:
+                out += self._through(tail, index + 1)
+        return out + self.inner.finish()
+
+    def _through(self, pcm: np.ndarray, first_stage: int) -> bytes:
+        for stage in self.stages[first_stage:]:
+            pcm = stage.process(pcm)
+            if pcm.shape[0] == 0:
+                return b""
+        return self.inner.encode(pcm)
 
 
 def make_encoder(fmt: str, sample_rate: int, channels: int, *, streaming: bool,
-                 speed: float = 1.0) -> AudioEncoder:
-    """The encoder for ``response_format`` ``fmt`` (one of ``CONTENT_TYPES``)."""
+                 speed: float = 1.0, out_rate: int | None = None) -> AudioEncoder:
+    """The encoder for ``response_format`` ``fmt`` (one of ``CONTENT_TYPES``): PCM at
+    ``sample_rate`` in, a file at ``out_rate`` (default: the same) out."""
     _layout(channels)
+    out_rate = out_rate or sample_rate
     if fmt == "pcm":
         encoder: AudioEncoder = PcmEncoder()
     elif fmt == "wav":
-        encoder = WavEncoder(sample_rate, channels, streaming=streaming)
+        encoder = WavEncoder(out_rate, channels, streaming=streaming)
     elif fmt in _CONTAINERS:
-        encoder = ContainerEncoder(fmt, sample_rate, channels, streaming=streaming)
+        encoder = ContainerEncoder(fmt, out_rate, channels, streaming=streaming)
     else:
         raise ValueError(f"unknown response_format {fmt!r}")
+    stages: list = []
     if speed != 1.0:
-        encoder = SpeedAdjustedEncoder(encoder, SpeedChange(speed, sample_rate, channels))
-    return encoder
+        stages.append(SpeedChange(speed, sample_rate, channels))
+    if out_rate != sample_rate:
+        stages.append(RateChange(sample_rate, out_rate, channels))
+    return StagedEncoder(encoder, stages) if stages else encoder

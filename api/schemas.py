@@ -68,7 +68,9 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     extra_params: ExtraParams | None = None
     initial_codec_chunk_frames: Annotated[int, Meta(ge=1, le=1000)] | None = None
     sample_rate: Annotated[
-        Annotated[int, Meta(gt=0)] | None, Meta(description="Must equal the model's rate if given (no resampling).")
+        Annotated[int, Meta(gt=0)] | None,
+        Meta(description="Output sample rate: the model's own (default) or one of 8000, 11025, "
+                         "12000, 16000, 22050, 24000, 32000, 44100, 48000 (resampled on the fly).")
     ] = None
     forced_frames: Annotated[
         Annotated[int, Meta(ge=1, le=100_000)] | None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from api.audio_encoding import OUTPUT_RATES
 from api.errors import ApiError, bad_request
 from api.schemas import SpeechRequest, VoiceObject
 from engine.client import EngineFailed
@@ -29,6 +30,7 @@ class OutputPlan:
     response_format: str
     mode: str  # "file" (whole file), "audio" (raw stream) or "sse"
     speed: float
+    sample_rate: int | None  # output rate; None = the model's
 
 
 def output_plan(req: SpeechRequest) -> OutputPlan:
@@ -38,7 +40,8 @@ def output_plan(req: SpeechRequest) -> OutputPlan:
         mode = "sse"
     else:
         mode = "file"
-    return OutputPlan(response_format=req.response_format, mode=mode, speed=req.speed)
+    return OutputPlan(response_format=req.response_format, mode=mode, speed=req.speed,
+                      sample_rate=req.sample_rate)
 
 
 def check_request(req: SpeechRequest, *, model_names: set[str], max_input_chars: int, sample_rate: int) -> None:
@@ -50,9 +53,9 @@ def check_request(req: SpeechRequest, *, model_names: set[str], max_input_chars:
     if len(req.input) > max_input_chars:
         raise bad_request(f"Input is {len(req.input)} characters; the limit is {max_input_chars} "
                           f"(api.max_input_chars)", param="input")
-    if req.sample_rate is not None and req.sample_rate != sample_rate:
-        raise bad_request(f"sample_rate {req.sample_rate} is not supported: this model produces "
-                          f"{sample_rate} Hz", param="sample_rate")
+    if req.sample_rate is not None and req.sample_rate not in (sample_rate, *OUTPUT_RATES):
+        raise bad_request(f"sample_rate {req.sample_rate} is not supported: use the model's "
+                          f"{sample_rate} Hz or one of {list(OUTPUT_RATES)}", param="sample_rate")
 
 
 def sampling_overrides(req: SpeechRequest) -> dict:

@@ -113,15 +113,16 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
                     ref_codes=voice.codes, ref_text=voice.ref_text, extra_ref_codes=list(voice.extra_codes),
                     sampling=sampling_overrides(req),
                     initial_chunk_frames=req.initial_codec_chunk_frames, forced_frames=req.forced_frames)
+    out_rate = plan.sample_rate or client.sample_rate
     try:
         encoder = make_encoder(plan.response_format, client.sample_rate, client.channels,
-                               streaming=plan.mode != "file", speed=plan.speed)
+                               streaming=plan.mode != "file", speed=plan.speed, out_rate=out_rate)
     except ValueError as exc:
         raise bad_request(str(exc), param="response_format") from None
     request_id = tracker.request_id
     chunks = client.generate(job)
     first = await run_until_disconnect(_first_chunk(chunks), request.receive)
-    headers = {"X-Request-Id": request_id, "X-Audio-Sample-Rate": str(client.sample_rate),
+    headers = {"X-Request-Id": request_id, "X-Audio-Sample-Rate": str(out_rate),
                "X-Audio-Channels": str(client.channels), "X-Audio-Format": plan.response_format,
                "Cache-Control": "no-store", "X-Api-Process": str(os.getpid())}
     if voice.cache_hit is not None:
@@ -133,7 +134,7 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
         return Response(body, media_type=encoder.content_type, headers=headers)
     if plan.mode == "sse":
         body_iter = _sse_stream(first, chunks, encoder, tracker, request_id, req.input, plan.response_format,
-                                client.sample_rate, client.channels)
+                                out_rate, client.channels)
         return AudioStreamResponse(body_iter, media_type=sse.CONTENT_TYPE, headers=headers)
     body_iter = _raw_stream(first, chunks, encoder, tracker, request_id)
     return AudioStreamResponse(body_iter, media_type=encoder.content_type, headers=headers)

@@ -97,3 +97,15 @@ def test_empty_chunks_are_accepted(fmt, speed):
     body = encoder.encode(empty) + encoder.encode(sine_chunks(48000, 2, 0.5)[0]) + encoder.encode(empty)
     body += encoder.finish()
     assert len(body) > 0
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "mp3", "opus", "flac"])
+@pytest.mark.parametrize("out_rate,speed", [(16000, 1.0), (22050, 1.0), (24000, 2.0)])
+def test_output_rate_conversion_streams(fmt, out_rate, speed):
+    encoder = make_encoder(fmt, 48000, 2, streaming=True, speed=speed, out_rate=out_rate)
+    pieces = [encoder.encode(c) for c in sine_chunks(48000, 2, 2.0)]
+    body = b"".join(pieces) + encoder.finish()
+    pcm, rate = decode_audio(body, fmt, sample_rate=out_rate, channels=2)
+    assert rate == (48000 if fmt == "opus" else out_rate)  # Opus decoders always give 48 kHz
+    assert abs(pcm.shape[0] / rate - 2.0 / speed) < 0.12
+    assert abs(dominant_hz(pcm, rate) - 440.0) < 10.0

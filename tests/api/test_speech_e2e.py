@@ -155,6 +155,23 @@ def test_sse_carries_one_continuous_mp3(http, rate_channels):
     assert abs(pcm.shape[0] / rate - expected_seconds(TEXT)) <= 0.12
 
 
+@pytest.mark.parametrize("fmt,mode", [("wav", None), ("pcm", "audio"), ("pcm", "sse")])
+def test_output_sample_rate_is_converted(http, rate_channels, fmt, mode):
+    _, channels = rate_channels
+    body = {"input": TEXT, "response_format": fmt, "sample_rate": 16000}
+    if mode:
+        body["stream_format"] = mode
+    r = http.post("/v1/audio/speech", json=body)
+    assert r.status_code == 200 and r.headers["x-audio-sample-rate"] == "16000"
+    data = r.content
+    if mode == "sse":
+        events = parse_sse(data)
+        assert events[0][1]["sample_rate"] == 16000
+        data = b"".join(base64.b64decode(d["audio"]) for name, d in events[:-1])
+    pcm, rate = decode_audio(data, fmt, sample_rate=16000, channels=channels)
+    assert rate == 16000 and abs(pcm.shape[0] / rate - expected_seconds(TEXT)) < 0.01
+
+
 def test_speed_is_applied(oai, rate_channels):
     rate, channels = rate_channels
     fast = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format="wav", speed=2.0)
@@ -260,7 +277,7 @@ def test_first_chunk_size_follows_initial_codec_chunk_frames(http, rate_channels
     ({"input": "hi", "top_p": 1.5}, 400, "top_p", None),
     ({"input": "hi", "extra_params": {"top_k": -3}}, 400, "extra_params.top_k", None),
     ({"input": "hi", "speed": 9}, 400, "speed", None),
-    ({"input": "hi", "sample_rate": 8000}, 400, "sample_rate", "8000"),
+    ({"input": "hi", "sample_rate": 7000}, 400, "sample_rate", "7000"),
     ({"input": "hi", "bogus": 1}, 400, "bogus", "bogus"),
     ({"input": "hi", "ref_text": "no audio"}, 400, "ref_text", None),
     ({"input": "hi", "ref_audio": "definitely not audio"}, 400, "ref_audio", None),
