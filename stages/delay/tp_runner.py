@@ -3,7 +3,7 @@
 Rank 0 is a `DelayRunner` (`TPDelayRunner`) over the rank-0 shard of the model: it owns the
 scheduler, the block tables and the sampling. Each step it packs the batch on the host, sends
 the backbone inputs (row ids `[N, 1 + n_vq]` and the attention metadata) to the other ranks with
-one pickled broadcast over the gloo group, and runs its part of the backbone; the followers
+one pickled broadcast over the gloo group (as numpy arrays, `step_wire`), and runs its part of the backbone; the followers
 (`follow`) run theirs with the same inputs, so the two all-reduces per layer line up. Every rank's
 hidden state is the full one after the final all-reduce, and only rank 0 applies the heads and
 samples: output equals TP=1.
@@ -16,7 +16,9 @@ stop.
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from typing import Any
 
+import numpy as np
 import torch
 
 from stages.attention import AttentionBackend, AttentionMetadata, ReferenceAttention
@@ -33,6 +35,24 @@ def meta_to(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
     moved = {f.name: getattr(meta, f.name).to(device, non_blocking=True) for f in fields(meta)
              if isinstance(getattr(meta, f.name), torch.Tensor)}
     return replace(meta, **moved)
+
+
+StepWire = tuple[np.ndarray, dict[str, Any]]  # ids [N, 1 + n_vq], AttentionMetadata fields
+
+
+def step_wire(ids: torch.Tensor, meta: AttentionMetadata) -> StepWire:
+    """Host step inputs as numpy arrays and plain values: they pickle ~25x faster than tensors
+    (C=64 decode: ~0.4 ms against ~10 ms for the tensors, measured on this loaded CPU)."""
+    values = {f.name: getattr(meta, f.name) for f in fields(meta)}
+    return ids.numpy(), {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+
+def from_step_wire(wire: StepWire, device: torch.device) -> tuple[torch.Tensor, AttentionMetadata]:
+    """`step_wire`'s inverse, with the tensors copied to `device`."""
+    ids, values = wire
+    meta = AttentionMetadata(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                                for k, v in values.items()})
+    return torch.from_numpy(ids).to(device, non_blocking=True), meta_to(meta, device)
 
 
 def agreed_num_blocks(model: DelayModel, tp: TPGroup, *, max_running: int, block_size: int = 16,
@@ -62,7 +82,7 @@ class TPDelayRunner(DelayRunner):
 
     def _pack(self) -> ScheduledBatch:
         batch = self.scheduler.pack(self.scheduler.schedule(), HOST)  # host tensors: picklable, no device sync
-        self.tp.broadcast_object((batch.ids, batch.meta))
+        self.tp.broadcast_object(step_wire(batch.ids, batch.meta))
         return replace(batch, ids=batch.ids.to(self.device, non_blocking=True),
                        meta=meta_to(batch.meta, self.device),
                        ready_rows=batch.ready_rows.to(self.device, non_blocking=True))
@@ -91,9 +111,9 @@ def follow(model: DelayModel, tp: TPGroup, *, max_running: int = 64, kv_block_si
     attention = attention or ReferenceAttention()
     device = cache.device
     steps = 0
-    while (inputs := tp.broadcast_object()) is not None:
-        ids, meta = inputs
+    while (wire := tp.broadcast_object()) is not None:
+        ids, meta = from_step_wire(wire, device)
         with torch.inference_mode():
-            model(ids.to(device, non_blocking=True), meta_to(meta, device), cache, attention)
+            model(ids, meta, cache, attention)
         steps += 1
     return steps

@@ -7,22 +7,24 @@ equal to TP=1 and to upstream; followers that exit cleanly on close and die with
 
 import multiprocessing as mp
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pytest
 import torch
 from torch.utils._pytree import tree_map
 
+from profiles import load_profile
 from stages.attention import build_attention_metadata
 from stages.delay.model import DelayModel
 from stages.delay.runner import DelayRunner
-from stages.kv_cache import PagedKVCache
-from profiles import load_profile
+from stages.delay.tp_runner import from_step_wire, step_wire
+from stages.kv_cache import KVCacheSpec, PagedKVCache
 from stages.make_checkpoint import make_checkpoint
 from stages.qwen3 import Qwen3Config
 from stages.registry import from_wire, load_variant
@@ -146,6 +148,21 @@ def test_tp2_model_equals_tp1_hidden_and_logits(two_ranks, model_inputs):
         for key in ("hidden", "text", "audio", "paged"):
             torch.testing.assert_close(got[key], want[key], atol=ATOL, rtol=0, msg=key)
         assert got["kv_heads"] == want["kv_heads"] // 2  # the KV cache is split by KV heads
+
+
+def test_step_inputs_survive_the_wire():
+    cache = PagedKVCache(KVCacheSpec(1, 1, 4, 8, 4), dtype=torch.float32, device="cpu")
+    cache.append_slots(0, 6)
+    meta = build_attention_metadata(cache, [(0, 1), (1, 3)], "cpu")
+    ids = torch.arange(8).view(4, 2)
+    got_ids, got = from_step_wire(pickle.loads(pickle.dumps(step_wire(ids, meta))), torch.device("cpu"))
+    torch.testing.assert_close(got_ids, ids)
+    for f in fields(meta):
+        want = getattr(meta, f.name)
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(getattr(got, f.name), want, msg=f.name)
+        else:
+            assert getattr(got, f.name) == want
 
 
 def test_rank_devices():
