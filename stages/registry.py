@@ -77,6 +77,9 @@ def load_variant(model_dir: str | Path, profile: Profile) -> Variant:
     if profile.model.variant is not None and model_type != "moss_tts_delay":
         raise UnknownModel(f"model.variant {profile.model.variant!r} names a Delay-family variant, but "
                            f"{model_dir}/config.json has model_type {model_type!r}")
+    if profile.talker.tensor_parallel > 1 and model_type != "moss_tts_delay":
+        raise UnknownModel(f"talker.tensor_parallel {profile.talker.tensor_parallel} splits Delay-family talkers "
+                           f"only, but {model_dir}/config.json has model_type {model_type!r}")
     if model_type == "moss_tts_local":
         from stages.local_v15.variant import LocalV15Variant
 

@@ -27,7 +27,7 @@ from stages.delay.tp_runner import from_step_wire, step_wire
 from stages.kv_cache import KVCacheSpec, PagedKVCache
 from stages.make_checkpoint import make_checkpoint
 from stages.qwen3 import Qwen3Config
-from stages.registry import from_wire, load_variant
+from stages.registry import UnknownModel, from_wire, load_variant
 from stages.sampling import SamplingParams
 from stages.tensor_parallel import (MULTICAST_OFF, ColumnParallelLinear, RowParallelLinear, TPGroup, destroy_tp,
                                     free_port, init_tp)
@@ -270,6 +270,12 @@ def test_profile_tensor_parallel_gives_the_talker_worker_a_tp_runner(tiny_delay)
     assert runner.exit_codes == [0]
     np.testing.assert_array_equal(rows[2], rows[1])
     assert len(rows[1]) == len(prompt) + 12
+
+
+def test_tensor_parallel_is_refused_for_other_families(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "moss_tts_local"}')
+    with pytest.raises(UnknownModel, match="talker.tensor_parallel 2"):
+        load_variant(tmp_path, load_profile("cpu", ["talker.tensor_parallel=2"]))
 
 
 ORPHAN_SCRIPT = textwrap.dedent("""
