@@ -17,6 +17,7 @@ from engine.client import SpeechJob
 from engine.launcher import launch
 from profiles import load_profile
 from stages.make_checkpoint import make_checkpoint
+from stages.tensor_parallel import MULTICAST_OFF
 from tests.engine.conftest import collect, joined
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -48,6 +49,11 @@ def follower_pids(parent: int) -> list[int]:
     return found
 
 
+def environment(pid: int) -> dict[str, str]:
+    raw = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
 def alive(pid: int) -> bool:
     try:
         return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -57,21 +63,22 @@ def alive(pid: int) -> bool:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served(delay_dir):
-    """(audio, follower pids while serving, those still alive after stop) of one request at TP=2."""
+    """(audio, follower pids while serving, their environments, those still alive after stop) at TP=2."""
     handle = await launch(load_profile("cpu", [*OVERRIDES, "talker.tensor_parallel=2"]), delay_dir, clients=1)
     try:
         talker = handle.pids["talker"]
         running = follower_pids(talker)
+        environ = [environment(pid) for pid in running]
         audio = joined(await collect(handle.client(0), SpeechJob(text=TEXT, sampling={"seed": 9})))
     finally:
         await handle.stop()
-    return audio, running, [pid for pid in running if alive(pid)]  # an orphan would have a new parent
+    return audio, running, environ, [pid for pid in running if alive(pid)]  # an orphan would have a new parent
 
 
 async def test_tp2_engine_audio_equals_direct_tp1(served, delay_dir) -> None:
     from stages.synth_direct import DirectSynthesizer
 
-    audio, _, _ = served
+    audio, *_ = served
     direct = DirectSynthesizer(delay_dir, load_profile("cpu", OVERRIDES))
     expected, stats = direct.synthesize(TEXT, seed=9)
     assert audio.shape == expected.T.shape and stats.frames > 0
@@ -79,7 +86,8 @@ async def test_tp2_engine_audio_equals_direct_tp1(served, delay_dir) -> None:
     assert np.abs(audio).max() > 0
 
 
-async def test_the_follower_rank_runs_while_serving_and_stops_with_the_engine(served) -> None:
-    _, running, after = served
+async def test_the_follower_rank_runs_with_multicast_off_and_stops_with_the_engine(served) -> None:
+    _, running, environ, after = served
     assert len(running) == 1
+    assert all(env.get(k) == v for env in environ for k, v in MULTICAST_OFF.items())  # NVLink multicast off
     assert after == []
