@@ -149,11 +149,17 @@ class EngineClient:
         """Stream `job`'s audio. Raises `EngineRejected`, `EngineFailed`, or `ValueError` (bad
         job fields, before anything is submitted)."""
         prompt, sampling = self.variant.build_request(job)  # [S, 1 + n_vq] int64
+        prime, appended = self.variant.prime_frames(job), False
+        context = self.variant.prime_codes(job) if hasattr(self.variant, "prime_codes") else None
+        if context is not None:  # left context the prompt does not hold as codec input
+            rows = np.zeros((len(context), prompt.shape[1]), dtype=np.int64)  # [T, 1 + n_vq]
+            rows[:, 1:] = context
+            prompt, prime, appended = np.concatenate([prompt, rows]), len(context), True
         self._check_alive()
         rid, box = self._open_mailbox()
         self._send(Submit(rid=rid, client=self.index, sampling=sampling,
                           initial_chunk_frames=job.initial_chunk_frames,
-                          prime_frames=self.variant.prime_frames(job)), prompt)
+                          prime_frames=prime, prime_appended=appended), prompt)
         finished = False
         try:
             while True:

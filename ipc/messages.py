@@ -63,6 +63,9 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=Tru
     timeout_s: float | None = None             # None: the profile's admission.request_timeout_s
     prime_frames: int = 0   # continuation: the prompt's last rows hold audio codes the codec
     #                         decodes first as left context (their audio is dropped)
+    prime_appended: bool = False  # the prime_frames context rows follow the prompt in the payload
+    #                         (column 0 unused) instead of being its last rows (Delay: the prompt
+    #                         holds the reference only in the delayed layout, not codec input)
 
 
 class Abort(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

@@ -115,9 +115,10 @@ class TalkerLoop:
     def _admit(self) -> None:
         # With nothing running, nothing will free up: try anyway, so a prompt too long for the
         # whole KV cache fails alone (the runner raises) instead of blocking the queue.
-        while self.waiting and (self.runner.can_admit(len(self.waiting[0][1]))
+        while self.waiting and (self.runner.can_admit(_prompt_rows(*self.waiting[0]))
                                 or self.runner.num_running() == 0):
-            submit, prompt = self.waiting.popleft()
+            submit, rows = self.waiting.popleft()
+            prompt = rows[:_prompt_rows(submit, rows)]  # [S, 1 + n_vq]
             params = from_wire(submit.sampling)
             try:
                 self.runner.add(submit.rid, prompt, params)
@@ -127,7 +128,7 @@ class TalkerLoop:
                 self._send_final(submit.rid, submit.client, 0, None, "error")
                 continue
             if submit.prime_frames:  # continuation: the codec decodes the reference first
-                context = prompt[len(prompt) - submit.prime_frames:, 1:]  # [T, n_vq]
+                context = rows[len(rows) - submit.prime_frames:, 1:]  # [T, n_vq]
                 self.to_codec.send(CodeChunk(rid=submit.rid, client=submit.client, seq=-1,
                                              final=False, prime=True), context)
             self.streams[submit.rid] = _Stream(
@@ -184,6 +185,11 @@ class TalkerLoop:
             self._flush_steps()
             self.to_coord.send(Slots(stage="talker", in_use=in_use))
             self._slots_reported = in_use
+
+
+def _prompt_rows(submit: Submit, rows: np.ndarray) -> int:
+    """How many payload rows are the prompt (context rows appended after it excluded)."""
+    return len(rows) - submit.prime_frames if submit.prime_appended else len(rows)
 
 
 @dataclass

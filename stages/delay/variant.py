@@ -138,9 +138,19 @@ class DelayVariant:
         return dataclasses.replace(WarmUpJob(), **fields)
 
     def prime_frames(self, job: SpeechJobLike) -> int:
-        """0: the codec starts cold. The continuation prompt holds the reference in the *delayed*
-        layout, which is not codec input, so the talker worker cannot take it as left context."""
-        return 0
+        """Frames the codec decodes first as left context: those of `prime_codes`."""
+        context = self.prime_codes(job)
+        return 0 if context is None else len(context)
+
+    def prime_codes(self, job: SpeechJobLike) -> np.ndarray | None:
+        """Continuation (references + `ref_text`): the reference codes `[T, n_vq]` (TTSD: every
+        speaker's clip, in order), decoded first so the new audio continues them, as upstream's
+        decode of the whole block then trimming the prompt part does. The prompt holds them only
+        in the delayed layout, which is not codec input, so they travel after the prompt."""
+        if job.ref_codes is None or not job.ref_text:
+            return None
+        refs = [job.ref_codes, *(getattr(job, "extra_ref_codes", None) or ())]
+        return np.concatenate([np.asarray(c, dtype=np.int64) for c in refs])
 
     # ---- runners (worker processes) ------------------------------------------------------------
 

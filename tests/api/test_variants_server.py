@@ -151,3 +151,25 @@ def test_synth_cli_repeats_ref_audio_for_ttsd(checkpoints, tmp_path):
     assert rate == 24000 and audio.ndim == 1 and len(audio) > 0
     refused = subprocess.run(cmd[:-4] + ["--direct"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "drop --direct" in refused.stderr
+
+
+def test_delay_continuation_through_the_server_equals_direct_synthesis(servers, checkpoints):
+    """The server primes the codec with the reference codes (they travel after the prompt: the
+    prompt holds them only delayed), as the direct path does: the same samples come out."""
+    import numpy as np
+
+    from profiles import load_profile
+    from stages.synth_direct import DirectSynthesizer
+
+    wav = tone_wav(1.5)
+    text, ref_text = "And then it continued.", "The reference words."
+    with httpx.Client(base_url=servers["delay"].url, timeout=60) as http:
+        served = http.post("/v1/audio/speech", json={
+            "input": text, "ref_audio": data_url(wav), "ref_text": ref_text, "seed": 5,
+            "forced_frames": 10, "response_format": "pcm"})
+    assert served.status_code == 200, served.text
+    got = np.frombuffer(served.content, dtype="<i2").astype(np.float32) / 32768
+    direct = DirectSynthesizer(checkpoints / "delay", load_profile("cpu"))
+    expected, _ = direct.synthesize(text, ref_audio=wav, ref_text=ref_text, seed=5, forced_frames=10)
+    assert got.shape == (10 * SAMPLES_PER_FRAME,) and expected.shape == (1, got.size)
+    assert np.abs(got - np.clip(expected[0], -1, 1)).max() < 2e-4

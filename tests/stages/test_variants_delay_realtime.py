@@ -202,9 +202,10 @@ class LoopRig:
         for ch in [*self.ends, self.inbox, self.codes, self.coord]:
             ch.close()
 
-    def chunks_until_done(self, prompt, sampling, initial_frames: int):
+    def chunks_until_done(self, prompt, sampling, initial_frames: int, **submit):
         """[(runner steps so far, still running?, CodeChunk, codes [T, n_vq])] of one request."""
-        self.inbox.send(Submit(rid=1, client=0, sampling=sampling, initial_chunk_frames=initial_frames), prompt)
+        self.inbox.send(Submit(rid=1, client=0, sampling=sampling, initial_chunk_frames=initial_frames, **submit),
+                        prompt)
         out, steps = [], 0
         while True:
             self.loop.step()
@@ -261,3 +262,22 @@ def test_delay_continuation_emits_its_first_frame_one_step_sooner(checkpoints, p
         rig.close()
     assert chunks[0][0] == variant.n_vq  # no audio_start row to sample: one step less
     assert sum(len(c) for *_, c in chunks) == 5
+
+
+def test_delay_continuation_context_travels_after_the_prompt_to_the_codec(checkpoints, profile) -> None:
+    variant = variant_of(checkpoints, "delay", profile)
+    reference = codes(8, 32, 5)
+    job = Job(ref_codes=reference, ref_text="the reference words", forced_frames=5)
+    prompt, sampling = variant.build_request(job)
+    context = variant.prime_codes(job)
+    assert (context == reference).all() and variant.prime_frames(job) == 8
+    payload = np.concatenate([prompt, np.pad(context, ((0, 0), (1, 0)))])  # as EngineClient sends it
+    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
+    try:
+        chunks = rig.chunks_until_done(payload, sampling, 1, prime_frames=8, prime_appended=True)
+    finally:
+        rig.close()
+    prime = chunks[0]
+    assert prime[2].prime and (prime[3] == reference).all()  # decoded first, audio dropped
+    # the runner got the prompt alone: still a continuation, first frame after n_vq steps
+    assert chunks[1][0] == variant.n_vq and sum(len(c) for *_, c in chunks[1:]) == 5
