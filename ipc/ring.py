@@ -5,9 +5,15 @@ Layout of the segment (all integers little-endian u64, 8-byte aligned)::
     [0, 512)      header, one 128-byte block per writer of it (two cache lines each, so the
                   adjacent-line prefetcher does not make the two sides share a line):
                     block 0  magic, capacity, owner pid, owner role, opener pid (set once)
-                    block 1  write position, records written, writer-closed flag  (writer only)
-                    block 2  read position, records read, reader-closed flag      (reader only)
+                    block 1  write position, records written   (writer only, every record)
+                    block 2  read position, records read       (reader only, every record)
+                    block 3  writer-closed, reader-closed flags (each written once)
     [512, 512+C)  data, C = capacity bytes (a multiple of 64)
+
+Each side keeps the last value it read of the other's position and reloads it only when that
+value says "full" (writer) or "empty" (reader), so in steady streaming the two hot blocks do not
+bounce between cores on every record. A stale copy is always conservative: positions only grow,
+so an old read position understates the room and an old write position understates the data.
 
 A record is a 64-byte header (its payload length in the first word) then the payload padded to
 64 bytes, so every payload starts 64-byte aligned (numpy / torch views of it are aligned). Records
@@ -116,10 +122,12 @@ class Ring:
         self._poll_fds: tuple[int, ...] = ()
         # writer state
         self._wpos = self._words[W_WRITE_POS]
+        self._rseen = self._words[W_READ_POS]  # the writer's last look at the read position
         self._wcount = self._words[W_WRITE_COUNT]
         self._reserved: tuple[int, int, int] | None = None  # (n, skip, footprint)
         # reader state
         self._rpos = self._words[W_READ_POS]
+        self._wseen = self._words[W_WRITE_POS]  # the reader's last look at the write position
         self._rcount = self._words[W_READ_COUNT]
         self._head: tuple[memoryview, int] | None = None  # (view, footprint)
         self._res = EndResources(shm, role, owner, (data_bell, space_bell))
@@ -241,7 +249,7 @@ class Ring:
         off = w % cap
         skip = cap - off if size > cap - off else 0
         words = self._words
-        if words[W_READ_POS] < w + skip + size - cap or words[W_READER_CLOSED]:
+        if self._rseen < w + skip + size - cap or words[W_READER_CLOSED]:
             self._wait_for_space(w + skip + size - cap, timeout, block)
         if skip:
             words[(HEADER_BYTES + off) >> 3] = WRAP
@@ -272,7 +280,7 @@ class Ring:
         skip = cap - off if size > cap - off else 0
         needed_read = w + skip + size - cap  # the read position that leaves enough room
         words = self._words
-        if words[W_READ_POS] < needed_read or words[W_READER_CLOSED]:
+        if self._rseen < needed_read or words[W_READER_CLOSED]:
             self._wait_for_space(needed_read, timeout, block)
         self._reserved = (n, skip, size)
         return HEADER_BYTES + RECORD_HEADER + (0 if skip else off)
@@ -310,7 +318,8 @@ class Ring:
         while True:
             if words[W_READER_CLOSED]:
                 raise PeerGone(f"the reader of ring {self.name} closed its end")
-            if words[W_READ_POS] >= needed_read:
+            self._rseen = words[W_READ_POS]
+            if self._rseen >= needed_read:
                 return
             if self._peer_gone():
                 raise PeerGone(f"the reader of ring {self.name} (pid {self._peer_pid()}) died")
@@ -335,7 +344,9 @@ class Ring:
         cap = self._cap
         r = self._rpos
         while True:
-            if r == words[W_WRITE_POS]:
+            if r == self._wseen:
+                self._wseen = words[W_WRITE_POS]
+            if r == self._wseen:
                 if words[W_WRITER_CLOSED]:
                     if r == words[W_WRITE_POS]:  # re-load: a commit may precede the close
                         raise EndOfStream(f"ring {self.name}: writer closed")

@@ -21,10 +21,11 @@ MIN_CAPACITY = 256
 WRAP = 2**64 - 1
 MAGIC = int.from_bytes(b"MVXRING1", "little")
 
-# Header word indices (8-byte words), one 128-byte block per writer of them.
+# Header word indices (8-byte words), one 128-byte block per writer and rate of change.
 W_MAGIC, W_CAPACITY, W_OWNER_PID, W_OWNER_ROLE, W_OPENER_PID = 0, 1, 2, 3, 4  # set once
-W_WRITE_POS, W_WRITE_COUNT, W_WRITER_CLOSED = 16, 17, 18  # writer only
-W_READ_POS, W_READ_COUNT, W_READER_CLOSED = 32, 33, 34  # reader only
+W_WRITE_POS, W_WRITE_COUNT = 16, 17  # writer, per record
+W_READ_POS, W_READ_COUNT = 32, 33  # reader, per record
+W_WRITER_CLOSED, W_READER_CLOSED = 48, 49  # each written once: read every record, cache-hot
 
 Role = Literal["writer", "reader"]
 ROLE_CODE = {"writer": 1, "reader": 2}
