@@ -2,8 +2,8 @@
 
 Layout of the segment (all integers little-endian u64, 8-byte aligned)::
 
-    [0, 512)      header, one 128-byte block per writer of it (two cache lines each, so the
-                  adjacent-line prefetcher does not make the two sides share a line):
+    [0, 512)      header, four 128-byte blocks (two cache lines each, so the adjacent-line
+                  prefetcher does not make the two sides' hot words share a line):
                     block 0  magic, capacity, owner pid, owner role, opener pid (set once)
                     block 1  write position, records written   (writer only, every record)
                     block 2  read position, records read       (reader only, every record)
@@ -47,6 +47,9 @@ Memory ordering: why a reader never sees a committed record before its payload.
   load (or fence) after reading it, likewise around the read position; that needs a small C
   helper (``__atomic_store_n(..., __ATOMIC_RELEASE)``). ``Ring`` warns when it runs on anything
   but x86-64.
+- Closing stores the closed flag after the last write position; a reader that finds the ring
+  empty and the flag set loads the write position once more before reporting ``EndOfStream``,
+  so a record committed just before the close is never lost.
 - Sleeping uses doorbells (``ipc.doorbell``): the writer rings the data bell after each commit,
   the reader rings the space bell after each release, and a sleeper drains its bell before its
   last look at the counters; the eventfd's kernel lock orders ring and drain, so no wake-up is
