@@ -5,9 +5,11 @@ submits it with the prompt as raw payload, and yields `AudioChunk`s as the codec
 records arrive on this client's own ring. Closing or cancelling the iterator before its final
 chunk sends `Abort`, which the coordinator forwards to both workers.
 
-Two reader tasks (coordinator → client control, codec → client data) route records by request id
-into per-request mailboxes whose `put` never awaits. A dead codec or coordinator (`PeerGone` on
-either ring) fails every open request with `EngineFailed` and makes `healthy()` false.
+Reader tasks (coordinator → client control, and one per replica for codec → client data) route
+records by request id into per-request mailboxes whose `put` never awaits. A dead coordinator, or
+the last codec (`PeerGone` on its ring), fails every open request with `EngineFailed` and makes
+`healthy()` false; one replica's codec dying is the coordinator's to report (it fails that
+replica's requests with `Failed` and keeps `healthy`/`ready` while another replica is up).
 """
 
 from __future__ import annotations
@@ -86,10 +88,11 @@ class ClientSpec:
     profile: Profile
     to_coord: ChannelSpec
     from_coord: ChannelSpec
-    from_codec: ChannelSpec
+    from_codecs: tuple[ChannelSpec, ...]  # one PCM ring per replica's codec worker
     counters_name: str
     counters_hist: int
-    watch_pids: tuple[int, ...] = ()   # coordinator and workers: healthy() is false once one exits
+    counters_replicas: int = 1
+    watch_pids: tuple[int, ...] = ()   # the coordinator: healthy() is false once it exits
 
 
 class _Mailbox:
@@ -114,7 +117,7 @@ class EngineClient:
     """One per API process; see the module docstring. Use `connect(spec)` or the engine handle."""
 
     def __init__(self, index: int, variant: Any, to_coord: Channel, from_coord: Channel,
-                 from_codec: Channel, counters: CounterBlock,
+                 from_codecs: list[Channel], counters: CounterBlock,
                  watch_pids: tuple[int, ...] = ()) -> None:
         self.index = index
         self.variant = variant
@@ -123,7 +126,8 @@ class EngineClient:
         self.n_vq: int = variant.n_vq
         self.model_name: str = variant.name
         self._to_coord = to_coord
-        self._from_coord, self._from_codec = from_coord, from_codec
+        self._from_coord, self._from_codecs = from_coord, list(from_codecs)
+        self._codecs_left = len(self._from_codecs)  # codec rings still delivering
         self._outbox: Outbox | None = None
         self._counters = counters
         self._ids = itertools.count(1)
@@ -140,8 +144,9 @@ class EngineClient:
 
         variant = load_variant(spec.model_dir, spec.profile)
         return cls(spec.index, variant, spec.to_coord.open(), spec.from_coord.open(),
-                   spec.from_codec.open(),
-                   CounterBlock.attach(spec.counters_name, spec.counters_hist), spec.watch_pids)
+                   [codec.open() for codec in spec.from_codecs],
+                   CounterBlock.attach(spec.counters_name, spec.counters_hist,
+                                       spec.counters_replicas), spec.watch_pids)
 
     # ---- the interface -------------------------------------------------------------------------
 
@@ -206,7 +211,7 @@ class EngineClient:
     def counters(self) -> dict:
         """Engine counters (shared block) plus this client's own ring bytes and open requests."""
         snap = self._counters.snapshot()
-        own = sum(ch.statistics().used_bytes for ch in (self._from_coord, self._from_codec)
+        own = sum(ch.statistics().used_bytes for ch in (self._from_coord, *self._from_codecs)
                   if not ch.closed)
         snap["client_ring_bytes"] = own
         snap["client_open"] = len(self._boxes)
@@ -222,7 +227,7 @@ class EngineClient:
         if self._outbox is not None:
             self._outbox.close()
         self._fail_all("engine client closed")
-        for ch in (self._to_coord, self._from_coord, self._from_codec):
+        for ch in (self._to_coord, self._from_coord, *self._from_codecs):
             ch.close()
         self._counters.close()
         for peer in self._peers:
@@ -236,8 +241,9 @@ class EngineClient:
         if not self._readers:
             loop = asyncio.get_running_loop()
             self._outbox = Outbox(self._to_coord, f"client{self.index}->coordinator")
-            self._readers = [loop.create_task(self._read(self._from_coord, "coordinator")),
-                             loop.create_task(self._read(self._from_codec, "codec"))]
+            self._readers = [loop.create_task(self._read(self._from_coord, "coordinator"))]
+            self._readers += [loop.create_task(self._read(ring, f"codec of replica {k}"))
+                              for k, ring in enumerate(self._from_codecs)]
 
     def _open_mailbox(self) -> tuple[int, _Mailbox]:
         rid = (self.index << ID_SHIFT) | next(self._ids)
@@ -254,6 +260,12 @@ class EngineClient:
             try:
                 rec = await channel.recv_async()
             except (PeerGone, EndOfStream, RingClosed) as exc:
+                if channel is not self._from_coord:
+                    self._codecs_left -= 1
+                    if self._codecs_left > 0:  # the coordinator fails that replica's requests
+                        log.warning("engine client %d: the %s is gone (%s)", self.index, source,
+                                    exc)
+                        return
                 self._on_gone(source, exc)
                 return
             t0 = time.perf_counter()

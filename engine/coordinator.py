@@ -4,11 +4,13 @@ Event-driven only: one reader task per inbound channel sleeps on that channel's 
 peer's pidfd); handlers are plain functions that never await, and every send goes through a
 never-blocking `Outbox`. The only timers are per-request deadlines (`loop.call_later`).
 
-A request's life: `Submit` → run now (forwarded to the talker with its prompt) or queue, or a
-typed `Rejected` → the codec's final `ChunkDone` closes it and frees its place. An abort (client
-gone), a deadline or a per-request error sends `Abort` to both workers; the request still closes
-on the codec's final record, which every request gets, so counts cannot drift. A dead worker
-(`PeerGone` on its channel) fails every request at once and marks the engine unhealthy.
+A request's life: `Submit` → run now (forwarded with its prompt to the talker of the live replica
+with the most headroom, `engine.replicas`) or queue (one queue for all replicas), or a typed
+`Rejected` → its replica's codec's final `ChunkDone` closes it and frees its place. An abort
+(client gone), a deadline or a per-request error sends `Abort` to both workers of its replica; the
+request still closes on the codec's final record, which every request gets, so counts cannot
+drift. A dead worker (`PeerGone` on its channel) fails every request of its replica at once and
+takes the replica out of service; the engine stays healthy and ready while one replica is up.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from engine.admission import Admission, Verdict
 from engine.counters import CounterBlock
 from engine.outbox import Outbox
+from engine.replicas import Replica, ReplicaChannels, ReplicaSet, worker_name
 from engine.request_table import Phase, Request, RequestTable
 from engine.shutdown import EngineState, Lifecycle
 from ipc.channel import Channel
@@ -42,28 +45,30 @@ class StageNotReady(RuntimeError):
 
 
 class Coordinator:
-    """Owns the request table; wired to both workers and to every client's channels."""
+    """Owns the request table; wired to every replica's workers and to every client's channels."""
 
-    def __init__(self, profile: Profile, *, to_talker: Channel, from_talker: Channel,
-                 to_codec: Channel, from_codec: Channel, to_clients: list[Channel],
-                 from_clients: list[Channel], counters: CounterBlock, sample_rate: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, profile: Profile, *, replicas: list[ReplicaChannels],
+                 to_clients: list[Channel], from_clients: list[Channel], counters: CounterBlock,
+                 sample_rate: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.profile = profile
         self.sample_rate = sample_rate
         self.clock = clock
         self.table = RequestTable()
         a = profile.admission
-        self.admission = Admission(a.max_running, a.max_queued, a.retry_after_s)
+        self.replicas = ReplicaSet([Replica(k, ch, a.max_running) for k, ch in enumerate(replicas)])
+        self.admission = Admission(self.replicas.live_capacity, a.max_queued, a.retry_after_s)
         self.lifecycle = Lifecycle(profile.engine.shutdown)
         self.counters = counters
-        self.talker = Outbox(to_talker, "talker")
-        self.codec = Outbox(to_codec, "codec")
         self.clients = [Outbox(ch, f"client{i}") for i, ch in enumerate(to_clients)]
-        self._inbound: list[tuple[Channel, str]] = [(from_talker, "talker"), (from_codec, "codec")]
-        self._inbound += [(ch, f"client{i}") for i, ch in enumerate(from_clients)]
-        self._rings = [to_talker, from_talker, to_codec, from_codec, *to_clients, *from_clients]
-        self._ready: dict[str, asyncio.Future[Ready]] = {}
+        self._inbound: list[tuple[Channel, tuple[str, int]]] = []
+        for k, ch in enumerate(replicas):
+            self._inbound += [(ch.from_talker, ("talker", k)), (ch.from_codec, ("codec", k))]
+        self._inbound += [(ch, ("client", i)) for i, ch in enumerate(from_clients)]
+        self._rings = [c for ch in replicas for c in ch.all()] + [*to_clients, *from_clients]
         self._jobs: dict[int, int] = {}  # reference-encode job -> client
+        counters["replicas"] = counters["replicas_up"] = len(replicas)
+        for k in range(len(replicas)):
+            counters.set_replica(k, "up", 1)
         self._tasks: list[asyncio.Task] = []
         self._idle = asyncio.Event()
         self._idle.set()
@@ -73,23 +78,27 @@ class Coordinator:
     def start(self) -> None:
         """Start one reader task per inbound channel on the running loop."""
         loop = asyncio.get_running_loop()
-        self._ready = {s: loop.create_future() for s in ("talker", "codec")}
-        for channel, source in self._inbound:
-            self._tasks.append(loop.create_task(self._read(channel, source),
-                                                name=f"coordinator-read-{source}"))
+        for replica in self.replicas:
+            replica.ready = {s: loop.create_future() for s in ("talker", "codec")}
+        for channel, (kind, index) in self._inbound:
+            self._tasks.append(loop.create_task(self._read(channel, (kind, index)),
+                                                name=f"coordinator-read-{kind}{index}"))
 
     async def wait_ready(self, timeout: float) -> dict[str, Ready]:
-        """Both workers' Ready records; `StageNotReady` naming the stage that did not come up."""
+        """Every worker's Ready record (keys `talker`, `codec` for replica 0, `talker.k`,
+        `codec.k` for replica k); `StageNotReady` naming the stage that did not come up."""
+        futures = {worker_name(stage, r.index): fut
+                   for r in self.replicas for stage, fut in r.ready.items()}
         try:
             async with asyncio.timeout(timeout):
-                return {stage: await fut for stage, fut in self._ready.items()}
+                return {key: await fut for key, fut in futures.items()}
         except TimeoutError:
-            missing = [s for s, f in self._ready.items() if not f.done()]
+            missing = [key for key, f in futures.items() if not f.done()]
             raise StageNotReady(
                 f"the {' and '.join(missing)} worker did not send Ready within {timeout:g} s "
                 f"(raise engine.ready_timeout_s if model loading is just slow)") from None
 
-    async def _read(self, channel: Channel, source: str) -> None:
+    async def _read(self, channel: Channel, source: tuple[str, int]) -> None:
         """Sleep until records arrive, handle every waiting one, then update the ring gauge."""
         while True:
             try:
@@ -112,7 +121,8 @@ class Coordinator:
             self.counters["ring_bytes"] = self.ring_bytes()
             self.counters.add("coordinator_busy_s", time.perf_counter() - t0)
 
-    def _handle(self, source: str, msg: Any, rec: Any) -> None:
+    def _handle(self, source: tuple[str, int], msg: Any, rec: Any) -> None:
+        replica = self.replicas[source[1]] if source[0] != "client" else None
         match msg:
             case Submit():
                 self._on_submit(msg, rec)
@@ -120,8 +130,12 @@ class Coordinator:
                 self._abort(rid, notify=None)
             case ChunkDone():
                 self._on_chunk_done(msg)
-            case Slots(stage=stage, in_use=n):
-                self.counters[f"{stage}_slots"] = n
+            case Slots(stage=stage, in_use=n) if replica is not None and replica.up:
+                replica.slots[stage] = n
+                self.counters.set_replica(replica.index, f"{stage}_slots", n)
+                self.counters[f"{stage}_slots"] = sum(r.slots[stage] for r in self.replicas)
+            case Slots():
+                pass  # a replica already taken out of service
             case DecodeBatch(size=size, waited_s=waited, emit_s=emit_s):
                 self.counters.count_batch(size, waited)
                 self.counters.add("codec_emit_s", emit_s)
@@ -131,17 +145,20 @@ class Coordinator:
                 self._on_encode(msg, rec)
             case EncodeDone(job=job):
                 self._jobs.pop(job, None)
+                if replica is not None:
+                    replica.jobs.discard(job)
                 self._update_gauges()
-            case StageError(rid=None, stage=stage, message=message):
-                self._stage_failed(f"{stage} worker failed: {message}")
+            case StageError(rid=None, stage=stage, message=message) if replica is not None:
+                self._replica_failed(replica, f"{stage} worker failed: {message}")
             case StageError(rid=rid, message=message):
                 self._abort(rid, notify=f"request failed in the {msg.stage}: {message}")
-            case Ready(stage=stage):
-                fut = self._ready.get(stage)
+            case Ready(stage=stage) if replica is not None:
+                fut = replica.ready.get(stage)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
-                self.counters[f"{stage}_capacity"] = msg.capacity
-                if all(f.done() for f in self._ready.values()):
+                replica.capacities[stage] = msg.capacity
+                self._update_capacity()
+                if all(f.done() for r in self.replicas for f in r.ready.values()):
                     self.counters["ready"] = 1
             case _:
                 raise UnknownMessage(f"{msg!r} from {source}")
@@ -159,7 +176,7 @@ class Coordinator:
             self._reject(submit, "engine is shutting down")
             return
         size = 0 if rec.payload is None else rec.payload.nbytes
-        if size > self.talker.channel.max_payload_size:
+        if size > self.replicas[0].talker.channel.max_payload_size:  # equal on every replica
             self.counters.add("failed")
             client.put(Failed(rid=submit.rid, message=f"prompt of {size} bytes exceeds the "
                                                       f"talker ring's largest record"))
@@ -171,9 +188,9 @@ class Coordinator:
         req = Request(submit=submit, prompt=None, t_submit=self.clock())
         timeout = submit.timeout_s or self.profile.admission.request_timeout_s
         req.deadline = asyncio.get_running_loop().call_later(timeout, self._on_deadline, submit.rid)
-        if verdict is Verdict.RUN:
-            self.table.start(req, self.clock())
-            self.talker.put(submit, rec.payload)
+        replica = self.replicas.pick() if verdict is Verdict.RUN else None
+        if replica is not None:
+            self._start(req, replica, rec.payload)
         else:
             req.prompt = rec.array("int64").copy()  # [S * (1 + n_vq)] flat; the talker reshapes
             self.table.enqueue(req)
@@ -186,12 +203,18 @@ class Coordinator:
 
     def _dispatch_queued(self) -> None:
         while self.lifecycle.healthy and self.admission.may_dispatch(self.table.num_running):
-            req = self.table.next_queued()
-            if req is None:
+            req, replica = self.table.next_queued(), self.replicas.pick()
+            if req is None or replica is None:
                 return
-            prompt = req.prompt
-            self.table.start(req, self.clock())
-            self.talker.put(req.submit, prompt)
+            self._start(req, replica, req.prompt)
+
+    def _start(self, req: Request, replica: Replica, prompt: Any) -> None:
+        """Dispatch `req` to `replica`'s talker; it stays on that replica until it closes."""
+        self.table.start(req, self.clock())
+        req.replica = replica.index
+        replica.running.add(req.rid)
+        self.counters.add_replica(replica.index, "dispatched")
+        replica.talker.put(req.submit, prompt)
 
     def _abort(self, rid: int, notify: str | None) -> None:
         """Cancel `rid`; with `notify`, its client gets `Failed(notify)` (deadline, error)."""
@@ -200,6 +223,8 @@ class Coordinator:
             return
         if notify is not None:
             self.counters.add("failed")
+            if req.replica >= 0:
+                self.counters.add_replica(req.replica, "failed")
             self.clients[req.client].put(Failed(rid=rid, message=notify))
         else:
             self.counters.add("aborted")
@@ -208,8 +233,9 @@ class Coordinator:
             self._update_gauges()
         elif req.phase is Phase.RUNNING:
             req.phase = Phase.ABORTING
-            self.talker.put(Abort(rid=rid))
-            self.codec.put(Abort(rid=rid))
+            replica = self.replicas[req.replica]
+            replica.talker.put(Abort(rid=rid))
+            replica.codec.put(Abort(rid=rid))
 
     def _on_deadline(self, rid: int) -> None:
         req = self.table.get(rid)
@@ -233,6 +259,7 @@ class Coordinator:
         if not done.final:
             return
         self.table.remove(done.rid)
+        self.replicas[req.replica].running.discard(done.rid)
         if req.phase is Phase.RUNNING and done.finish_reason in ("stop", "length"):
             self.counters.add(f"finished_{done.finish_reason}")
         if req.t_dispatch is not None:
@@ -241,37 +268,76 @@ class Coordinator:
         self._update_gauges()
 
     def _on_encode(self, job: EncodeRequest, rec: Any) -> None:
-        if not self.lifecycle.healthy:
+        replica = self.replicas.pick_encoder()
+        if not self.lifecycle.healthy or replica is None:
             self.clients[job.client].put(
                 Failed(rid=job.job, message=f"engine failed: {self.lifecycle.reason}"))
             return
         self._jobs[job.job] = job.client
-        self.codec.put(job, rec.payload)
+        replica.jobs.add(job.job)
+        replica.codec.put(job, rec.payload)
         self._update_gauges()
 
     # ---- failure and shutdown ------------------------------------------------------------------
 
-    def _on_peer_gone(self, source: str, exc: BaseException) -> None:
-        if source in ("talker", "codec"):
+    def _on_peer_gone(self, source: tuple[str, int], exc: BaseException) -> None:
+        stage, index = source
+        if stage in ("talker", "codec"):
+            replica = self.replicas[index]
             if self.lifecycle.state is not EngineState.STOPPED:
-                self._stage_failed(f"the {source} worker died ({exc})")
-            fut = self._ready.get(source)
+                self._replica_failed(replica, f"the {worker_name(stage, index)} worker died ({exc})")
+            fut = replica.ready.get(stage)
             if fut is not None and not fut.done():
-                fut.set_exception(StageNotReady(f"the {source} worker exited before Ready"))
+                fut.set_exception(StageNotReady(
+                    f"the {worker_name(stage, index)} worker exited before Ready"))
             return
-        index = int(source.removeprefix("client"))
         report = log.warning if self.lifecycle.accepting else log.info
         report("client %d went away (%s): aborting its requests", index, exc)
         for req in self.table.all():
             if req.client == index:
                 self._abort(req.rid, notify=None)
 
-    def _stage_failed(self, reason: str) -> None:
-        """A worker is gone: every request and encode job fails now; the engine is unhealthy."""
-        if not self.lifecycle.healthy:
+    def _replica_failed(self, replica: Replica, reason: str) -> None:
+        """A worker of `replica` is gone: its requests and encode jobs fail now, its surviving
+        worker is told to stop, new work goes to the other replicas; with none left the engine
+        is unhealthy and everything still queued fails too."""
+        if not replica.up or not self.lifecycle.healthy:
             return
-        log.error("%s: failing %d requests and %d encode jobs", reason, len(self.table),
-                  len(self._jobs))
+        replica.up = False
+        mine = [req for req in self.table.active() if req.replica == replica.index]
+        log.error("replica %d: %s: failing its %d requests and %d encode jobs (%d replica(s) "
+                  "left)", replica.index, reason, len(mine), len(replica.jobs),
+                  self.replicas.num_up)
+        for req in mine:
+            self.table.remove(req.rid)
+            self.counters.add("failed")
+            self.counters.add_replica(replica.index, "failed")
+            self.clients[req.client].put(Failed(rid=req.rid, message=reason))
+        for job in replica.jobs:
+            client = self._jobs.pop(job, None)
+            if client is not None:
+                self.clients[client].put(Failed(rid=job, message=reason))
+        replica.running.clear()
+        replica.jobs.clear()
+        replica.codec.put(Shutdown(drain=False))  # the survivor of the pair: stop, drop work
+        replica.talker.put(Shutdown(drain=False))
+        replica.slots = {"talker": 0, "codec": 0}
+        for key in ("up", "running", "talker_slots", "codec_slots"):
+            self.counters.set_replica(replica.index, key, 0)
+        for stage in ("talker", "codec"):
+            self.counters[f"{stage}_slots"] = sum(r.slots[stage] for r in self.replicas)
+        self.counters["replicas_up"] = self.replicas.num_up
+        self.admission.max_running = max(1, self.replicas.live_capacity)
+        self._update_capacity()
+        if self.replicas.num_up == 0:
+            self._engine_failed(reason)
+        else:
+            self._dispatch_queued()
+        self._update_gauges()
+
+    def _engine_failed(self, reason: str) -> None:
+        """No replica is left: every request and encode job fails now; the engine is unhealthy."""
+        log.error("no replica left: the engine has failed (%s)", reason)
         self.lifecycle.fail(reason)
         self.counters["healthy"] = 0
         for req in self.table.all():
@@ -281,8 +347,6 @@ class Coordinator:
         for job, client in self._jobs.items():
             self.clients[client].put(Failed(rid=job, message=reason))
         self._jobs.clear()
-        self.counters["talker_slots"] = self.counters["codec_slots"] = 0
-        self._update_gauges()
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
         """running → draining → stopped: drain or abort (profile), then tell the workers to stop."""
@@ -294,8 +358,9 @@ class Coordinator:
         for req in self.table.all():
             self._abort(req.rid, notify="engine is shutting down")
         await self._wait_idle(min(budget, 5.0) if drain else budget)
-        self.codec.put(Shutdown(drain=drain))  # first: the codec outlives the talker's close
-        self.talker.put(Shutdown(drain=drain))
+        for replica in self.replicas.live():
+            replica.codec.put(Shutdown(drain=drain))  # first: the codec outlives the talker
+            replica.talker.put(Shutdown(drain=drain))
         if self.lifecycle.state is EngineState.DRAINING:
             self.lifecycle.finish()
 
@@ -314,7 +379,9 @@ class Coordinator:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        for box in (self.talker, self.codec, *self.clients):
+        for replica in self.replicas:
+            replica.close()
+        for box in self.clients:
             box.close()
 
     # ---- gauges --------------------------------------------------------------------------------
@@ -324,11 +391,20 @@ class Coordinator:
         c["running"] = self.table.num_running
         c["queued"] = self.table.num_queued
         c["encode_jobs"] = len(self._jobs)
+        for replica in self.replicas:
+            c.set_replica(replica.index, "running", len(replica.running))
         if len(self.table) == 0 and not self._jobs:
             self._idle.set()
         else:
             self._idle.clear()
 
+    def _update_capacity(self) -> None:
+        """`talker_capacity` / `codec_capacity`: summed over the live replicas that said Ready."""
+        for stage in ("talker", "codec"):
+            self.counters[f"{stage}_capacity"] = sum(r.capacities[stage]
+                                                     for r in self.replicas.live())
+
     def ring_bytes(self) -> int:
         """Bytes in use in the rings this process holds (a racy snapshot)."""
         return sum(ch.statistics().used_bytes for ch in self._rings if not ch.closed)
+

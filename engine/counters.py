@@ -5,7 +5,8 @@ snapshot without messaging the coordinator. Values are float64 (counts stay exac
 The gauges that must return to zero when nothing runs (nothing leaks) are `LEAK_GAUGES`.
 
 Layout: `SCALARS` in order, then two histograms (index = size): coalesced codec decode batches,
-then talker step batches.
+then talker step batches, then `REPLICA_FIELDS` once per replica (snapshot keys
+`replica{k}_{field}`; the engine-wide scalars are their sums where they overlap).
 """
 
 from __future__ import annotations
@@ -37,7 +38,18 @@ SCALARS = (
     "codec_capacity",
     "coordinator_busy_s",  # time in coordinator handlers (engine overhead)
     "codec_emit_s",        # time the codec spent writing PCM/ChunkDone records (ring overhead)
+    "replicas",            # talker+codec pairs launched (engine.replicas)
+    "replicas_up",         # of those, still alive and serving
 )
+REPLICA_FIELDS = (
+    "up",                  # 1 while this replica's talker and codec are alive
+    "running",             # requests dispatched to this replica, not yet closed
+    "dispatched",          # requests ever dispatched to it
+    "failed",              # requests that failed with it (its worker died, errors, deadlines)
+    "talker_slots",        # as the engine-wide gauges, for this replica alone
+    "codec_slots",
+)
+_REPLICA_INDEX = {name: i for i, name in enumerate(REPLICA_FIELDS)}
 LEAK_GAUGES = ("running", "queued", "talker_slots", "codec_slots", "encode_jobs", "ring_bytes")
 _INDEX = {name: i for i, name in enumerate(SCALARS)}
 
@@ -45,25 +57,27 @@ _INDEX = {name: i for i, name in enumerate(SCALARS)}
 class CounterBlock:
     """A float64 array in shared memory: the owner writes, everyone reads."""
 
-    def __init__(self, shm, owner: bool, hist_size: int) -> None:
+    def __init__(self, shm, owner: bool, hist_size: int, replicas: int = 1) -> None:
         self._shm = shm
         self.owner = owner
         self.hist_size = hist_size  # entries per histogram (largest size + 1)
-        self._values = np.ndarray((len(SCALARS) + 2 * hist_size,), dtype=np.float64,
+        self.replicas = replicas
+        self._values = np.ndarray((_size(hist_size, replicas),), dtype=np.float64,
                                   buffer=shm.buf)
 
     @classmethod
-    def create(cls, instance: str, max_size: int) -> CounterBlock:
-        """A zeroed block whose histograms count sizes up to `max_size` (larger: clipped)."""
+    def create(cls, instance: str, max_size: int, replicas: int = 1) -> CounterBlock:
+        """A zeroed block whose histograms count sizes up to `max_size` (larger: clipped), with
+        `REPLICA_FIELDS` for each of `replicas` replicas."""
         hist = max_size + 1
-        shm = create_segment(segment_name(instance, "counters"), 8 * (len(SCALARS) + 2 * hist))
-        block = cls(shm, owner=True, hist_size=hist)
+        shm = create_segment(segment_name(instance, "counters"), 8 * _size(hist, replicas))
+        block = cls(shm, owner=True, hist_size=hist, replicas=replicas)
         block._values[:] = 0.0
         return block
 
     @classmethod
-    def attach(cls, name: str, hist_size: int) -> CounterBlock:
-        return cls(attach_segment(name), owner=False, hist_size=hist_size)
+    def attach(cls, name: str, hist_size: int, replicas: int = 1) -> CounterBlock:
+        return cls(attach_segment(name), owner=False, hist_size=hist_size, replicas=replicas)
 
     @property
     def name(self) -> str:
@@ -77,6 +91,19 @@ class CounterBlock:
 
     def add(self, key: str, delta: float = 1.0) -> None:
         self._values[_INDEX[key]] += delta
+
+    def set_replica(self, replica: int, key: str, value: float) -> None:
+        self._values[self._replica_index(replica, key)] = value
+
+    def add_replica(self, replica: int, key: str, delta: float = 1.0) -> None:
+        self._values[self._replica_index(replica, key)] += delta
+
+    def replica(self, replica: int, key: str) -> float:
+        return float(self._values[self._replica_index(replica, key)])
+
+    def _replica_index(self, replica: int, key: str) -> int:
+        base = len(SCALARS) + 2 * self.hist_size + replica * len(REPLICA_FIELDS)
+        return base + _REPLICA_INDEX[key]
 
     def count_batch(self, size: int, waited_s: float) -> None:
         """One coalesced codec decode of `size` streams."""
@@ -95,9 +122,13 @@ class CounterBlock:
         values = self._values.copy()
         out: dict = {name: float(values[i]) for name, i in _INDEX.items()}
         n = len(SCALARS)
-        for key, hist in (("decode_batch_sizes", values[n:n + self.hist_size]),
-                          ("talker_batch_sizes", values[n + self.hist_size:])):
+        h = self.hist_size
+        for key, hist in (("decode_batch_sizes", values[n:n + h]),
+                          ("talker_batch_sizes", values[n + h:n + 2 * h])):
             out[key] = {int(s): int(c) for s, c in enumerate(hist) if c}
+        for r in range(self.replicas):
+            for key in REPLICA_FIELDS:
+                out[f"replica{r}_{key}"] = float(values[self._replica_index(r, key)])
         return out
 
     def close(self) -> None:
@@ -110,3 +141,8 @@ class CounterBlock:
         if self.owner:
             unlink_segment(name)
         self._shm = None
+
+
+def _size(hist_size: int, replicas: int) -> int:
+    """float64 entries of a block."""
+    return len(SCALARS) + 2 * hist_size + replicas * len(REPLICA_FIELDS)

@@ -1,11 +1,15 @@
 """Launcher: create the channels, spawn the talker and codec workers, run the coordinator.
 
-`await launch(profile, model_dir, clients=N)` returns an `EngineHandle` once both workers have
+`await launch(profile, model_dir, clients=N)` returns an `EngineHandle` once every worker has
 loaded, warmed up and sent Ready (or raises naming the stage that did not come up, after
-cleaning up). The coordinator runs as tasks on the caller's loop, in the caller's process.
+cleaning up). With `engine.replicas: R` it starts R talker+codec pairs, replica k on
+`engine.devices[k]` (or the derived device, `stages.registry.replica_devices`), its rings named
+`r{k}-...` under the instance id; each codec owns one PCM ring per client, so every client reads
+one SPSC ring per replica. Every worker inherits the NVLink-multicast-off variables
+(`stages.registry.worker_environment`), set in this process's environment before spawning. The coordinator runs as tasks on the caller's loop, in the caller's process.
 `handle.client(i)` is an in-process `EngineClient`; `handle.client_spec(i)` is the picklable spec
 a spawned API process passes to `EngineClient.connect`. `await handle.stop()` shuts down (drain or
-abort per `engine.shutdown`), joins both workers (SIGKILL after a grace period), closes every
+abort per `engine.shutdown`), joins all workers (SIGKILL after a grace period), closes every
 channel and removes this instance's shared-memory segments: no orphan processes, no /dev/shm
 leftovers, also after a worker crash. On cuda with `engine.mps`, a private MPS daemon runs for
 the workers from launch to stop (`engine.mps`).
@@ -26,11 +30,13 @@ from engine.client import ClientSpec, EngineClient
 from engine.coordinator import Coordinator
 from engine.counters import CounterBlock
 from engine.mps import MpsDaemon, maybe_start
+from engine.replicas import ReplicaChannels, worker_name
 from ipc.channel import Channel, ChannelSpec
 from ipc.messages import ClientInbox, CodecInbox, CoordinatorInbox, TalkerInbox
 from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segment
 from profiles import Profile
-from stages.registry import codec_worker_main, load_variant, resolve_device, talker_worker_main
+from stages.registry import (codec_worker_main, load_variant, replica_devices, talker_worker_main,
+                             worker_environment)
 from stages.worker_common import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -42,17 +48,14 @@ JOIN_GRACE_S = 5.0
 class _Wiring:
     """The coordinator's channel ends and the specs handed to the other processes."""
 
-    to_talker: Channel
-    from_talker: Channel
-    to_codec: Channel
-    from_codec: Channel
+    replicas: list[ReplicaChannels]
     to_clients: list[Channel]
     from_clients: list[Channel]
-    client_pcm: list[ChannelSpec] = field(default_factory=list)  # relayed from the codec
+    client_pcm: list[list[ChannelSpec]] = field(default_factory=list)  # [replica][client],
+    #                                                                   relayed from each codec
 
     def all(self) -> list[Channel]:
-        return [self.to_talker, self.from_talker, self.to_codec, self.from_codec,
-                *self.to_clients, *self.from_clients]
+        return [c for r in self.replicas for c in r.all()] + [*self.to_clients, *self.from_clients]
 
 
 def reference_ring_bytes(profile: Profile, variant: Any) -> int:
@@ -65,7 +68,8 @@ def reference_ring_bytes(profile: Profile, variant: Any) -> int:
     return max(profile.ipc.control_ring_bytes, (need + 63) // 64 * 64)
 
 
-def _create_wiring(profile: Profile, instance: str, clients: int, ref_bytes: int) -> _Wiring:
+def _create_wiring(profile: Profile, instance: str, clients: int, ref_bytes: int,
+                   replicas: int) -> _Wiring:
     ctl = profile.ipc.control_ring_bytes
 
     def make(name: str, msg_type: Any, role: str, capacity: int = ctl) -> Channel:
@@ -73,10 +77,12 @@ def _create_wiring(profile: Profile, instance: str, clients: int, ref_bytes: int
                               instance=instance)
 
     return _Wiring(
-        to_talker=make("coord-talker", TalkerInbox, "writer", ref_bytes),  # long prompts
-        from_talker=make("talker-coord", CoordinatorInbox, "reader"),
-        to_codec=make("coord-codec", CodecInbox, "writer", ref_bytes),
-        from_codec=make("codec-coord", CoordinatorInbox, "reader"),
+        replicas=[ReplicaChannels(
+            to_talker=make(f"r{k}-coord-talker", TalkerInbox, "writer", ref_bytes),  # prompts
+            from_talker=make(f"r{k}-talker-coord", CoordinatorInbox, "reader"),
+            to_codec=make(f"r{k}-coord-codec", CodecInbox, "writer", ref_bytes),
+            from_codec=make(f"r{k}-codec-coord", CoordinatorInbox, "reader"))
+            for k in range(replicas)],
         to_clients=[make(f"coord-client{i}", ClientInbox, "writer") for i in range(clients)],
         from_clients=[make(f"client{i}-coord", CoordinatorInbox, "reader", ref_bytes)
                       for i in range(clients)],
@@ -105,6 +111,14 @@ class EngineHandle:
     def pids(self) -> dict[str, int]:
         return {stage: p.pid for stage, p in self.procs.items()}
 
+    def replica_pids(self, replica: int) -> dict[str, int]:
+        """`{"talker": pid, "codec": pid}` of one replica."""
+        return {stage: self.procs[worker_name(stage, replica)].pid for stage in ("talker", "codec")}
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self._wiring.replicas)
+
     @property
     def num_clients(self) -> int:
         return len(self._wiring.to_clients)
@@ -115,9 +129,11 @@ class EngineHandle:
         return ClientSpec(index=index, model_dir=str(self.model_dir), profile=self.profile,
                           to_coord=w.from_clients[index].spec(),
                           from_coord=w.to_clients[index].spec(),
-                          from_codec=w.client_pcm[index], counters_name=self.counters.name,
+                          from_codecs=tuple(pcm[index] for pcm in w.client_pcm),
+                          counters_name=self.counters.name,
                           counters_hist=self.counters.hist_size,
-                          watch_pids=(os.getpid(), *self.pids.values()))
+                          counters_replicas=self.counters.replicas,
+                          watch_pids=(os.getpid(),))  # workers: the coordinator reports them
 
     def client(self, index: int = 0) -> EngineClient:
         """The in-process client for slot `index` (opened once, closed by `stop`)."""
@@ -141,7 +157,7 @@ class EngineHandle:
             await self.coordinator.close()
             for ch in self._wiring.all():
                 ch.close()
-            for spec in self._wiring.client_pcm:
+            for spec in (s for pcm in self._wiring.client_pcm for s in pcm):
                 _close_spec(spec)
             self.counters.close()
             _remove_segments(self.instance)
@@ -154,42 +170,48 @@ class EngineHandle:
 
 
 async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -> EngineHandle:
-    """Spawn the workers and start the coordinator; returns when both workers are Ready."""
+    """Spawn every replica's workers and start the coordinator; returns when all are Ready."""
     model_dir = Path(model_dir)
     variant = load_variant(model_dir, profile)  # fails fast on an unknown model
+    devices = replica_devices(profile)  # fails fast when the replicas do not fit the GPUs
     instance = new_instance_id()
-    device = resolve_device(profile)
-    wiring = _create_wiring(profile, instance, clients, reference_ring_bytes(profile, variant))
+    wiring = _create_wiring(profile, instance, clients, reference_ring_bytes(profile, variant),
+                            len(devices))
     counters = CounterBlock.create(instance, max(profile.coalescing.max_batch,
-                                                 profile.talker.max_running))
-    mps = await asyncio.to_thread(maybe_start, profile.engine.mps, device)
+                                                 profile.talker.max_running), len(devices))
+    mps = await asyncio.to_thread(maybe_start, profile.engine.mps, devices[0])
     env = tuple(mps.env.items()) if mps is not None else ()
+    os.environ.update(worker_environment())  # inherited by every worker spawned below
     ctx = mp.get_context("spawn")
     procs: dict[str, Any] = {}
     pipes: dict[str, Any] = {}
-    coordinator = Coordinator(profile, to_talker=wiring.to_talker, from_talker=wiring.from_talker,
-                              to_codec=wiring.to_codec, from_codec=wiring.from_codec,
-                              to_clients=wiring.to_clients, from_clients=wiring.from_clients,
-                              counters=counters, sample_rate=variant.sample_rate)
+    coordinator = Coordinator(profile, replicas=wiring.replicas, to_clients=wiring.to_clients,
+                              from_clients=wiring.from_clients, counters=counters,
+                              sample_rate=variant.sample_rate)
     try:
-        for stage, inbox, outbox, target in (
-                ("codec", wiring.to_codec, wiring.from_codec, codec_worker_main),
-                ("talker", wiring.to_talker, wiring.from_talker, talker_worker_main)):
-            mine, theirs = ctx.Pipe()
-            spec = WorkerSpec(stage=stage, model_dir=str(model_dir), profile=profile,
-                              device=device, instance=instance, inbox=inbox.spec(),
-                              to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
-                              num_clients=clients if stage == "codec" else 0, env=env)
-            proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{stage}", daemon=True)
-            proc.start()
-            theirs.close()
-            procs[stage], pipes[stage] = proc, mine
-            inbox.watch_peer(proc.pid)
-            outbox.watch_peer(proc.pid)
+        for k, (device, ch) in enumerate(zip(devices, wiring.replicas)):
+            for stage, inbox, outbox, target in (
+                    ("codec", ch.to_codec, ch.from_codec, codec_worker_main),
+                    ("talker", ch.to_talker, ch.from_talker, talker_worker_main)):
+                mine, theirs = ctx.Pipe()
+                spec = WorkerSpec(stage=stage, model_dir=str(model_dir), profile=profile,
+                                  device=device, instance=instance, inbox=inbox.spec(),
+                                  to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
+                                  num_clients=clients if stage == "codec" else 0, env=env,
+                                  replica=k)
+                name = worker_name(stage, k)
+                proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{name}",
+                                   daemon=True)
+                proc.start()
+                theirs.close()
+                procs[name], pipes[name] = proc, mine
+                inbox.watch_peer(proc.pid)
+                outbox.watch_peer(proc.pid)
         counters["healthy"] = 1
         coordinator.start()
         timeout = profile.engine.ready_timeout_s
-        await _relay_specs(pipes, wiring, timeout)
+        for k in range(len(devices)):
+            await _relay_specs(pipes, k, wiring, timeout)
         await coordinator.wait_ready(timeout)
     except BaseException:
         await coordinator.close()
@@ -204,28 +226,36 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     finally:
         for conn in pipes.values():
             conn.close()
-    log.info("engine %s ready: talker pid %d, codec pid %d, %d client slot(s), device %s",
-             instance, procs["talker"].pid, procs["codec"].pid, clients, device)
+    for k, device in enumerate(devices):
+        log.info("engine %s replica %d ready: talker pid %d, codec pid %d, %d client slot(s), "
+                 "device %s", instance, k, procs[worker_name("talker", k)].pid,
+                 procs[worker_name("codec", k)].pid, clients, device)
     return EngineHandle(profile, model_dir, variant, instance, wiring, coordinator, counters,
                         procs, mps)
 
 
-async def _relay_specs(pipes: dict[str, Any], wiring: _Wiring, timeout: float) -> None:
-    """Codec → launcher: its owned channel specs; launcher → talker: the talker → codec spec."""
+async def _relay_specs(pipes: dict[str, Any], replica: int, wiring: _Wiring,
+                       timeout: float) -> None:
+    """Codec → launcher: its owned channel specs; launcher → talker: the talker → codec spec
+    (one replica; `wiring.client_pcm` gets that codec's client rings appended)."""
     from engine.coordinator import StageNotReady
 
-    codec = pipes["codec"]
+    codec_name, talker_name = worker_name("codec", replica), worker_name("talker", replica)
+    codec = pipes[codec_name]
     if not await asyncio.to_thread(codec.poll, timeout):
-        raise StageNotReady(f"the codec worker did not create its channels within {timeout:g} s")
+        raise StageNotReady(f"the {codec_name} worker did not create its channels within "
+                            f"{timeout:g} s")
     try:
         talker_codec, client_pcm = codec.recv()
     except EOFError:
-        raise StageNotReady("the codec worker exited during start-up (see its log)") from None
-    wiring.client_pcm = list(client_pcm)
+        raise StageNotReady(f"the {codec_name} worker exited during start-up (see its log)"
+                            ) from None
+    wiring.client_pcm.append(list(client_pcm))
     try:
-        pipes["talker"].send(talker_codec)
+        pipes[talker_name].send(talker_codec)
     except (BrokenPipeError, OSError):
-        raise StageNotReady("the talker worker exited during start-up (see its log)") from None
+        raise StageNotReady(f"the {talker_name} worker exited during start-up (see its log)"
+                            ) from None
     _close_spec(talker_codec)
 
 

@@ -30,6 +30,7 @@ class Request:
     t_first_chunk: float | None = None
     chunks: int = 0
     samples: int = 0
+    replica: int = -1               # the replica it was dispatched to (-1: not yet)
     deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property

@@ -52,6 +52,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Bytes = Annotated[int, msgspec.Meta(ge=4096)]
+Device = Annotated[str, msgspec.Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$")]
 
 
 class ModelConfig(_Section):
@@ -229,6 +230,14 @@ class EngineConfig(_Section):
     )] = True
     log_level: Annotated[Literal["debug", "info", "warning", "error"], doc(
         "log level of every mossvox process; issues 4, 5")] = "info"
+    replicas: Annotated[int, doc(
+        "talker+codec worker pairs behind the one coordinator (one per GPU, or per group of "
+        "talker.tensor_parallel GPUs); a new request goes to the live replica with the most "
+        "headroom; one replica failing fails only its own requests; issue 8", ge=1)] = 1
+    devices: Annotated[tuple[Device, ...], doc(
+        "device of each replica (its talker's first TP rank and its codec), e.g. [cuda:0, "
+        "cuda:1]; a TP group takes the consecutive GPUs from there; empty = derive: cuda:i*tp "
+        "when CUDA has enough devices, else cpu for all; issue 8")] = ()
 
 
 def _section(cls: type[_Section]) -> object:
@@ -290,6 +299,22 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
             "one prefill chunk must fit in one step's prefill budget")
     at_most("api.min_ref_seconds", p.api.min_ref_seconds, "api.max_ref_seconds",
             p.api.max_ref_seconds, "the accepted reference duration range would be empty")
+    e = p.engine
+    if e.devices and len(e.devices) != e.replicas:
+        out.append((f"engine.devices lists {len(e.devices)} device(s) but engine.replicas is "
+                    f"{e.replicas}: give one device per replica (or none to derive them)",
+                    ("engine.devices", "engine.replicas")))
+    kinds = {d.split(":")[0] for d in e.devices}
+    if len(kinds) > 1 or (p.model.device != "auto" and kinds - {p.model.device}):
+        out.append((f"engine.devices {list(e.devices)} must all be of model.device's kind "
+                    f"({p.model.device})", ("engine.devices", "model.device")))
+    groups = [_gpu_group(d, p.talker.tensor_parallel) for d in e.devices if d.startswith("cuda")]
+    for i, a in enumerate(groups):
+        if any(a & b for b in groups[i + 1:]):
+            out.append((f"engine.devices {list(e.devices)}: replicas' GPU groups of "
+                        f"talker.tensor_parallel ({p.talker.tensor_parallel}) GPUs overlap",
+                        ("engine.devices", "talker.tensor_parallel")))
+            break
     if p.model.device == "cpu":
         for key, on in (("talker.cuda_graphs", p.talker.cuda_graphs),
                         ("codec.cuda_graphs", p.codec.cuda_graphs), ("engine.mps", p.engine.mps)):
@@ -297,3 +322,9 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
                 out.append((f"{key} is true but model.device is 'cpu': it needs cuda",
                             (key, "model.device")))
     return out
+
+
+def _gpu_group(device: str, size: int) -> set[int]:
+    """The GPU indices a replica on `device` occupies with a TP group of `size` ranks."""
+    first = int(device.split(":")[1]) if ":" in device else 0
+    return set(range(first, first + size))

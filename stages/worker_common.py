@@ -49,6 +49,12 @@ class WorkerSpec:
     parent_pid: int
     num_clients: int = 0            # codec: rings to create, one per client
     env: tuple[tuple[str, str], ...] = ()  # set before CUDA initialises (e.g. the MPS pipe)
+    replica: int = 0                # which talker+codec pair this worker belongs to (ring names)
+
+    @property
+    def ring_prefix(self) -> str:
+        """Prefix of the ring names this worker creates: `r{replica}-`."""
+        return f"r{self.replica}-"
 
 
 def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Any:
@@ -57,7 +63,8 @@ def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Any:
     os.environ.update(dict(spec.env))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the launcher, which stops us
     level = spec.profile.engine.log_level.upper()
-    logging.basicConfig(level=level, format=f"%(asctime)s {spec.stage}[%(process)d] %(levelname)s "
+    logging.basicConfig(level=level, format=f"%(asctime)s {spec.stage}{spec.replica}[%(process)d] "
+                                            "%(levelname)s "
                                             "%(name)s: %(message)s")
     import torch
 
@@ -88,10 +95,10 @@ def attach_talker(spec: WorkerSpec) -> tuple[Channel, Channel, Channel]:
 def attach_codec(spec: WorkerSpec) -> tuple[Channel, Channel, Channel, list[Channel]]:
     """(from_talker, from_coord, to_coord, to_clients) of the codec; creates the rings it owns."""
     p = spec.profile.ipc
-    from_talker = Channel.create("talker-codec", msg_type=CodecInbox,
+    from_talker = Channel.create(f"{spec.ring_prefix}talker-codec", msg_type=CodecInbox,
                                  capacity=p.codes_ring_bytes, role="reader",
                                  instance=spec.instance)
-    to_clients = [Channel.create(f"codec-client{i}", msg_type=ClientInbox,
+    to_clients = [Channel.create(f"{spec.ring_prefix}codec-client{i}", msg_type=ClientInbox,
                                  capacity=p.pcm_ring_bytes, role="writer", instance=spec.instance)
                   for i in range(spec.num_clients)]
     spec.setup.send((from_talker.spec(), [c.spec() for c in to_clients]))
