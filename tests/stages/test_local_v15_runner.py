@@ -218,3 +218,35 @@ def test_abort_mid_prefill_and_reuse_of_the_id(model, golden):
     frames, finish = run(runner, {7: (prompt, SamplingParams(greedy=True, max_new_frames=3))})
     np.testing.assert_array_equal(frames[7], case(golden, "plain")["generated_audio_codes"][:3])
     assert finish[7] == "length"
+
+
+def test_half_prefilled_newer_request_is_preempted_for_the_oldest_decoder(model, golden):
+    """A newer prompt's chunked prefill takes the blocks the oldest decoder needs next: the newer
+    request is preempted (half-prefilled), the decoder advances and both finish exactly."""
+    old_prompt, new_prompt = case(golden, "plain")["input_ids"], case(golden, "voice_clone")["input_ids"]
+    old, new = SamplingParams(greedy=True, forced_frames=40), SamplingParams(greedy=True, forced_frames=3)
+    solo = {rid: run(LocalV15Runner(model, max_running=1, kv_block_size=8, num_kv_blocks=32), {rid: req})[0][rid]
+            for rid, req in {1: (old_prompt, old), 2: (new_prompt, new)}.items()}
+    # 19 blocks of 8: the decoder (68 rows + 40 frames) grows to 14 blocks, the new prompt needs 10
+    runner = LocalV15Runner(model, max_running=2, kv_block_size=8, num_kv_blocks=19,
+                            prefill_chunk_tokens=4, max_prefill_tokens_per_step=4)
+    runner.add(1, old_prompt, old)
+    frames = {1: [], 2: []}
+    while not frames[1]:
+        frames[1] += [ev.codes for ev in runner.step()]
+    assert runner.can_admit(len(new_prompt))
+    runner.add(2, new_prompt, new)
+    half_prefilled_victim = False
+    for _ in range(200):
+        if runner.num_running() == 0:
+            break
+        new_held = len(runner.cache.block_table(2))
+        preemptions = runner.preemptions
+        for ev in runner.step():
+            if ev.codes is not None:
+                frames[ev.rid].append(ev.codes)
+        half_prefilled_victim |= runner.preemptions > preemptions and new_held > 0 and not frames[2]
+    assert runner.num_running() == 0 and half_prefilled_victim
+    for rid in (1, 2):
+        np.testing.assert_array_equal(np.array(frames[rid]), solo[rid])
+    assert runner.cache.num_used_blocks == 0
