@@ -34,7 +34,7 @@ from stages.attention import AttentionBackend, ReferenceAttention
 from stages.delay.config import DelayConfig
 from stages.delay.delay_pattern import IncrementalDeDelayer
 from stages.delay.model import DelayModel
-from stages.delay.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, make_paged_cache
+from stages.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, make_paged_cache
 from stages.delay.state import INSIDE_AUDIO, DelayState, TextRule
 from stages.runner import FrameEvent
 from stages.sampling import RowSampling, SamplingParams, sample_tokens

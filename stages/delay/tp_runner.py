@@ -23,7 +23,7 @@ import torch
 
 from stages.attention import AttentionBackend, AttentionMetadata, ReferenceAttention
 from stages.delay.model import DelayModel
-from stages.delay.row_scheduler import ScheduledBatch, default_num_blocks, make_paged_cache
+from stages.row_scheduler import ScheduledBatch, default_num_blocks, make_paged_cache
 from stages.delay.runner import DelayRunner
 from stages.tensor_parallel import TPGroup
 

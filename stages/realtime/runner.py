@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from stages.attention import AttentionBackend, ReferenceAttention
-from stages.delay.row_scheduler import RowRequest, RowScheduler, make_paged_cache
+from stages.row_scheduler import RowRequest, RowScheduler, make_paged_cache
 from stages.realtime.model import RealtimeModel
 from stages.realtime.processor import split_prompt
 from stages.runner import FrameEvent
