@@ -29,6 +29,12 @@ log = logging.getLogger("mossvox.server")
 STOP_TIMEOUT_S = 10.0
 
 
+def graceful_s(profile) -> float:
+    """How long an API process lets open responses finish after SIGTERM: the drain budget
+    (`engine.drain_timeout_s`) with `engine.shutdown: drain`, else 5 s."""
+    return profile.engine.drain_timeout_s if profile.engine.shutdown == "drain" else 5.0
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s")
@@ -110,7 +116,7 @@ async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSign
               flush=True)
         return await _supervise(procs, stop)
     finally:
-        await asyncio.to_thread(_stop_processes, procs)
+        await asyncio.to_thread(_stop_processes, procs, graceful_s(profile) + STOP_TIMEOUT_S)
         await engine.stop()
 
 
@@ -140,14 +146,14 @@ async def _supervise(procs: list, stop: "_StopSignal") -> int:
             loop.remove_reader(proc.sentinel)
 
 
-def _stop_processes(procs: list) -> None:
+def _stop_processes(procs: list, timeout_s: float = STOP_TIMEOUT_S) -> None:
     for proc in procs:
         if proc.is_alive():
             proc.terminate()  # uvicorn shuts down gracefully on SIGTERM
     for proc in procs:
-        proc.join(STOP_TIMEOUT_S)
+        proc.join(timeout_s)
         if proc.is_alive():
-            log.warning("API process %s did not stop in %.0f s; killing it", proc.name, STOP_TIMEOUT_S)
+            log.warning("API process %s did not stop in %.0f s; killing it", proc.name, timeout_s)
             proc.kill()
             proc.join()
 
@@ -204,5 +210,6 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
 
     app = create_app(profile, connect, codec_id=codec_id)
     config = uvicorn.Config(app, loop="uvloop", http="auto", lifespan="on", access_log=False,
-                            log_level=profile.engine.log_level, timeout_graceful_shutdown=5)
+                            log_level=profile.engine.log_level,
+                            timeout_graceful_shutdown=graceful_s(profile))
     uvicorn.Server(config).run(sockets=[sock])
