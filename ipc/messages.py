@@ -17,6 +17,9 @@ Channels (all SPSC; `coord` = coordinator, `client` = one `EngineClient` per API
     codec  → coord   : CoordinatorInbox  (Ready, Slots, ChunkDone, DecodeBatch, EncodeDone, StageError)
     codec  → client  : ClientInbox       (PcmChunk, EncodeResult)
 
+With `engine.replicas: R` every replica has its own talker and codec channels (the coordinator
+routes a request to one replica; each client reads one codec → client ring per replica).
+
 Request ids (`rid`) and reference-encode job ids share one space, minted by the client:
 `client_index << 40 | counter`.
 """
