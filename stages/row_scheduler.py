@@ -1,6 +1,6 @@
 """Continuous batching over the paged KV cache for talkers whose every step appends one row.
 
-Shared by the Delay and Realtime runners. A request is its `rows` (prompt, then one row per
+Shared by the Delay, Realtime and Local-v1.5 runners. A request is its `rows` (prompt, then one row per
 generated step) and how many of them are already in the KV cache (`prefilled`). A step feeds
 each request the rows it still lacks: one row for a decoding request, a prefill chunk for a new
 one. When a request has all its rows in the cache, the backbone's hidden state of its last row
@@ -106,6 +106,7 @@ class RowScheduler:
         self.requests: dict[int, RowRequest] = {}
         self._free_slots = list(range(max_running - 1, -1, -1))
         self._next_order = 0
+        self.preemptions = 0  # block holders sent back to prefill for lack of KV blocks
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -162,6 +163,7 @@ class RowScheduler:
                 need -= cache.blocks_needed(victim.rid, 1)
             cache.free(victim.rid)
             victim.prefilled = 0
+            self.preemptions += 1
         if need > cache.num_free_blocks:
             raise KVCacheExhausted(f"request {decode[0].rid} alone outgrows the KV cache")
         free = cache.num_free_blocks - need
