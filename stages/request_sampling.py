@@ -1,10 +1,10 @@
 """Resolving a request's sampling settings: variant defaults + the job's overrides + forced length.
 
-Shared by the variants of the v1-codec family (Delay, Realtime); the rules are the variant
-registry's (docs/interfaces.md): only `OVERRIDABLE` keys, each converted to its `Sampling` type
-(`ValueError` naming the key), `max_new_frames` capped by `model.max_new_frames`, a random seed
-when none is given, and the forced length (`job.forced_frames`, else the profile's
-`force_length_from_text`, logged once).
+Shared by the Delay, Realtime and Local-v1.5 variants; the rules are the variant registry's
+(docs/interfaces.md): only `OVERRIDABLE` keys, each converted to its `Sampling` type (`ValueError`
+naming the key), `max_new_frames` capped by `model.max_new_frames`, a random seed when none is
+given, and the forced length (`job.forced_frames`, else the profile's `force_length_from_text`,
+logged once).
 """
 
 from __future__ import annotations

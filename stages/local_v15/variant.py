@@ -6,12 +6,9 @@ into the prompt `[S, 1 + n_vq]` and the resolved `Sampling`, so the engine never
 
 from __future__ import annotations
 
-import logging
-import secrets
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from ipc.messages import Sampling
@@ -20,25 +17,10 @@ from stages.checkpoint import read_config
 from stages.codec.config import CodecConfig
 from stages.local_v15.processor import LocalV15Processor
 from stages.registry import SpeechJobLike, to_wire
+from stages.request_sampling import SamplingResolver
 from stages.sampling import SamplingParams
 
-log = logging.getLogger(__name__)
-
 CODEC_SUBDIR = "audio_tokenizer"
-# Keys a request may override in `SpeechJob.sampling` (the HTTP body's sampling fields).
-OVERRIDABLE = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_new_frames",
-               "greedy")
-
-
-_FIELD_TYPES = {f.name: f.type for f in msgspec.structs.fields(Sampling)}
-
-
-def _checked(key: str, value: Any) -> Any:
-    """`value` converted to the type of Sampling field `key`; ValueError naming the key."""
-    try:
-        return msgspec.convert(value, _FIELD_TYPES[key])
-    except msgspec.ValidationError as e:
-        raise ValueError(f"sampling field {key!r}: {e}") from None
 
 
 class LocalV15Variant:
@@ -58,8 +40,8 @@ class LocalV15Variant:
         self.frame_rate = codec_cfg.frame_rate
         self.samples_per_frame = codec_cfg.downsample_rate
         self.sampling_defaults = to_wire(SamplingParams(max_new_frames=profile.model.max_new_frames))
+        self._sampling = SamplingResolver(self.sampling_defaults, profile)
         self._processor: LocalV15Processor | None = None
-        self._forced_logged = False
 
     @property
     def processor(self) -> LocalV15Processor:
@@ -93,32 +75,7 @@ class LocalV15Variant:
         return self.processor.build_prompt(job.text, **common)
 
     def resolve_sampling(self, job: SpeechJobLike) -> Sampling:
-        overrides = dict(job.sampling or {})
-        unknown = sorted(set(overrides) - set(OVERRIDABLE))
-        if unknown:
-            raise ValueError(f"unknown sampling fields {unknown}; allowed: {list(OVERRIDABLE)}")
-        overrides = {k: _checked(k, v) for k, v in overrides.items() if v is not None}
-        cap = self.profile.model.max_new_frames
-        max_new = min(int(overrides.pop("max_new_frames", cap)), cap)
-        if max_new < 1:
-            raise ValueError(f"max_new_frames must be >= 1, got {max_new}")
-        seed = int(overrides.pop("seed", secrets.randbelow(2**31)))
-        forced = self._forced_frames(job, max_new)
-        return msgspec.structs.replace(self.sampling_defaults, **overrides, seed=seed,
-                                       max_new_frames=max_new, forced_frames=forced)
-
-    def _forced_frames(self, job: SpeechJobLike, max_new: int) -> int | None:
-        if job.forced_frames is not None:  # explicit: not capped, so the frame cap still ends
-            return max(1, int(job.forced_frames))  # it, with finish_reason "length"
-        model = self.profile.model
-        if not model.force_length_from_text:
-            return None
-        if not self._forced_logged:
-            log.info("model.force_length_from_text is on: each request's length is forced to "
-                     "%.2f frames per character (random weights never stop by themselves)",
-                     model.frames_per_char)
-            self._forced_logged = True
-        return max(1, min(round(model.frames_per_char * len(job.text)), max_new))
+        return self._sampling.resolve(job)
 
     # ---- runners (worker processes) ------------------------------------------------------------
 
