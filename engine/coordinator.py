@@ -285,7 +285,8 @@ class Coordinator:
         if stage in ("talker", "codec"):
             replica = self.replicas[index]
             if self.lifecycle.state is not EngineState.STOPPED:
-                self._replica_failed(replica, f"the {worker_name(stage, index)} worker died ({exc})")
+                self._replica_failed(replica,
+                                     f"the {worker_name(stage, index)} worker died ({exc})")
             fut = replica.ready.get(stage)
             if fut is not None and not fut.done():
                 fut.set_exception(StageNotReady(

@@ -6,7 +6,8 @@ cleaning up). With `engine.replicas: R` it starts R talker+codec pairs, replica 
 `engine.devices[k]` (or the derived device, `stages.registry.replica_devices`), its rings named
 `r{k}-...` under the instance id; each codec owns one PCM ring per client, so every client reads
 one SPSC ring per replica. Every worker inherits the NVLink-multicast-off variables
-(`stages.registry.worker_environment`), set in this process's environment before spawning. The coordinator runs as tasks on the caller's loop, in the caller's process.
+(`stages.registry.worker_environment`), set in this process's environment before spawning.
+The coordinator runs as tasks on the caller's loop, in the caller's process.
 `handle.client(i)` is an in-process `EngineClient`; `handle.client_spec(i)` is the picklable spec
 a spawned API process passes to `EngineClient.connect`. `await handle.stop()` shuts down (drain or
 abort per `engine.shutdown`), joins all workers (SIGKILL after a grace period), closes every

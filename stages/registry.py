@@ -142,7 +142,8 @@ def replica_devices(profile: Profile) -> list[str]:
 
 def worker_environment() -> dict[str, str]:
     """Variables every worker process the launcher starts runs with: NVLink multicast off
-    (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS), as `stages.tensor_parallel` sets."""
+    (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS), as `stages.tensor_parallel`
+    sets them."""
     from stages.tensor_parallel import MULTICAST_OFF
 
     return dict(MULTICAST_OFF)

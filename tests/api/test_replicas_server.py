@@ -72,7 +72,8 @@ def test_sigterm_drains_a_running_stream(server):
         with client.stream("POST", "/v1/audio/speech",
                            json={**BODY, "stream_format": "audio", "forced_frames": frames}) as r:
             assert r.status_code == 200
-            rate, channels = int(r.headers["x-audio-sample-rate"]), int(r.headers["x-audio-channels"])
+            rate = int(r.headers["x-audio-sample-rate"])
+            channels = int(r.headers["x-audio-channels"])
             pieces = r.iter_raw()
             received = len(next(pieces))
             server.proc.send_signal(signal.SIGTERM)

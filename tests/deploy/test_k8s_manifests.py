@@ -39,7 +39,8 @@ def container(docs) -> dict:
 
 def test_kustomization_lists_every_manifest(docs) -> None:
     listed = docs["Kustomization/"]["resources"]
-    assert sorted(listed) == sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    files = [p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"]
+    assert sorted(listed) == sorted(files)
 
 
 def test_shipped_profile_loads_and_fits_the_pod(docs, profile) -> None:
