@@ -1,7 +1,9 @@
-"""Shared test helpers: where the golden fixtures live (`shared/golden/` beside the repository)."""
+"""Shared test helpers: where the golden fixtures live (`shared/golden/` beside the repository),
+loading a golden case or codec, and one intra-op torch thread for modules of tiny tensors."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 GOLDEN_ROOT = Path(__file__).resolve().parents[2] / "shared" / "golden"
@@ -13,3 +15,28 @@ def golden_dir(name: str) -> Path:
     if not path.is_dir():
         pytest.skip(f"golden fixtures not found at {path} (clone shared/ beside the repository)")
     return path
+
+
+def golden_case(folder: Path, name: str) -> dict[str, np.ndarray]:
+    """The arrays of `<folder>/case_<name>.npz`."""
+    with np.load(folder / f"case_{name}.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def golden_codec(folder: Path):
+    """The golden tiny codec in `folder` and its `cases.npz` arrays."""
+    from stages.codec import load_codec
+
+    return load_codec(folder), dict(np.load(folder / "cases.npz"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors: one intra-op thread is fastest, and stays fast on a shared, loaded machine.
+    A module opts in with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

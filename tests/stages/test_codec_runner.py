@@ -1,39 +1,27 @@
 """CodecRunner: per-request slots are isolated, reused after close, batched by chunk length; encode
 through the runner gives the golden codes (floor length rule, first n_vq quantizers)."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-from stages.codec import load_codec
 from stages.codec.streaming import StreamingDecoder
 from stages.codec_runner import CodecRunner, SlotsExhausted
+from tests.conftest import GOLDEN_ROOT, golden_codec
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
-pytestmark = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one intra-op thread is fastest, and stays fast on a shared, loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+GOLDEN = GOLDEN_ROOT
+pytestmark = [pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
 def v2():
-    folder = GOLDEN / "moss_audio_tokenizer_v2"
-    return load_codec(folder), dict(np.load(folder / "cases.npz"))
+    return golden_codec(GOLDEN / "moss_audio_tokenizer_v2")
 
 
 @pytest.fixture(scope="module")
 def v1():
-    folder = GOLDEN / "moss_audio_tokenizer_v1"
-    return load_codec(folder), dict(np.load(folder / "cases.npz"))
+    return golden_codec(GOLDEN / "moss_audio_tokenizer_v1")
 
 
 def whole(model, codes: np.ndarray) -> np.ndarray:

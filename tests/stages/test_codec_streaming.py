@@ -5,34 +5,19 @@ The golden tiny codecs have 1.28 s attention contexts (16 frames at 12.5 Hz), so
 context-sized rings drift (golden README: max error 2.8 for v2, 3.1 for v1).
 """
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
 
-from stages.codec import load_codec
 from stages.codec.streaming import StreamingDecoder, slot_state_bytes
+from tests.conftest import golden_codec, golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one intra-op thread is fastest, and stays fast on a shared, loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=["v2", "v1"])
 def case(request):
-    if not GOLDEN.is_dir():
-        pytest.skip(f"golden fixtures not found at {GOLDEN}")
-    folder = GOLDEN / f"moss_audio_tokenizer_{request.param}"
-    model = load_codec(folder)
-    codes = torch.from_numpy(np.load(folder / "cases.npz")["decode_codes"])  # [nq, 1, T]
+    model, cases = golden_codec(golden_dir(f"moss_audio_tokenizer_{request.param}"))
+    codes = torch.from_numpy(cases["decode_codes"])  # [nq, 1, T]
     return request.param, model, codes, model.decode(codes)
 
 

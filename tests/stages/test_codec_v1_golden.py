@@ -4,25 +4,16 @@ Waveforms within 1e-3 (output RMS ~5.6), hidden states within 1e-4, codes exactl
 seeded random (no real checkpoint is reachable).
 """
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
 from stages.codec import CodecConfig, count_parameters, full_size_v1_config, load_codec
+from tests.conftest import GOLDEN_ROOT
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_audio_tokenizer_v1"
-pytestmark = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one intra-op thread is fastest, and stays fast on a shared, loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+GOLDEN = GOLDEN_ROOT / "moss_audio_tokenizer_v1"
+pytestmark = [pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ Waveforms within 1e-3 (output RMS ~3), hidden states within 1e-4, codes exactly.
 seeded random (no real checkpoint is reachable).
 """
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -13,18 +11,11 @@ import torch
 from stages.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.codec import CodecConfig, build_codec, count_parameters, full_size_v2_config, load_codec, tiny_v2_config
 from stages.codec.loader import CODEC_RENAMES
+from tests.conftest import GOLDEN_ROOT
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_audio_tokenizer_v2"
-pytestmark = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one intra-op thread is fastest, and stays fast on a shared, loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+GOLDEN = GOLDEN_ROOT / "moss_audio_tokenizer_v2"
+pytestmark = [pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

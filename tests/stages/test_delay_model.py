@@ -1,7 +1,5 @@
 """Delay network: strict loading and teacher-forced parity with upstream on the golden fixtures."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -9,8 +7,9 @@ import torch
 from stages.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.delay.config import DelayConfig, full_size_config, tiny_config
 from stages.delay.model import DelayModel
+from tests.conftest import GOLDEN_ROOT, golden_case
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
+GOLDEN = GOLDEN_ROOT / "moss_tts_delay"
 ATOL = RTOL = 1e-4
 
 
@@ -20,8 +19,7 @@ def model() -> DelayModel:
 
 
 def golden(name: str) -> dict[str, np.ndarray]:
-    with np.load(GOLDEN / f"case_{name}.npz") as z:
-        return {k: z[k] for k in z.files}
+    return golden_case(GOLDEN, name)
 
 
 @pytest.mark.parametrize("name", ["plain", "voice_clone", "continuation"])

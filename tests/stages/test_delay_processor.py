@@ -1,14 +1,13 @@
 """The Delay prompt processor reproduces upstream's golden prompts (ids and mask) exactly."""
 
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from stages.delay.processor import DelayProcessor
+from tests.conftest import GOLDEN_ROOT, golden_case
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
+GOLDEN = GOLDEN_ROOT / "moss_tts_delay"
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +21,7 @@ def cases() -> dict:
 
 
 def golden(name: str) -> dict[str, np.ndarray]:
-    with np.load(GOLDEN / f"case_{name}.npz") as z:
-        return {k: z[k] for k in z.files}
+    return golden_case(GOLDEN, name)
 
 
 def check(processor, prompt, name):

@@ -1,14 +1,13 @@
 """The v1.5 prompt processor reproduces upstream's prompts on the golden cases exactly."""
 
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from stages.local_v15.processor import LocalV15Processor, PromptIds
+from tests.conftest import GOLDEN_ROOT, golden_case
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"
+GOLDEN = GOLDEN_ROOT / "moss_tts_local_v1_5"
 TARGET = "Hello world, this is a tiny golden test."
 
 
@@ -23,8 +22,7 @@ def cases() -> dict:
 
 
 def golden(name: str) -> dict[str, np.ndarray]:
-    with np.load(GOLDEN / f"case_{name}.npz") as z:
-        return {k: z[k] for k in z.files}
+    return golden_case(GOLDEN, name)
 
 
 def check_against_golden(processor, prompt: np.ndarray, name: str) -> None:

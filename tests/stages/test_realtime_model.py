@@ -1,7 +1,5 @@
 """Realtime network: strict loading and teacher-forced parity with upstream on the golden fixtures."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -9,8 +7,9 @@ import torch
 from stages.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.realtime.config import RealtimeConfig, full_size_config, tiny_config
 from stages.realtime.model import UNUSED_CHECKPOINT_TENSORS, RealtimeModel
+from tests.conftest import GOLDEN_ROOT, golden_case
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
+GOLDEN = GOLDEN_ROOT / "moss_tts_realtime"
 ATOL = RTOL = 1e-4
 
 
@@ -20,8 +19,7 @@ def model() -> RealtimeModel:
 
 
 def golden(name: str) -> dict[str, np.ndarray]:
-    with np.load(GOLDEN / f"case_{name}.npz") as z:
-        return {k: z[k] for k in z.files}
+    return golden_case(GOLDEN, name)
 
 
 @pytest.mark.parametrize("name", ["plain", "voice_clone"])

@@ -1,14 +1,13 @@
 """The Realtime prompt processor reproduces upstream's golden prompt and prefill ids exactly."""
 
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from stages.realtime.processor import RealtimeProcessor, split_prompt
+from tests.conftest import GOLDEN_ROOT, golden_case
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
+GOLDEN = GOLDEN_ROOT / "moss_tts_realtime"
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +21,7 @@ def meta() -> dict:
 
 
 def golden(name: str) -> dict[str, np.ndarray]:
-    with np.load(GOLDEN / f"case_{name}.npz") as z:
-        return {k: z[k] for k in z.files}
+    return golden_case(GOLDEN, name)
 
 
 @pytest.mark.parametrize("name", ["plain", "voice_clone"])

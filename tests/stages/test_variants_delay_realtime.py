@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-import torch
 
 from ipc.channel import Channel
 from ipc.messages import CodecInbox, CodeChunk, CoordinatorInbox, Submit, TalkerInbox
@@ -32,6 +31,7 @@ VARIANTS = ("delay", "ttsd", "sound-effect", "voice-generator", "realtime")
 # the text each variant's adapter accepts for a plain request
 ACCEPTED = {"delay": {}, "ttsd": {"text": "[S1] hello there [S2] hi"}, "sound-effect": {"text": "rain on a roof"},
             "voice-generator": {"instructions": "a calm, low voice"}, "realtime": {}}
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @dataclass
@@ -44,14 +44,6 @@ class Job:
     sampling: dict = field(default_factory=dict)
     forced_frames: int | None = None
     extra_ref_codes: list = field(default_factory=list)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
