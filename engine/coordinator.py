@@ -382,6 +382,9 @@ class Coordinator:
         self._tasks.clear()
         for replica in self.replicas:
             replica.close()
+            for fut in replica.ready.values():  # a failed launch awaited only the first one
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
         for box in self.clients:
             box.close()
 

@@ -120,6 +120,33 @@ async def test_a_killed_replica_fails_only_its_requests(demo_model_dir, stage) -
     assert list_segments(instance) == []
 
 
+async def test_queued_requests_survive_a_replica_failure(demo_model_dir) -> None:
+    """One slot per replica: two long requests run (one each), two wait in the shared queue; the
+    kill fails only replica 1's request, and the queued ones then run on replica 0."""
+    handle = await launch(load_profile("cpu", [*TWO, "admission.max_running=1"]), demo_model_dir)
+    client = handle.client(0)
+    try:
+        long = [asyncio.create_task(collect(client, SpeechJob(text="long", forced_frames=3000,
+                                                              sampling={"seed": i})))
+                for i in range(2)]
+        await wait_for(lambda: client.counters()["chunks"] >= 2, 20)
+        queued = [asyncio.create_task(run_all(client, [job])) for job in jobs(2, 4)]
+        await wait_for(lambda: client.counters()["queued"] == 2, 5)
+        os.kill(handle.replica_pids(1)["talker"], signal.SIGKILL)
+        with pytest.raises(EngineFailed):
+            await asyncio.wait_for(long[1], 2)
+        assert not long[0].done() and not any(t.done() for t in queued)
+        assert client.counters()["queued"] == 2  # nothing was lost: they wait for replica 0
+        long[0].cancel()
+        done = await asyncio.wait_for(asyncio.gather(*queued), 30)
+        assert all(len(audio[0]) > 0 for audio in done)
+        snap = await settle(client)
+        assert snap["replica0_dispatched"] == 3 and snap["replica1_dispatched"] == 1
+        assert snap["replicas_up"] == 1 and client.ready()
+    finally:
+        await asyncio.wait_for(handle.stop(), 30)
+
+
 # ---- routing and placement without processes -------------------------------------------------
 
 
