@@ -1,6 +1,8 @@
 """Shared test helpers: where the golden fixtures live (`shared/golden/` beside the repository),
-loading a golden case or codec, and one intra-op torch thread for modules of tiny tensors."""
+loading a golden case or codec, one intra-op torch thread for modules of tiny tensors, and a
+speech job for request adapters."""
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,20 @@ def golden_codec(folder: Path):
     from stages.codec import load_codec
 
     return load_codec(folder), dict(np.load(folder / "cases.npz"))
+
+
+@dataclass
+class Job:
+    """A speech job in the engine's `SpeechJobLike` shape (plus TTSD's `extra_ref_codes`)."""
+
+    text: str = "hello world"
+    language: str | None = None
+    instructions: str | None = None
+    ref_codes: np.ndarray | None = None
+    ref_text: str | None = None
+    sampling: dict = field(default_factory=dict)
+    forced_frames: int | None = None
+    extra_ref_codes: list = field(default_factory=list)
 
 
 @pytest.fixture(scope="module")

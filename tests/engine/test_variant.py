@@ -1,24 +1,11 @@
 """The Local-v1.5 variant's request adapter: prompt modes, sampling overrides, forced length."""
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
 
 from profiles import load_profile
 from stages.registry import UnknownModel, load_variant
-from tests.conftest import golden_dir
-
-
-@dataclass
-class Job:
-    text: str = "hello world"
-    language: str | None = None
-    instructions: str | None = None
-    ref_codes: np.ndarray | None = None
-    ref_text: str | None = None
-    sampling: dict = field(default_factory=dict)
-    forced_frames: int | None = None
+from tests.conftest import Job, golden_dir
 
 
 @pytest.fixture(scope="module")

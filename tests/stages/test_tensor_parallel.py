@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -32,7 +32,7 @@ from stages.sampling import SamplingParams
 from stages.tensor_parallel import (MULTICAST_OFF, ColumnParallelLinear, RowParallelLinear, TPGroup, destroy_tp,
                                     free_port, init_tp)
 from stages.tp_worker import LaunchedTPDelayRunner, start_delay_tp, tp_devices
-from tests.conftest import golden_dir
+from tests.conftest import Job, golden_dir
 
 ATOL = 1e-5
 GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=1000)
@@ -237,20 +237,6 @@ def test_a_dead_follower_fails_the_step_at_once():
     assert runner.exit_codes == [-9]
 
 
-@dataclass
-class Job:
-    """A plain request in the engine's `SpeechJobLike` shape."""
-
-    text: str = "hello tensor parallel world"
-    language: str | None = None
-    instructions: str | None = None
-    ref_codes: np.ndarray | None = None
-    ref_text: str | None = None
-    sampling: dict = field(default_factory=lambda: {"seed": 11})
-    forced_frames: int | None = None
-    extra_ref_codes: list = field(default_factory=list)
-
-
 def test_profile_tensor_parallel_gives_the_talker_worker_a_tp_runner(tiny_delay):
     """`talker.tensor_parallel: 2` through the variant the talker worker uses: seeded sampling, same rows."""
     rows = {}
@@ -258,7 +244,7 @@ def test_profile_tensor_parallel_gives_the_talker_worker_a_tp_runner(tiny_delay)
         variant = load_variant(tiny_delay, load_profile("cpu", [f"talker.tensor_parallel={tp}"]))
         runner = variant.make_talker_runner("cpu")
         try:
-            prompt, sampling = variant.build_request(Job())
+            prompt, sampling = variant.build_request(Job(text="hello tensor parallel world", sampling={"seed": 11}))
             runner.add(5, prompt, from_wire(sampling))
             for _ in range(12):
                 runner.step()

@@ -11,8 +11,6 @@ codec equalling the whole decode is `tests/stages/test_codec_streaming.py` (case
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
 
@@ -26,24 +24,13 @@ from stages.make_checkpoint import make_checkpoint
 from stages.registry import UnknownModel, load_variant
 from stages.talker_worker import TalkerLoop
 from stages.worker_common import payload_array, schedule_from
+from tests.conftest import Job
 
 VARIANTS = ("delay", "ttsd", "sound-effect", "voice-generator", "realtime")
 # the text each variant's adapter accepts for a plain request
 ACCEPTED = {"delay": {}, "ttsd": {"text": "[S1] hello there [S2] hi"}, "sound-effect": {"text": "rain on a roof"},
             "voice-generator": {"instructions": "a calm, low voice"}, "realtime": {}}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@dataclass
-class Job:
-    text: str = "hello world"
-    language: str | None = None
-    instructions: str | None = None
-    ref_codes: np.ndarray | None = None
-    ref_text: str | None = None
-    sampling: dict = field(default_factory=dict)
-    forced_frames: int | None = None
-    extra_ref_codes: list = field(default_factory=list)
 
 
 @pytest.fixture(scope="module")
