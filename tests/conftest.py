@@ -32,6 +32,14 @@ def golden_codec(folder: Path):
     return load_codec(folder), dict(np.load(folder / "cases.npz"))
 
 
+def golden_error(label: str, got: np.ndarray, want: np.ndarray) -> float:
+    """Max abs error of `got` against the golden `want` (shapes must match), printed with `label`."""
+    assert got.shape == want.shape, f"{label}: shape {got.shape} vs {want.shape}"
+    err = float(np.abs(got.astype(np.float64) - want).max()) if got.size else 0.0
+    print(f"{label}: max abs error {err:.3g}")
+    return err
+
+
 @dataclass
 class Job:
     """A speech job in the engine's `SpeechJobLike` shape (plus TTSD's `extra_ref_codes`)."""

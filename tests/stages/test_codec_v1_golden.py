@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stages.codec import CodecConfig, count_parameters, full_size_v1_config, load_codec
-from tests.conftest import GOLDEN_ROOT
+from tests.conftest import GOLDEN_ROOT, golden_error
 
 GOLDEN = GOLDEN_ROOT / "moss_audio_tokenizer_v1"
 pytestmark = [pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}"),
@@ -27,10 +27,7 @@ def g():
 
 
 def report(name: str, got: np.ndarray, want: np.ndarray) -> float:
-    assert got.shape == want.shape, f"{name}: shape {got.shape} vs {want.shape}"
-    err = float(np.abs(got.astype(np.float64) - want).max()) if got.size else 0.0
-    print(f"v1 {name}: max abs error {err:.3g}")
-    return err
+    return golden_error(f"v1 {name}", got, want)
 
 
 def test_config_is_v1(model):

@@ -11,7 +11,7 @@ import torch
 from stages.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.codec import CodecConfig, build_codec, count_parameters, full_size_v2_config, load_codec, tiny_v2_config
 from stages.codec.loader import CODEC_RENAMES
-from tests.conftest import GOLDEN_ROOT
+from tests.conftest import GOLDEN_ROOT, golden_error
 
 GOLDEN = GOLDEN_ROOT / "moss_audio_tokenizer_v2"
 pytestmark = [pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}"),
@@ -29,10 +29,7 @@ def g():
 
 
 def report(name: str, got: np.ndarray, want: np.ndarray) -> float:
-    assert got.shape == want.shape, f"{name}: shape {got.shape} vs {want.shape}"
-    err = float(np.abs(got.astype(np.float64) - want).max()) if got.size else 0.0
-    print(f"v2 {name}: max abs error {err:.3g}")
-    return err
+    return golden_error(f"v2 {name}", got, want)
 
 
 def test_config_is_v2(model):
