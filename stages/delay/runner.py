@@ -30,13 +30,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stages.attention import AttentionBackend, ReferenceAttention
 from stages.delay.config import DelayConfig
 from stages.delay.delay_pattern import IncrementalDeDelayer
 from stages.delay.model import DelayModel
-from stages.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, make_paged_cache
+from stages.row_scheduler import RowRequest, ScheduledBatch
 from stages.delay.state import INSIDE_AUDIO, DelayState, TextRule
 from stages.runner import FrameEvent
+from stages.scheduled_runner import ScheduledRunner
 from stages.sampling import RowSampling, SamplingParams, sample_tokens
 
 
@@ -54,37 +54,18 @@ class _Delay:
     length_forced: bool = False  # the drain was forced by the frame budget
 
 
-class DelayRunner:
-    frame_rate = 12.5
-
-    def __init__(
-        self,
-        model: DelayModel,
-        *,
-        max_running: int = 64,
-        kv_block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_memory_fraction: float = 0.5,
-        prefill_chunk_tokens: int = 512,
-        max_prefill_tokens_per_step: int = 2048,
-        attention: AttentionBackend | None = None,
-        finish_on_audio_end: bool = True,
-    ) -> None:
-        param = next(model.parameters())
-        self.model, self.device, self.dtype = model.eval(), param.device, param.dtype
+class DelayRunner(ScheduledRunner):
+    def __init__(self, model: DelayModel, *, finish_on_audio_end: bool = True, **capacity) -> None:
+        """`capacity`: `ScheduledRunner`'s KV and batching settings."""
+        # rank_config: this rank's KV heads
+        super().__init__(model, model.language_model.rank_config, **capacity)
         self.config: DelayConfig = model.config
         cfg = self.config
         self.n_vq = cfg.n_vq
         self.finish_on_audio_end = finish_on_audio_end
-        self.attention = attention or ReferenceAttention()
-        cache = make_paged_cache(model.language_model.rank_config, device=self.device, dtype=self.dtype,
-                                 max_running=max_running, block_size=kv_block_size, num_blocks=num_kv_blocks,
-                                 memory_fraction=kv_memory_fraction)  # rank_config: this rank's KV heads
-        self.scheduler = RowScheduler(cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
-                                      max_prefill_tokens_per_step=max_prefill_tokens_per_step)
         dev = self.device
         # repetition history per slot: [slot, 0] codebook 0, [slot, 1] codebooks 1..n_vq-1
-        self.seen = torch.zeros(max_running, 2, cfg.audio_rows, dtype=torch.bool, device=dev)
+        self.seen = torch.zeros(self.max_running, 2, cfg.audio_rows, dtype=torch.bool, device=dev)
         vocab = cfg.vocab_size
         outside = torch.zeros(vocab, dtype=torch.bool)
         outside[[cfg.pad_token_id, cfg.gen_slot, cfg.delay_slot, cfg.audio_end]] = True
@@ -101,9 +82,6 @@ class DelayRunner:
         return cls(DelayModel.from_dir(model_dir, device=device, dtype=dtype), **options)
 
     # ---- requests ------------------------------------------------------------------------------
-
-    def can_admit(self, prompt_len: int) -> bool:
-        return self.scheduler.can_admit(prompt_len)
 
     def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
         cfg = self.config
@@ -127,17 +105,6 @@ class DelayRunner:
         self.seen[sched.slot] = False
         self.seen[sched.slot, 0, codes[:, 0]] = True
         self.seen[sched.slot, 1, codes[:, 1:].flatten()] = True
-
-    def remove(self, rid: int) -> None:
-        if self._requests.pop(rid, None) is not None:
-            self.scheduler.remove(rid)
-
-    def num_running(self) -> int:
-        return len(self._requests)
-
-    def rows(self, rid: int) -> np.ndarray:
-        """All rows of a running request so far (prompt + generated) [R, 1 + n_vq]."""
-        return self._requests[rid].sched.rows.view().copy()
 
     # ---- one step ------------------------------------------------------------------------------
 

@@ -31,14 +31,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.attention import AttentionBackend, PaddedBatchAttention, ReferenceAttention
-from stages.kv_cache import PagedKVCache
+from stages.attention import AttentionBackend, PaddedBatchAttention
 from stages.local_v15.graphs import DecodeGraphs, FrameGraphs
 from stages.local_v15.loader import load_talker
 from stages.local_v15.model import LocalV15Talker
-from stages.row_scheduler import RowRequest, RowScheduler, default_num_blocks
+from stages.row_scheduler import RowRequest
 from stages.runner import FrameEvent
 from stages.sampling import SamplingParams, SamplingSlots, sample_tokens
+from stages.scheduled_runner import ScheduledRunner
 
 @dataclass(slots=True, eq=False)
 class _Request:
@@ -76,43 +76,22 @@ class _SlotSampler:
         return sample_tokens(logits, self.audio, self.frames, codebook, self.seen[self.slots, codebook])
 
 
-class LocalV15Runner:
+class LocalV15Runner(ScheduledRunner):
     """The v1.5 talker with a paged KV cache, serving many requests at once."""
 
-    frame_rate = 12.5
-
-    def __init__(
-        self,
-        model: LocalV15Talker,
-        *,
-        max_running: int = 64,
-        kv_block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_memory_fraction: float = 0.5,
-        prefill_chunk_tokens: int = 512,
-        max_prefill_tokens_per_step: int = 2048,
-        attention: AttentionBackend | None = None,
-        cuda_graphs: bool = False,
-    ) -> None:
-        param = next(model.parameters())
-        self.model, self.device, self.dtype = model.eval(), param.device, param.dtype
+    def __init__(self, model: LocalV15Talker, *, cuda_graphs: bool = False,
+                 attention: AttentionBackend | None = None, **capacity) -> None:
+        """`capacity`: `ScheduledRunner`'s KV and batching settings."""
         cfg = model.config
-        self.n_vq = cfg.n_vq
-        self.max_running = max_running
-        self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
-        use_graphs = cuda_graphs and self.device.type == "cuda"
+        use_graphs = cuda_graphs and next(model.parameters()).device.type == "cuda"
         if use_graphs:
             attention = attention or PaddedBatchAttention()
-        self.attention = attention or ReferenceAttention()
-        if num_kv_blocks is None:
-            num_kv_blocks = default_num_blocks(cfg.backbone, device=self.device, dtype=self.dtype,
-                                               max_running=max_running, block_size=kv_block_size,
-                                               memory_fraction=kv_memory_fraction)
         # with graphs, one extra slot and one extra block take the padding rows of a bucket
         extra = 1 if use_graphs else 0
-        self.cache = PagedKVCache(cfg.backbone.kv_cache_spec(num_kv_blocks + extra, kv_block_size),
-                                  dtype=self.dtype, device=self.device)
+        super().__init__(model, cfg.backbone, attention=attention, spare_kv_blocks=extra, **capacity)
+        self.n_vq = cfg.n_vq
+        max_running, num_kv_blocks = self.max_running, self.cache.spec.num_blocks - extra
+        kv_block_size = self.cache.spec.block_size
         self.sampling = SamplingSlots(max_running + extra, self.device)
         self.seen = torch.zeros(max_running + extra, cfg.n_vq, cfg.codebook_size, dtype=torch.bool,
                                 device=self.device)
@@ -130,8 +109,6 @@ class LocalV15Runner:
                                             dtype=self.dtype, scratch_slot=max_running, n_vq=cfg.n_vq,
                                             pool=self.graphs.pool, device=self.device)
         self._codebooks = torch.arange(cfg.n_vq, device=self.device)
-        self.scheduler = RowScheduler(self.cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
-                                      max_prefill_tokens_per_step=max_prefill_tokens_per_step)
         self._requests: dict[int, _Request] = {}
 
     @classmethod
@@ -139,15 +116,7 @@ class LocalV15Runner:
                  **capacity) -> LocalV15Runner:
         return cls(load_talker(model_dir, device=device, dtype=dtype), **capacity)
 
-    @property
-    def preemptions(self) -> int:
-        """Block holders sent back to prefill for lack of KV blocks."""
-        return self.scheduler.preemptions
-
     # ---- admission -----------------------------------------------------------------------------
-
-    def can_admit(self, prompt_len: int) -> bool:
-        return self.scheduler.can_admit(prompt_len)
 
     def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
         if rid in self._requests:
@@ -162,13 +131,6 @@ class LocalV15Runner:
         self.sampling.write(sched.slot, params)
         self.seen[sched.slot] = False
         self.next_row[sched.slot, 0] = self.model.config.gen_slot
-
-    def remove(self, rid: int) -> None:
-        if self._requests.pop(rid, None) is not None:
-            self.scheduler.remove(rid)
-
-    def num_running(self) -> int:
-        return len(self._requests)
 
     # ---- one step ------------------------------------------------------------------------------
 

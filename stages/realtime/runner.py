@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.attention import AttentionBackend, ReferenceAttention
-from stages.row_scheduler import RowRequest, RowScheduler, make_paged_cache
+from stages.row_scheduler import RowRequest
 from stages.realtime.model import RealtimeModel
 from stages.realtime.processor import split_prompt
 from stages.runner import FrameEvent
 from stages.sampling import SamplingParams, SamplingSlots, sample_tokens
+from stages.scheduled_runner import ScheduledRunner
 
 REPETITION_WINDOW = 50  # frames of history the repetition penalty looks at (upstream default)
 
@@ -39,32 +39,13 @@ class _Realtime:
     frames: int = 0
 
 
-class RealtimeRunner:
-    frame_rate = 12.5
-
-    def __init__(
-        self,
-        model: RealtimeModel,
-        *,
-        max_running: int = 64,
-        kv_block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_memory_fraction: float = 0.5,
-        prefill_chunk_tokens: int = 512,
-        max_prefill_tokens_per_step: int = 2048,
-        attention: AttentionBackend | None = None,
-    ) -> None:
-        param = next(model.parameters())
-        self.model, self.device, self.dtype = model.eval(), param.device, param.dtype
+class RealtimeRunner(ScheduledRunner):
+    def __init__(self, model: RealtimeModel, **capacity) -> None:
+        """`capacity`: `ScheduledRunner`'s KV and batching settings."""
+        super().__init__(model, model.language_model.config, **capacity)
         self.config = model.config
         self.n_vq = self.config.rvq
-        self.attention = attention or ReferenceAttention()
-        backbone = model.language_model.config
-        cache = make_paged_cache(backbone, device=self.device, dtype=self.dtype, max_running=max_running,
-                                 block_size=kv_block_size, num_blocks=num_kv_blocks,
-                                 memory_fraction=kv_memory_fraction)
-        self.scheduler = RowScheduler(cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
-                                      max_prefill_tokens_per_step=max_prefill_tokens_per_step)
+        max_running = self.max_running
         self.sampling = SamplingSlots(max_running, self.device)
         # last REPETITION_WINDOW frames per slot; unused entries hold `vocab` (a dummy column)
         self.history = torch.full((max_running, REPETITION_WINDOW, self.n_vq), self.config.audio_vocab_size,
@@ -79,9 +60,6 @@ class RealtimeRunner:
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def can_admit(self, prompt_len: int) -> bool:
-        return self.scheduler.can_admit(prompt_len)
-
     def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
         prompt = np.asarray(prompt, dtype=np.int64)
         if prompt.ndim != 2 or prompt.shape[1] != 1 + self.n_vq:
@@ -94,17 +72,6 @@ class RealtimeRunner:
         self.sampling.write(sched.slot, params)
         self.history[sched.slot] = self.config.audio_vocab_size
         self.forced_bans[sched.slot] = params.forced_frames is not None
-
-    def remove(self, rid: int) -> None:
-        if self._requests.pop(rid, None) is not None:
-            self.scheduler.remove(rid)
-
-    def num_running(self) -> int:
-        return len(self._requests)
-
-    def rows(self, rid: int) -> np.ndarray:
-        """All backbone rows of a running request so far (prefill + one per generated frame)."""
-        return self._requests[rid].sched.rows.view().copy()
 
     # ---- one step ------------------------------------------------------------------------------
 
