@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from stages.checkpoint import read_config
+from stages.local_v15.config import LocalV15Config
 from stages.tokenizer import TextTokenizer
 
 USER_ROLE_PREFIX = "user\n"
@@ -50,19 +51,18 @@ class PromptIds:
 
     @classmethod
     def from_config(cls, config: dict) -> PromptIds:
-        slot = config.get("audio_assistant_slot_token_id", config.get("audio_assistant_gen_slot_token_id"))
-        if slot is None:
-            raise KeyError("config.json has neither audio_assistant_slot_token_id nor audio_assistant_gen_slot_token_id")
+        """The prompt's ids as the talker config reads them (one parser for both)."""
+        cfg = LocalV15Config.from_dict(config)
         return cls(
-            n_vq=int(config["n_vq"]),
-            audio_pad_code=int(config.get("audio_pad_token_id", config.get("audio_pad_code"))),
-            pad_token_id=int(config["pad_token_id"]),
-            im_start=int(config["im_start_token_id"]),
-            im_end=int(config["im_end_token_id"]),
-            audio_start=int(config["audio_start_token_id"]),
-            audio_end=int(config["audio_end_token_id"]),
-            user_slot=int(config["audio_user_slot_token_id"]),
-            assistant_slot=int(slot),
+            n_vq=cfg.n_vq,
+            audio_pad_code=cfg.audio_pad_code,
+            pad_token_id=cfg.pad_token_id,
+            im_start=cfg.im_start,
+            im_end=cfg.im_end,
+            audio_start=cfg.audio_start,
+            audio_end=cfg.audio_end,
+            user_slot=cfg.user_slot,
+            assistant_slot=cfg.gen_slot,
         )
 
 
