@@ -211,10 +211,7 @@ class SpeedChange:
 
     def process(self, pcm: np.ndarray) -> np.ndarray:
         """[S, C] float32 -> [S', C] float32 (whatever the filter has ready)."""
-        interleaved = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)  # [1, S*C]
-        frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=self._layout)
-        frame.sample_rate = self._rate
-        frame.pts = self._pts
+        frame = _interleaved_frame(pcm, self._layout, self._rate, self._pts)
         self._pts += pcm.shape[0]
         self._graph.push(frame)
         return self._pull()
@@ -234,6 +231,15 @@ class SpeedChange:
         if not parts:
             return np.zeros((0, self.channels), np.float32)
         return np.concatenate(parts).astype(np.float32, copy=False)
+
+
+def _interleaved_frame(pcm: np.ndarray, layout: str, rate: int, pts: int) -> av.AudioFrame:
+    """[S, C] float32 PCM as one packed-float FFmpeg frame at ``rate`` starting at ``pts``."""
+    interleaved = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)  # [1, S*C]
+    frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=layout)
+    frame.sample_rate = rate
+    frame.pts = pts
+    return frame
 
 
 def _atempo_factors(speed: float) -> list[float]:
@@ -261,10 +267,7 @@ class RateChange:
 
     def process(self, pcm: np.ndarray) -> np.ndarray:
         """[S, C] float32 at ``rate_in`` -> [S', C] float32 at ``rate_out``."""
-        interleaved = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)  # [1, S*C]
-        frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=self._layout)
-        frame.sample_rate = self._rate_in
-        frame.pts = self._pts
+        frame = _interleaved_frame(pcm, self._layout, self._rate_in, self._pts)
         self._pts += pcm.shape[0]
         return self._collect(self._resampler.resample(frame))
 
