@@ -105,6 +105,14 @@ class TalkerConfig(_Section):
         ge=1)] = 2048
     cuda_graphs: Annotated[bool, doc(
         "capture the decode step in CUDA graphs per batch bucket; issue 7")] = True
+    prefill_interval: Annotated[int, doc(
+        "while streams are decoding, new prompts are prefilled at most every this many steps "
+        "(1 = every step; larger = more decode steps replayed from graphs between prefills, "
+        "more throughput, later first audio for new requests); issue 7", ge=1)] = 1
+    attention: Annotated[Literal["auto", "padded", "triton"], doc(
+        "attention kernel over the paged KV cache: padded (gather blocks, torch SDPA-like), "
+        "triton (paged decode kernel, CUDA only), auto = triton on CUDA when available, else "
+        "padded; issue 7")] = "auto"
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the talker process; null = torch's default; issue 4")] = None
     tensor_parallel: Annotated[int, doc(
