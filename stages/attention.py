@@ -12,13 +12,15 @@ called *after* the layer has written this step's keys/values into the pool. `Ref
 gathers each sequence's K/V from its blocks and runs `F.scaled_dot_product_attention`; it is the
 definition of correct. `PaddedBatchAttention` has no per-sequence host loop: the 1-token (decode)
 sequences of a step form one padded batch and the prefill chunks another, each attended with
-grouped-query matmuls over K/V gathered from the blocks; it is graph-capturable. A Triton /
-FlexAttention paged kernel (no gather) plugs in at the same seam and must agree with the
-reference (tests compare them).
+grouped-query matmuls over K/V gathered from the blocks; it is graph-capturable.
+`stages.attention_triton.TritonPagedAttention` (Triton paged kernel, no gather, CUDA) plugs in at
+the same seam and must agree with the reference (tests compare them); `make_attention` picks the
+backend a profile's `talker.attention` names.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -211,3 +213,28 @@ class PaddedBatchAttention:
             else:
                 out[rows[valid]] = o[valid]
         return out
+
+
+def make_attention(name: str, device: torch.device | str) -> AttentionBackend:
+    """The backend the profile's `talker.attention` names: "padded" | "triton" | "auto".
+
+    "auto" is the Triton paged kernel (`stages.attention_triton`) when `device` is CUDA and triton
+    imports, else `PaddedBatchAttention`. "triton" insists: it raises when triton is missing or the
+    device is not CUDA (unless Triton's CPU interpreter is on, `TRITON_INTERPRET=1`, for tests).
+    """
+    if name not in ("auto", "padded", "triton"):
+        raise ValueError(f"unknown attention backend {name!r} (auto, padded, triton)")
+    if name == "padded":
+        return PaddedBatchAttention()
+    on_cuda = torch.device(device).type == "cuda"
+    if name == "auto" and not on_cuda:
+        return PaddedBatchAttention()
+    try:
+        from stages.attention_triton import TritonPagedAttention
+    except ImportError:
+        if name == "auto":
+            return PaddedBatchAttention()
+        raise
+    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"attention 'triton' needs a CUDA device, got {device}")
+    return TritonPagedAttention()

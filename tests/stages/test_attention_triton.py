@@ -1,0 +1,187 @@
+"""Triton paged attention equals ReferenceAttention.
+
+With a CUDA device the compiled kernels run on it. Without one, the tests run on CPU tensors through
+Triton's interpreter: TRITON_INTERPRET=1 has to be set before triton itself is imported (triton's
+own library functions are decorated then), so this module sets it first thing when there is no
+CUDA device; with no GPU nothing else in the process could run compiled Triton kernels anyway.
+Small shapes only: the interpreter executes every program in numpy.
+"""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    assert "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
+        "triton was imported before TRITON_INTERPRET=1 could be set; its CPU interpreter is off")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import dataclasses  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from stages.attention import (  # noqa: E402
+    AttentionMetadata,
+    PaddedBatchAttention,
+    ReferenceAttention,
+    build_attention_metadata,
+    make_attention,
+)
+from stages.attention_triton import TritonPagedAttention  # noqa: E402
+from stages.kv_cache import KVCacheSpec, PagedKVCache  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HQ, HKV, BS = 4, 2, 4
+TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+def make_cache(dtype, head_dim, num_blocks=64, seed=0):
+    torch.manual_seed(seed)
+    cache = PagedKVCache(KVCacheSpec(1, HKV, head_dim, num_blocks, BS), dtype=dtype, device=DEVICE)
+    cache.keys[0].copy_(torch.randn(cache.keys[0].shape))  # every slot holds data; only valid ones may count
+    cache.values[0].copy_(torch.randn(cache.values[0].shape))
+    return cache
+
+
+def fill_contexts(cache, contexts: dict[int, int]) -> None:
+    """Grow the sequences round-robin by a few tokens so their block tables interleave."""
+    left = dict(contexts)
+    while any(left.values()):
+        for s, n in left.items():
+            if n:
+                take = min(n, 3)
+                cache.append_slots(s, take)
+                left[s] -= take
+
+
+def check(backend, cache, batch, dtype, head_dim, seed=1):
+    meta = build_attention_metadata(cache, batch, DEVICE)
+    torch.manual_seed(seed)
+    q = torch.randn(meta.num_tokens, HQ, head_dim).to(DEVICE, dtype)
+    want = ReferenceAttention()(q, cache.keys[0], cache.values[0], meta, head_dim**-0.5)
+    got = backend(q, cache.keys[0], cache.values[0], meta, head_dim**-0.5)
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    return meta, q, got
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_only_equals_reference(dtype, num_splits):
+    contexts = {0: 0, 1: 6, 2: 39, 3: 15, 4: 16}  # seq 0: its first token; 4: ends on a block edge
+    cache = make_cache(dtype, 32)
+    fill_contexts(cache, contexts)
+    backend = TritonPagedAttention(block_n=16, num_splits=num_splits)
+    check(backend, cache, [(s, 1) for s in (3, 0, 4, 1, 2)], dtype, 32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_m", [4, 16])
+def test_mixed_prefill_and_decode_equals_reference(dtype, block_m):
+    contexts = {0: 20, 1: 7, 2: 0, 3: 33}
+    cache = make_cache(dtype, 16)
+    fill_contexts(cache, contexts)
+    backend = TritonPagedAttention(block_n=16, block_m=block_m, num_splits=2)
+    # a fresh prompt (2), chunked prefills after context (0, 3), decodes (1, 4 new with one token)
+    batch = [(1, 1), (2, 13), (0, 9), (4, 1), (3, 2)]
+    check(backend, cache, batch, dtype, 16)
+    # the next step: everyone decodes
+    check(backend, cache, [(s, 1) for s in range(5)], dtype, 16, seed=2)
+
+
+def test_prefill_only_single_token_prompts_and_splits_pick_from_shapes():
+    cache = make_cache(torch.float32, 16)
+    backend = TritonPagedAttention(block_n=16)
+    check(backend, cache, [(0, 21), (1, 1), (2, 5)], torch.float32, 16)
+    assert backend.decode_splits(1, 8, 4096) == 32  # B=1, long context: split-K (8 * 32 programs)
+    assert backend.decode_splits(128, 8, 4096) == 1  # a full batch already fills the GPU
+    assert backend.decode_splits(1, 8, 64) == 1  # short context: one split
+
+
+def graph_style_meta(cache, seqs: list[int], batch: int, width: int, scratch_block: int) -> AttentionMetadata:
+    """Decode metadata as stages/local_v15/graphs.py builds it: `batch` rows (padding rows point at
+    the scratch block with seq_len 1), tables padded to `width` with the scratch block, seq_lens
+    and tables as strided views of one packed int64 tensor, host lengths as upper bounds."""
+    packed = torch.full((batch, 1 + width), scratch_block, dtype=torch.int64)
+    packed[:, 0] = 1
+    slots = []
+    for i, s in enumerate(seqs):
+        start, new = cache.append_slots(s, 1)
+        slots += new
+        table = cache.block_table(s)
+        packed[i, 0] = start + 1
+        packed[i, 1 : 1 + len(table)] = torch.tensor(table)
+    slots += [scratch_block * BS] * (batch - len(seqs))
+    packed = packed.to(DEVICE)
+    arange = torch.arange(batch, device=DEVICE)
+    return AttentionMetadata(
+        seq_ids=tuple(range(batch)), query_start_loc=torch.arange(batch + 1, device=DEVICE, dtype=torch.int32),
+        seq_lens=packed[:, 0], context_lens=packed[:, 0] - 1, block_tables=packed[:, 1:],
+        slot_mapping=torch.tensor(slots, device=DEVICE), positions=packed[:, 0] - 1, last_token_index=arange,
+        decode_rows=arange, decode_seqs=arange, prefill_seqs=arange[:0], prefill_rows=arange[:0, None],
+        prefill_valid=torch.zeros(0, 1, dtype=torch.bool, device=DEVICE), query_lens_host=(1,) * batch,
+        seq_lens_host=(width * BS,) * batch, max_query_len=1, max_seq_len=width * BS,
+    )
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_graph_style_padded_rows_and_tables(num_splits):
+    dtype, head_dim = torch.bfloat16, 16
+    cache = make_cache(dtype, head_dim)
+    scratch = cache.spec.num_blocks - 1
+    contexts = {0: 12, 1: 30, 2: 3}
+    fill_contexts(cache, contexts)
+    meta = graph_style_meta(cache, [0, 1, 2], batch=8, width=12, scratch_block=scratch)
+    torch.manual_seed(3)
+    q = torch.randn(8, HQ, head_dim).to(DEVICE, dtype)
+    got = TritonPagedAttention(block_n=16, num_splits=num_splits)(q, cache.keys[0], cache.values[0], meta,
+                                                                  head_dim**-0.5)
+    # the reference reads host lengths: give it the real ones (padding rows: one key in the scratch block)
+    real = dataclasses.replace(meta, seq_lens_host=tuple(meta.seq_lens.tolist()),
+                               max_seq_len=int(meta.seq_lens.max()))
+    want = ReferenceAttention()(q, cache.keys[0], cache.values[0], real, head_dim**-0.5)
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.isfinite(got.float()).all()
+
+
+def test_make_attention(monkeypatch):
+    assert isinstance(make_attention("padded", "cpu"), PaddedBatchAttention)
+    assert isinstance(make_attention("auto", "cpu"), PaddedBatchAttention)
+    if torch.cuda.is_available():
+        assert isinstance(make_attention("auto", "cuda"), TritonPagedAttention)
+        assert isinstance(make_attention("triton", "cuda:0"), TritonPagedAttention)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA"):
+        make_attention("triton", "cpu")
+    with pytest.raises(ValueError, match="unknown"):
+        make_attention("flash", "cpu")
+
+
+@torch.no_grad()
+def test_qwen3_paged_forward_with_triton_equals_reference():
+    from stages.qwen3 import Qwen3Config, Qwen3Model
+
+    cfg = Qwen3Config(hidden_size=64, num_layers=2, num_heads=HQ, num_kv_heads=HKV, head_dim=16,
+                      intermediate_size=128, vocab_size=97, rope_theta=1e4)
+    torch.manual_seed(0)
+    model = Qwen3Model(cfg).eval().to(DEVICE)
+    prompts = {s: torch.randn(n, cfg.hidden_size, device=DEVICE) for s, n in {0: 9, 1: 23, 2: 4}.items()}
+    outs = {}
+    for name, backend in (("ref", ReferenceAttention()), ("triton", TritonPagedAttention(block_n=16, num_splits=2))):
+        cache = PagedKVCache(cfg.kv_cache_spec(num_blocks=32, block_size=BS), dtype=torch.float32, device=DEVICE)
+        torch.manual_seed(5)
+        meta = build_attention_metadata(cache, [(0, 9), (1, 23)], DEVICE)
+        steps = [model(torch.cat([prompts[0], prompts[1]]), meta, cache, backend)]
+        for step in range(2):  # decodes of 0 and 1 next to seq 2's prompt, then decodes only
+            batch = [(0, 1), (1, 1)] + ([(2, 4)] if step == 0 else [(2, 1)])
+            x = torch.randn(2, cfg.hidden_size, device=DEVICE)
+            x = torch.cat([x, prompts[2] if step == 0 else torch.randn(1, cfg.hidden_size, device=DEVICE)])
+            steps.append(model(x, build_attention_metadata(cache, batch, DEVICE), cache, backend))
+        outs[name] = steps
+    for ref, got in zip(outs["ref"], outs["triton"]):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
