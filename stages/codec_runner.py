@@ -4,6 +4,12 @@ The codec worker owns one runner. A request leases a slot with `open(rid)`, feed
 through `decode` in order, and frees the slot with `close(rid)`. Decoding a request's chunks one
 after another equals decoding their concatenation at once (`stages.codec.streaming`). Items of one
 `decode` call that have the same number of frames run as one batched model call over their slots.
+
+With `cuda_graphs` (CUDA only) such a batch of n chunks of T <= `max_chunk_frames` frames replays a
+graph of the bucket (next power of two >= n, T) from `stages.codec.graphs`, captured on first use
+or ahead through `capture`; padding rows decode on a scratch slot (slot `max_slots`, never leased).
+Longer chunks and empty ones decode eagerly. `graphs_eager` runs the same buckets, padding and
+scratch slot without recording (CPU tests of that logic).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stages.codec.graphs import DecodeGraphs
 from stages.codec.model import CodecModel
 from stages.codec.streaming import StreamingDecoder
 
@@ -28,7 +35,7 @@ class CodecRunner:
 
     def __init__(self, model: CodecModel, n_vq: int, max_slots: int,
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                 max_chunk_frames: int = 15):
+                 max_chunk_frames: int = 15, cuda_graphs: bool = False, graphs_eager: bool = False):
         cfg = model.cfg
         if not 1 <= n_vq <= cfg.quantizer.num_quantizers:
             raise ValueError(f"n_vq {n_vq} outside 1..{cfg.quantizer.num_quantizers} (the codec's quantizers)")
@@ -43,7 +50,13 @@ class CodecRunner:
         self.n_vq = n_vq
         self.codebook_size = cfg.quantizer.codebook_size
         self.max_slots = max_slots
-        self._decoder = StreamingDecoder(model, max_slots, max_chunk_frames)
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA device, the codec is on {self.device}")
+        padded = cuda_graphs or graphs_eager
+        # one extra slot, `max_slots`, is the graphs' scratch slot for padding rows: never leased
+        self._decoder = StreamingDecoder(model, max_slots + 1 if padded else max_slots, max_chunk_frames)
+        self.graphs = DecodeGraphs(self._decoder, n_vq=n_vq, scratch_slot=max_slots, max_batch=max_slots,
+                                   use_cuda_graphs=cuda_graphs) if padded else None
         self._slot_of: dict[int, int] = {}
         self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
 
@@ -80,11 +93,23 @@ class CodecRunner:
         for frames, indices in groups.items():
             slots = torch.tensor([self._slot_of[items[i][0]] for i in indices])
             codes = torch.from_numpy(np.stack([items[i][1] for i in indices]))  # [B, T, n_vq]
-            codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
-            audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]
+            if self.graphs is not None and self.graphs.fits(len(indices), frames):
+                audio = self.graphs.decode(codes.permute(2, 0, 1), slots)  # [n, channels, T * hop], a static view
+                audio = audio.to("cpu", copy=True).numpy()  # one copy of the real rows (also on CPU)
+            else:
+                codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
+                audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]
             for row, i in enumerate(indices):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]
+
+    def capture(self, batches: list[int] | tuple[int, ...], chunk_lengths: list[int] | tuple[int, ...],
+                budget_s: float | None = None) -> int:
+        """Capture ahead the graphs of these batch sizes (their buckets) and chunk lengths, within
+        `budget_s`; returns how many were captured (0 without graphs). Open requests are untouched."""
+        if self.graphs is None:
+            return 0
+        return self.graphs.capture(batches, chunk_lengths, budget_s)
 
     def _check_codes(self, rid: int, codes: np.ndarray) -> None:
         if rid not in self._slot_of:
@@ -102,6 +127,9 @@ class CodecRunner:
                 raise ValueError(f"waveform {i}: shape {wav.shape}, expected [{self.channels}, samples]")
         if not wavs:
             return []
+        # eager, outside any graph capture: its allocations stay in the default pool, not the graphs'
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("encode called during a CUDA graph capture")
         longest = max(w.shape[1] for w in wavs)
         if longest < self.samples_per_frame:
             return [np.zeros((0, self.n_vq), dtype=np.int64) for _ in wavs]

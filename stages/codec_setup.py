@@ -35,13 +35,22 @@ class CodecShape:
         return cls(codec_dir, cfg.sampling_rate, cfg.channels, cfg.frame_rate, cfg.downsample_rate)
 
 
-def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int) -> Any:
-    """The `CodecRunner` over the first `n_vq` quantizers, slots and ring headroom from the profile."""
+def chunk_lengths(profile: Profile) -> tuple[int, ...]:
+    """The chunk sizes of the profile's schedule, in frames: initial, ramp, steady (distinct, in order)."""
+    c = profile.chunking
+    return tuple(dict.fromkeys((c.initial_chunk_frames, *c.ramp, c.chunk_frames)))
+
+
+def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int, dtype: Any = None) -> Any:
+    """The `CodecRunner` over the first `n_vq` quantizers: slots, ring headroom (the longest chunk of
+    the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
+    eagerly in pieces) and CUDA graphs (`codec.cuda_graphs`, CUDA devices only) from the profile.
+    dtype: None = `model.dtype` resolved for the device."""
     from stages.codec.loader import load_codec
     from stages.codec_runner import CodecRunner
     from stages.local_v15.loader import resolve_dtype
 
-    c = profile.chunking
-    return CodecRunner(load_codec(codec_dir, device, resolve_dtype(profile.model.dtype, device)), n_vq=n_vq,
-                       max_slots=profile.codec.max_slots,
-                       max_chunk_frames=max(c.chunk_frames, c.initial_chunk_frames, *c.ramp))
+    dtype = resolve_dtype(profile.model.dtype, device) if dtype is None else dtype
+    return CodecRunner(load_codec(codec_dir, device, dtype), n_vq=n_vq,
+                       max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
+                       cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"))

@@ -29,6 +29,7 @@ from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, 
                           EncodeRequest, EncodeResult, PcmChunk, Ready, Shutdown, Slots,
                           StageError)
 from stages.coalescer import Coalescer
+from stages.codec_setup import chunk_lengths
 from stages.worker_common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
 
 log = logging.getLogger(__name__)
@@ -289,13 +290,25 @@ class CodecLoop:
             self._slots_reported = in_use
 
 
-def warm_up(runner: Any) -> None:
-    """Decode and encode once so the first request does not pay for lazy set-up."""
+WARM_BATCHES = (1, 2, 4, 8)  # decode-graph buckets captured ahead; larger ones on first use
+WARM_CAPTURE_BUDGET_S = 60.0  # graph captures at start-up stop after this long
+
+
+def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (),
+            capture_budget_s: float = WARM_CAPTURE_BUDGET_S) -> None:
+    """Decode and encode once so the first request does not pay for lazy set-up; with decode graphs,
+    capture the small buckets of the schedule's chunk lengths (initial, ramp, steady) too."""
     runner.open(-1)
     try:
         runner.decode([(-1, np.zeros((1, runner.n_vq), dtype=np.int64))])
     finally:
         runner.close(-1)
+    capture = getattr(runner, "capture", None)
+    if capture is not None and chunk_lengths:
+        t0 = time.perf_counter()
+        made = capture(WARM_BATCHES, chunk_lengths, capture_budget_s)
+        if made:
+            log.info("codec: captured %d decode graphs in %.1f s", made, time.perf_counter() - t0)
     runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
 
 
@@ -305,7 +318,7 @@ def main(spec: WorkerSpec) -> None:
     from_talker, from_coord, to_coord, to_clients = attach_codec(spec)
     try:
         runner = variant.make_codec_runner(spec.device)
-        warm_up(runner)
+        warm_up(runner, chunk_lengths(spec.profile))
         to_coord.send(Ready(stage="codec", pid=os.getpid(), capacity=runner.max_slots))
         c = spec.profile.coalescing
         coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,

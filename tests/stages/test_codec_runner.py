@@ -36,11 +36,12 @@ def test_attributes(v2, v1):
     assert (r1.sample_rate, r1.channels, r1.samples_per_frame, r1.n_vq) == (24000, 1, 1920, 16)
 
 
-def test_interleaved_requests_are_isolated(v2):
+@pytest.mark.parametrize("graphs_eager", [False, True])  # True: padded buckets + scratch slot, no recording
+def test_interleaved_requests_are_isolated(v2, graphs_eager):
     model, g = v2
     a = g["decode_codes"][:12, 0].T.copy()  # [32, 12]
     b = np.ascontiguousarray(a[::-1])
-    runner = CodecRunner(model, n_vq=12, max_slots=4)
+    runner = CodecRunner(model, n_vq=12, max_slots=4, graphs_eager=graphs_eager)
     runner.open(7)
     runner.open(9)
     sched_a, sched_b = [1, 15, 15, 1], [1, 2, 4, 8, 16, 1]

@@ -1,0 +1,159 @@
+"""Decode graphs (`stages.codec.graphs`): bucketed, padded decode with a scratch slot gives the same
+PCM as the plain runner for every request, whatever joins or leaves; on CUDA real graph replay
+equals eager decode."""
+
+import numpy as np
+import pytest
+import torch
+
+from stages.codec.bench import random_codec
+from stages.codec.config import CodecConfig, tiny_v2_config
+from stages.codec.graphs import bucket
+from stages.codec_runner import CodecRunner
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+N_VQ, MAX_SLOTS, MAX_CHUNK = 12, 6, 15  # 6 slots: buckets 1, 2, 4 and 6 (capped)
+
+
+def tiny_model(device: str = "cpu"):
+    return random_codec(CodecConfig.from_json(tiny_v2_config()), device, torch.float32, seed=3)
+
+
+def script(seed: int = 0) -> list[list[tuple[int, np.ndarray | None]]]:
+    """Decode calls of (rid, codes [T, n_vq]); codes None = close the request after this call.
+
+    Requests follow the 1, 2, 4, 15, ... schedule (some with a final partial chunk or an empty
+    terminal one), start at different calls and leave mid-way, so batches of 1..6 chunks of equal
+    length need padding to their bucket and padding rows reuse rows that held real slots before.
+    One 20-frame chunk exceeds the ring headroom (eager fallback)."""
+    rng = np.random.default_rng(seed)
+    schedules = {
+        1: [1, 2, 4, 15, 15, 3],
+        2: [1, 2, 4, 15, 7],
+        3: [1, 2, 4, 15, 15, 15, 0],
+        4: [1, 2, 4, 20, 15, 5],
+        5: [1, 2, 4, 15, 1],
+        6: [1, 2, 4],
+        7: [1, 2, 4, 15, 15, 2],
+        8: [1, 2, 4, 15],
+    }
+    # five start together (5 rows -> bucket 8 capped at 6), 6 joins one call later; 7 and 8 take the
+    # slots freed by 6, 2 and 5; in call 4 three 15-frame chunks pad to 4 rows, one of which held a
+    # real slot in call 3
+    starts = {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 1, 7: 4, 8: 5}
+    calls = []
+    for step in range(12):
+        items = []
+        for rid, sizes in schedules.items():
+            k = step - starts[rid]
+            if 0 <= k < len(sizes):
+                codes = rng.integers(0, 1024, (sizes[k], N_VQ), dtype=np.int64)
+                items.append((rid, codes, k == len(sizes) - 1))
+        calls.append(items)
+    return calls
+
+
+def play(runner: CodecRunner, calls) -> dict[int, np.ndarray]:
+    """Run the script; PCM [channels, samples] per request, every leased slot checked."""
+    pcm: dict[int, list[np.ndarray]] = {}
+    for items in calls:
+        for rid, _, _ in items:
+            if rid not in runner._slot_of:
+                runner.open(rid)
+        assert all(0 <= s < runner.max_slots for s in runner._slot_of.values())  # never the scratch slot
+        outs = runner.decode([(rid, codes) for rid, codes, _ in items])
+        for (rid, codes, last), out in zip(items, outs):
+            assert out.shape == (runner.channels, codes.shape[0] * runner.samples_per_frame)
+            pcm.setdefault(rid, []).append(out)
+            if last:
+                runner.close(rid)
+    assert runner.num_open() == 0
+    return {rid: np.concatenate(parts, axis=1) for rid, parts in pcm.items()}
+
+
+def test_bucket():
+    assert [bucket(n, 8) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert [bucket(n, 6) for n in (3, 5, 6)] == [4, 6, 6]
+    with pytest.raises(ValueError):
+        bucket(7, 6)
+
+
+def test_padded_eager_graphs_equal_plain_runner():
+    model = tiny_model()
+    calls = script()
+    plain = play(CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK), calls)
+    runner = CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, graphs_eager=True)
+    assert runner._decoder.num_slots == MAX_SLOTS + 1 and runner.graphs.scratch_slot == MAX_SLOTS
+    padded = play(runner, calls)
+    keys = set(runner.graphs.keys)
+    assert {(6, 1), (6, 2), (6, 4), (4, 15)} <= keys
+    assert all(T <= MAX_CHUNK for _, T in keys)  # the 20-frame chunk decoded eagerly
+    assert padded.keys() == plain.keys()
+    for rid in plain:
+        assert padded[rid].shape == plain[rid].shape
+        assert np.abs(padded[rid] - plain[rid]).max() <= 1e-6, rid
+    # and chunked decoding is still the whole decode
+    whole_codes = np.concatenate([c for items in calls for r, c, _ in items if r == 4])
+    whole = model.decode(torch.from_numpy(whole_codes.T[:, None, :].copy()))[0].numpy()
+    assert np.abs(padded[4] - whole).max() < 1e-4
+
+
+def test_capture_ahead_makes_buckets_and_leaves_open_requests_alone():
+    model = tiny_model()
+    codes = np.random.default_rng(1).integers(0, 1024, (16, N_VQ), dtype=np.int64)
+    ref = CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS)
+    ref.open(1)
+    want = [ref.decode([(1, codes[:1])])[0], ref.decode([(1, codes[1:16])])[0]]
+    runner = CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, graphs_eager=True)
+    runner.open(1)
+    got = [runner.decode([(1, codes[:1])])[0]]
+    assert runner.capture((1, 2, 3, 100), (1, 15, 40)) == 7  # buckets 1, 2, 4, 6 x T 1, 15; (1, 1) existed
+    assert runner.capture((1, 2), (1, 15)) == 0
+    got.append(runner.decode([(1, codes[1:16])])[0])
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() <= 1e-6
+    assert CodecRunner(model, n_vq=N_VQ, max_slots=2).capture((1,), (1,)) == 0  # no graphs: nothing
+
+
+def test_cuda_graphs_need_cuda():
+    with pytest.raises(ValueError, match="CUDA"):
+        CodecRunner(tiny_model(), n_vq=N_VQ, max_slots=2, cuda_graphs=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replay_equals_eager():
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        model = tiny_model("cuda")
+        calls = script(seed=2)
+        kw = dict(n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK)
+        plain = play(CodecRunner(model, **kw), calls)
+        eager = play(CodecRunner(model, **kw, graphs_eager=True), calls)
+        runner = CodecRunner(model, **kw, cuda_graphs=True)
+        runner.capture((1, 2), (1, 2))  # some ahead, the rest captured lazily while requests are open
+        graphed = play(runner, calls)
+        assert all(e.graph is not None for e in runner.graphs._entries.values())
+        assert len(runner.graphs.keys) >= 8
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+    for rid in plain:
+        scale = max(1.0, float(np.abs(plain[rid]).max()))
+        assert np.abs(graphed[rid] - eager[rid]).max() <= 1e-6 * scale, rid  # same shapes, same kernels
+        assert np.abs(graphed[rid] - plain[rid]).max() <= 1e-4 * scale, rid  # other batch shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_bf16_replay_equals_padded_eager():
+    model = tiny_model("cuda").to(torch.bfloat16)
+    model.quantizer.float()
+    calls = script(seed=4)
+    kw = dict(n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK)
+    eager = play(CodecRunner(model, **kw, graphs_eager=True), calls)
+    graphed = play(CodecRunner(model, **kw, cuda_graphs=True), calls)
+    for rid in eager:  # bf16: allow kernel-level rounding noise; a corrupted stream is off by O(1)
+        scale = max(1.0, float(np.abs(eager[rid]).max()))
+        assert np.abs(graphed[rid] - eager[rid]).max() <= 1e-2 * scale, rid
