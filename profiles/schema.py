@@ -105,6 +105,9 @@ class TalkerConfig(_Section):
         ge=1)] = 2048
     cuda_graphs: Annotated[bool, doc(
         "capture the decode step in CUDA graphs per batch bucket; issue 7")] = True
+    compile: Annotated[bool, doc(
+        "on CUDA, run the backbone layers, row embedding and the local loop + sampling through "
+        "torch.compile (fused kernels; compiled at warm-up, tens of seconds); issue 7")] = True
     prefill_interval: Annotated[int, doc(
         "while streams are decoding, new prompts are prefilled at most every this many steps "
         "(1 = every step; larger = more decode steps replayed from graphs between prefills, "

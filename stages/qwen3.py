@@ -129,14 +129,6 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
-        lead = x.shape[:-1]  # [N] or [B, S]
-        q = self.q_norm(self.q_proj(x).view(*lead, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
-        return self.o_proj(attend(q, k, v).reshape(*lead, -1))
-
 
 class Qwen3MLP(nn.Module):
     def __init__(self, cfg: Qwen3Config, tp: TPGroup | None = None) -> None:
@@ -149,6 +141,23 @@ class Qwen3MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def attention_inputs(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The layer up to attention: x [..., H] -> q [..., Hq, D], k, v [..., Hkv, D] (RoPE applied)."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    lead = h.shape[:-1]  # [N] or [B, S]
+    q = attn.q_norm(attn.q_proj(h).view(*lead, attn.num_heads, attn.head_dim))
+    k = attn.k_norm(attn.k_proj(h).view(*lead, attn.num_kv_heads, attn.head_dim))
+    v = attn.v_proj(h).view(*lead, attn.num_kv_heads, attn.head_dim)
+    return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin), v
+
+
+def attention_outputs(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """The layer after attention: residual x [..., H], attention output o [..., Hq, D] -> [..., H]."""
+    x = x + layer.self_attn.o_proj(o.reshape(*x.shape[:-1], -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
 class Qwen3DecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen3Config, tp: TPGroup | None = None) -> None:
         super().__init__()
@@ -157,9 +166,11 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn,
+                parts=(attention_inputs, attention_outputs)) -> torch.Tensor:
+        """`parts`: the two halves around `attend` (compiled versions when the model is compiled)."""
+        before, after = parts
+        return after(self, x, attend(*before(self, x, cos, sin)))
 
 
 class Qwen3Model(nn.Module):
@@ -172,6 +183,14 @@ class Qwen3Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self._parts = (attention_inputs, attention_outputs)  # the serving path's layer halves
+
+    def compile_layers(self, backend: str = "inductor") -> None:
+        """Serve through `torch.compile`d layer halves (one compilation shared by every layer,
+        dynamic in the token count); attention and the KV-cache write stay outside, so any
+        `AttentionBackend` works. `forward_dense` is unchanged."""
+        self._parts = tuple(torch.compile(f, dynamic=True, backend=backend)
+                            for f in (attention_inputs, attention_outputs))
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
@@ -193,7 +212,7 @@ class Qwen3Model(nn.Module):
                 cache.write(i, meta.slot_mapping, k, v)
                 return backend(q, cache.keys[i], cache.values[i], meta, scale)
 
-            x = layer(x, cos, sin, attend)
+            x = layer(x, cos, sin, attend, self._parts)
         return self.norm(x)
 
     def forward_dense(

@@ -85,20 +85,6 @@ class LocalV15Variant:
         return load_talker_runner(self.model_dir, self.profile, device)
 
     def make_codec_runner(self, device: str) -> Any:
-        import torch
+        from stages.codec_setup import make_codec_runner
 
-        from stages.codec.loader import load_codec
-        from stages.codec_runner import CodecRunner
-
-        dtype = torch.bfloat16 if _wants_bf16(self.profile, device) else torch.float32
-        c = self.profile.chunking
-        return CodecRunner(load_codec(self.codec_dir, device, dtype), n_vq=self.n_vq,
-                           max_slots=self.profile.codec.max_slots,
-                           max_chunk_frames=max(c.chunk_frames, c.initial_chunk_frames, *c.ramp))
-
-
-def _wants_bf16(profile: Profile, device: str) -> bool:
-    """`model.dtype` resolved: auto = bfloat16 on cuda, float32 on cpu."""
-    if profile.model.dtype == "auto":
-        return device.startswith("cuda")
-    return profile.model.dtype == "bfloat16"
+        return make_codec_runner(self.codec_dir, self.profile, device, self.n_vq)
