@@ -10,6 +10,25 @@ race, equal in distribution to `torch.multinomial`). `E` comes from a counter-ba
 (seed, frame index, stream, vocabulary index) computed with integer tensor ops, so a request's
 random numbers depend only on its own seed and position, never on its batch neighbours or on
 call order; no generator state, no host sync, graph-capturable.
+
+Everything happens in rank order: the scores are ranked once (value descending, vocabulary index
+ascending on ties), top-k is a threshold on the ranked values, top-p a prefix of their cumulative
+mass, and the race runs over ranked entries with the noise of each entry's vocabulary index
+(`exponential_noise` takes an index tensor). Against the previous implementation (two full sorts,
+a scatter, noise for the whole vocabulary; kept as `stages.sampling_bench.legacy_sample_tokens`)
+the tokens are the same except where float rounding decides (the race and the top-p sum skip the
+softmax normaliser) and where the noise is 0 (U rounds to 1, 2**-24 of the entries): such an
+entry is never drawn, where the previous code drew it even when filtered out (0 / -0.0 = NaN won).
+
+Candidate path (`sample_tokens(..., candidates=True)`): when a row's top-k is in [1, K_CAP] (or
+the head has at most K_CAP entries, like the 2-entry stop head), only the K_CAP best scores can be
+drawn, so `topk` replaces the full sort and the noise is hashed for K_CAP entries, not the whole
+vocabulary. The full path splits its ranking at K_CAP and does the head's arithmetic on a tensor
+of the same shape, so both paths draw bit-identical tokens for such rows. The one exception is a
+tie reaching past the cap: the k-th largest score equal to the (K_CAP + 1)-th (the full path keeps
+every tied entry), or, for greedy rows, more than K_CAP entries sharing the maximum. A row outside
+the cap on the candidate path is sampled from its K_CAP best entries only: the caller (which knows
+every request's parameters on the host) picks the path.
 """
 
 from __future__ import annotations
@@ -18,6 +37,9 @@ from dataclasses import dataclass
 
 import msgspec
 import torch
+import torch.nn.functional as F
+
+K_CAP = 64  # candidates of `sample_tokens(..., candidates=True)`; the full path splits its ranking here
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,7 +65,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     forced_frames: int | None = None
 
 
-# ---------------------------------------------------------------- filters (batched, per-row params)
+# ---------------------------------------------------------------- repetition penalty
 
 
 def apply_repetition_penalty(scores: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
@@ -54,59 +76,47 @@ def apply_repetition_penalty(scores: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen, penalised, scores)
 
 
-def top_k_filter(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Mask scores below the k-th largest of each row; rows with k <= 0 or k >= V are untouched."""
-    vocab = scores.shape[-1]
-    active = (top_k > 0) & (top_k < vocab)  # [B]
-    k = top_k.clamp(1, vocab).long()
-    kth = scores.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])  # [B, 1]
-    kth = torch.where(active[:, None], kth, torch.full_like(kth, -torch.inf))
-    return scores.masked_fill(scores < kth, -torch.inf)
-
-
-def top_p_filter(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Nucleus filter of each row; rows with p <= 0 or p >= 1 are untouched."""
-    active = (top_p > 0) & (top_p < 1)  # [B]
-    sorted_scores, order = scores.sort(dim=-1, descending=True)
-    cumulative = sorted_scores.softmax(-1).cumsum(-1)  # [B, V]
-    remove_sorted = cumulative > top_p.to(cumulative.dtype)[:, None]
-    remove_sorted = torch.cat([torch.zeros_like(remove_sorted[:, :1]), remove_sorted[:, :-1]], dim=-1)
-    remove_sorted &= active[:, None]
-    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
-    return scores.masked_fill(remove, -torch.inf)
-
-
 # ---------------------------------------------------------------- counter-based noise
 
 _MASK32 = 0xFFFFFFFF
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for int64 x in [0, 2**32), split so no int64 product overflows."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
-
-
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser (lowbias32): every input bit affects every output bit."""
+    """A 32-bit integer finaliser (lowbias32) on int64 holding values in [0, 2**32): every input
+    bit affects every output bit. An int64 product wraps modulo 2**64, so its low 32 bits are
+    exactly (x * c) mod 2**32, whatever the overflow."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = (x * 0x7FEB352D) & _MASK32
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
+    x = (x * 0x846CA68B) & _MASK32
     return x ^ (x >> 16)
 
 
-def exponential_noise(seed: torch.Tensor, frame: torch.Tensor, stream: int, vocab: int) -> torch.Tensor:
-    """Exp(1) noise [B, vocab] that is a pure function of (seed [B], frame [B], stream, index)."""
+def noise_key(seed: torch.Tensor, frame: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
+    """The noise key of (seed [B], frame [B], stream): [B] for an int stream, [B, S] for streams [S].
+    A caller sampling several streams of one frame computes their keys once (`sample_tokens(key=)`)."""
     seed = seed.long()
     key = _mix32(seed & _MASK32)
     key = _mix32(key ^ ((seed >> 32) & _MASK32))
     key = _mix32(key ^ (frame.long() & _MASK32))
-    key = _mix32(key ^ (stream & _MASK32))  # [B]
-    index = torch.arange(vocab, device=seed.device, dtype=torch.long)
-    h = _mix32(_mix32(key[:, None] ^ index[None, :]))  # [B, V]
-    uniform = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # (0, 1), 24 exact bits
-    return -torch.log(uniform)
+    if isinstance(stream, torch.Tensor):
+        key, stream = key[:, None], stream.long()[None, :]
+    return _mix32(key ^ (stream & _MASK32))
+
+
+def _log_uniform(key: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log U (<= 0) of key [B] at vocabulary indices [V] or [B, K]; U in (0, 1], 24 hashed bits."""
+    h = _mix32(_mix32(key[:, None] ^ index))
+    return (((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))).log()
+
+
+def exponential_noise(seed: torch.Tensor, frame: torch.Tensor, stream: int, vocab: int | torch.Tensor,
+                      *, key: torch.Tensor | None = None) -> torch.Tensor:
+    """Exp(1) noise, a pure function of (seed [B], frame [B], stream, vocabulary index): [B, vocab]
+    for an int `vocab`, or [B, K] at the indices of an int64 tensor `vocab` [B, K]."""
+    key = noise_key(seed, frame, stream) if key is None else key
+    index = torch.arange(vocab, device=key.device) if isinstance(vocab, int) else vocab.long()
+    return -_log_uniform(key, index)
 
 
 # ---------------------------------------------------------------- the sampler
@@ -124,24 +134,71 @@ class RowSampling:
     seed: torch.Tensor  # int64
 
 
+_EXACT_IN_FLOAT32 = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _ranked(scores: torch.Tensor, candidates: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values and vocabulary indices [B, W] in rank order (value descending, index ascending):
+    all V entries, or the K_CAP best when `candidates` (W = min(K_CAP, V))."""
+    if not candidates or K_CAP >= scores.shape[-1]:
+        return scores.sort(dim=-1, descending=True, stable=True)
+    values, index = scores.topk(K_CAP, dim=-1, sorted=False)
+    index, order = index.sort(dim=-1)
+    values, order = values.gather(-1, order).sort(dim=-1, descending=True, stable=True)
+    return values, index.gather(-1, order)
+
+
+def _race(values: torch.Tensor, index: torch.Tensor, rows: RowSampling, key: torch.Tensor,
+          vocab: int) -> torch.Tensor:
+    """Temperature, top-k, top-p and the exponential race on ranked entries -> tokens [B].
+    Scans and transcendental ops run on the first K_CAP columns alone, so a full ranking and a
+    K_CAP ranking do the same arithmetic wherever the row's kept set lies within K_CAP."""
+    s = values.float() / rows.temperature.clamp_min(1e-6)[:, None]
+    width = s.shape[-1]
+    k = rows.top_k
+    # k <= 0 or k >= V keeps everything: the threshold is then the last ranked value
+    kth = s.gather(-1, torch.where(k > 0, k, vocab).clamp(max=width)[:, None] - 1)  # [B, 1]
+    top = s[:, :1]
+    sizes = [K_CAP, width - K_CAP] if width > K_CAP else [width]
+    mass, log_u = [], []
+    for part, ids in zip(s.split(sizes, dim=-1), index.split(sizes, dim=-1)):
+        part = part.contiguous()
+        mass.append(torch.where(part >= kth, (part - top).exp(), 0.0))  # unnormalised top-k softmax
+        log_u.append(_log_uniform(key, ids.contiguous()))
+    cum = mass[0].cumsum(-1)
+    if len(sizes) > 1:
+        cum = torch.cat([cum, cum[:, -1:] + mass[1].cumsum(-1)], dim=-1)
+        mass, log_u = torch.cat(mass, dim=-1), torch.cat(log_u, dim=-1)
+    else:
+        mass, log_u = mass[0], log_u[0]
+    p = rows.top_p
+    # p >= 1 keeps everything as it is (before <= total <= p * total); p <= 0 is off: no limit
+    limit = torch.where(p > 0, p, float("inf"))[:, None] * cum[:, -1:]
+    before = F.pad(cum[:, :-1], (1, 0))  # mass ranked strictly before each entry
+    keep = (before <= limit) & (mass > 0)
+    race = torch.where(keep, mass / log_u, float("inf"))  # -(mass / E): the draw is its argmin
+    return index.gather(-1, race.argmin(-1, keepdim=True))[:, 0]
+
+
 def sample_tokens(
     logits: torch.Tensor,  # [B, V]
     rows: RowSampling,
     frame: torch.Tensor,  # [B] int64: the request's frame index (noise counter)
     stream: int,  # which head of the frame (codebook index, or n_vq for the stop head)
     seen: torch.Tensor | None = None,  # [B, V] bool: this request's earlier tokens of this stream
+    *,
+    candidates: bool = False,  # every row has 1 <= top_k <= K_CAP (or V <= K_CAP): see the module doc
+    key: torch.Tensor | None = None,  # [B] noise_key(rows.seed, frame, stream), when precomputed
 ) -> torch.Tensor:  # [B] int64
-    scores = logits.float()
     if seen is not None:
-        scores = apply_repetition_penalty(scores, seen, rows.repetition_penalty)
-    greedy_tokens = scores.argmax(-1)
+        scores = apply_repetition_penalty(logits.float(), seen, rows.repetition_penalty)
+    else:  # ranking before the (exact) float32 cast skips a cast of the whole vocabulary
+        scores = logits if logits.dtype in _EXACT_IN_FLOAT32 else logits.float()
+    values, index = _ranked(scores, candidates)
+    key = noise_key(rows.seed, frame, stream) if key is None else key
+    sampled = _race(values, index, rows, key, scores.shape[-1])
     greedy = rows.greedy | (rows.temperature <= 0)  # T <= 0 means greedy, as in HF generate
-    scores = scores / rows.temperature.clamp_min(1e-6)[:, None]
-    scores = top_p_filter(top_k_filter(scores, rows.top_k), rows.top_p)
-    probs = scores.softmax(-1)
-    noise = exponential_noise(rows.seed, frame, stream, scores.shape[-1])
-    sampled = (probs / noise).argmax(-1)
-    return torch.where(greedy, greedy_tokens, sampled)
+    return torch.where(greedy, index[:, 0], sampled)  # rank 0: the first argmax
 
 
 class SamplingSlots:

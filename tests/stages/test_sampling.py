@@ -5,15 +5,8 @@ import math
 import msgspec
 import torch
 
-from stages.sampling import (
-    RowSampling,
-    SamplingParams,
-    SamplingSlots,
-    exponential_noise,
-    sample_tokens,
-    top_k_filter,
-    top_p_filter,
-)
+from stages.sampling import RowSampling, SamplingParams, SamplingSlots, exponential_noise, sample_tokens
+from stages.sampling_bench import top_k_filter, top_p_filter
 
 
 def upstream_filtered_scores(logits, temperature, top_k, top_p, previous, penalty):
