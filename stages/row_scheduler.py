@@ -12,7 +12,9 @@ requests need more blocks than are free, the newest requests holding blocks (dec
 prefilled) are preempted until they fit; the oldest decoding request never is, so it always
 progresses. A preempted request's blocks are freed and its rows (prompt + generated) are
 prefilled again later, which resumes it exactly (recompute; host-side generation state is
-untouched).
+untouched). With `prefill_interval` N > 1, while some request is decoding, prefill chunks are
+scheduled at most every N-th step (after a step that prefilled, the next N - 1 steps only
+decode); with nothing decoding, prefill runs every step. N = 1: every step.
 """
 
 from __future__ import annotations
@@ -98,11 +100,15 @@ class ScheduledBatch:
 
 class RowScheduler:
     def __init__(self, cache: PagedKVCache, *, max_running: int, prefill_chunk_tokens: int = 512,
-                 max_prefill_tokens_per_step: int = 2048) -> None:
+                 max_prefill_tokens_per_step: int = 2048, prefill_interval: int = 1) -> None:
+        if prefill_interval < 1:
+            raise ValueError(f"prefill_interval {prefill_interval} < 1")
         self.cache = cache
         self.max_running = max_running
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
+        self.prefill_interval = prefill_interval
+        self._prefill_wait = 0  # decode-only steps still due before prefill may run next to decoders
         self.requests: dict[int, RowRequest] = {}
         self._free_slots = list(range(max_running - 1, -1, -1))
         self._next_order = 0
@@ -168,6 +174,9 @@ class RowScheduler:
             raise KVCacheExhausted(f"request {decode[0].rid} alone outgrows the KV cache")
         free = cache.num_free_blocks - need
         budget = self.max_prefill_tokens_per_step
+        if decode and self._prefill_wait > 0:
+            budget = 0  # prefill_interval: this step only decodes
+            self._prefill_wait -= 1
         batch = [(r, 1) for r in decode]
         for r in self._ordered():
             if r.pending <= 1 or budget <= 0:
@@ -181,6 +190,8 @@ class RowScheduler:
             batch.append((r, take))
         if not batch:
             raise KVCacheExhausted("no request can make progress: the KV cache is full of prompts")
+        if len(batch) > len(decode):
+            self._prefill_wait = self.prefill_interval - 1
         return batch
 
     def pack(self, batch: list[tuple[RowRequest, int]], device: torch.device) -> ScheduledBatch:

@@ -32,16 +32,19 @@ class ScheduledRunner:
         kv_memory_fraction: float = 0.5,
         prefill_chunk_tokens: int = 512,
         max_prefill_tokens_per_step: int = 2048,
+        prefill_interval: int = 1,
         attention: AttentionBackend | None = None,
         spare_kv_blocks: int = 0,
     ) -> None:
         """`backbone` sizes the KV pool (this rank's KV heads); `spare_kv_blocks` are added on top
-        of `num_kv_blocks` (or the default count) for the subclass's own use."""
+        of `num_kv_blocks` (or the default count) for the subclass's own use. `prefill_interval`:
+        while requests decode, prefill chunks run at most every this many steps (`RowScheduler`)."""
         param = next(model.parameters())
         self.model, self.device, self.dtype = model.eval(), param.device, param.dtype
         self.max_running = max_running
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
+        self.prefill_interval = prefill_interval
         self.attention = attention or ReferenceAttention()
         if num_kv_blocks is None:
             num_kv_blocks = default_num_blocks(backbone, device=self.device, dtype=self.dtype,
@@ -50,7 +53,8 @@ class ScheduledRunner:
         self.cache = PagedKVCache(backbone.kv_cache_spec(num_kv_blocks + spare_kv_blocks, kv_block_size),
                                   dtype=self.dtype, device=self.device)
         self.scheduler = RowScheduler(self.cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
-                                      max_prefill_tokens_per_step=max_prefill_tokens_per_step)
+                                      max_prefill_tokens_per_step=max_prefill_tokens_per_step,
+                                      prefill_interval=prefill_interval)
         self._requests: dict[int, Any] = {}
 
     @property

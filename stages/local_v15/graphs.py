@@ -1,7 +1,8 @@
 """CUDA graphs of the Local-v1.5 decode step: backbone token + local loop + sampling in one replay.
 
-A decode-only step (every request feeds one row, no prefill chunk) has fixed shapes once the batch
-is padded to a bucket of B (requests) and M (KV blocks per request). One graph per (B, M) bucket
+The decoding requests of a step (each feeds one row; prefill chunks of the same step run in a
+separate eager call, `stages.local_v15.runner`) have fixed shapes once the batch is padded to a
+bucket of B (requests) and M (KV blocks per request). One graph per (B, M) bucket
 is captured on first use and replayed afterwards. Everything the step reads is a device tensor:
 the static inputs below (written with one host-to-device copy per step) and the runner's
 slot-indexed state (next rows, sampling settings, repetition history), read by slot inside the
@@ -11,6 +12,10 @@ garbage nobody reads and write only there.
 Capture runs the step once eagerly (warm-up) and then records it. Re-running a step is harmless:
 KV writes go to the same slots with the same values and the sampling noise is a pure function of
 (seed, frame, codebook), so the recorded step is the real one.
+
+With `capture=False` (any device; the CPU tests) nothing is recorded: every call copies its
+inputs into the same per-bucket static tensors and runs the same body on them eagerly, so the
+bucketing, padding and scratch slot/block logic is exercised exactly as the graphs see it.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def pack_decode_inputs(slots: list[int], frames: list[int], positions: list[int]
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | None  # None without capture
     packed: torch.Tensor  # [B, 5 + M] int64 static input, see DecodeGraphs.pack
     meta: AttentionMetadata
     slots: torch.Tensor  # [B] views into packed
@@ -61,15 +66,16 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Per-bucket CUDA graphs of `body(slots, frames, meta) -> (stop, codes)`."""
+    """Per-bucket CUDA graphs of `body(slots, frames, meta) -> (stop, codes)` (or, without
+    `capture`, the body run eagerly on the bucket's static inputs)."""
 
     def __init__(self, body, *, max_batch: int, max_blocks: int, scratch_slot: int, scratch_block: int,
-                 block_size: int, n_vq: int, device: torch.device) -> None:
+                 block_size: int, n_vq: int, device: torch.device, capture: bool = True) -> None:
         self.body = body
         self.max_batch, self.max_blocks = max_batch, max_blocks
         self.scratch_slot, self.scratch_block, self.block_size = scratch_slot, scratch_block, block_size
-        self.n_vq, self.device = n_vq, device
-        self.pool = torch.cuda.graph_pool_handle()
+        self.n_vq, self.device, self.capture = n_vq, device, capture
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
         self._graphs: dict[tuple[int, int], _Graph] = {}
 
     def pack(self, slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],
@@ -85,13 +91,17 @@ class DecodeGraphs:
         """Replay (capturing first if new) the bucket's graph; returns stop [n], codes [n, n_vq]."""
         g = self._graphs.get(key)
         if g is None:
-            g = self._capture(packed_host, key)
+            g = self._build(packed_host, key)
         else:
             g.packed.copy_(packed_host, non_blocking=True)
-            g.graph.replay()
+            if g.graph is not None:
+                g.graph.replay()
+            else:
+                run_eager(lambda: self.body(g.slots, g.frames, g.meta), (g.stop, g.codes))
         return g.stop[:n], g.codes[:n]
 
-    def _capture(self, packed_host: torch.Tensor, key: tuple[int, int]) -> _Graph:
+    def _build(self, packed_host: torch.Tensor, key: tuple[int, int]) -> _Graph:
+        """The bucket's static tensors, its graph recorded (with capture) and this call's results."""
         B, M = key
         dev = self.device
         packed = packed_host.to(dev)
@@ -118,10 +128,22 @@ class DecodeGraphs:
         slots, frames = packed[:, 0], packed[:, 1]
         stop = torch.empty(B, dtype=torch.bool, device=dev)
         codes = torch.empty(B, self.n_vq, dtype=torch.int64, device=dev)
-        graph = record(lambda: self.body(slots, frames, meta), (stop, codes), self.pool, dev)
+        body = lambda: self.body(slots, frames, meta)  # noqa: E731
+        if self.capture:
+            graph = record(body, (stop, codes), self.pool, dev)
+        else:
+            graph = None
+            run_eager(body, (stop, codes))
         g = _Graph(graph, packed, meta, slots, frames, stop, codes)
         self._graphs[key] = g
         return g
+
+
+def run_eager(body, outputs: tuple[torch.Tensor, ...]) -> None:
+    """Run `body` once without a graph, its results copied into the static `outputs`."""
+    with torch.inference_mode():
+        for out, result in zip(outputs, body()):
+            out.copy_(result)
 
 
 def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) -> torch.cuda.CUDAGraph:
@@ -142,7 +164,7 @@ def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) 
 
 @dataclass
 class _FrameGraph:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | None  # None without capture
     hidden: torch.Tensor  # [B, H] static input
     packed: torch.Tensor  # [B, 2] int64 static input: slot, frame
     stop: torch.Tensor  # [B] bool output
@@ -150,13 +172,16 @@ class _FrameGraph:
 
 
 class FrameGraphs:
-    """Per-batch-bucket CUDA graphs of the local loop + sampling alone, for the steps that also
-    prefill (their backbone call runs eagerly): `body(hidden, slots, frames) -> (stop, codes)`."""
+    """Per-batch-bucket CUDA graphs of the local loop + sampling alone, for the requests that
+    complete their prompt in a prefill chunk (that backbone call runs eagerly):
+    `body(hidden, slots, frames) -> (stop, codes)`; without `capture`, run eagerly on the bucket's
+    static inputs."""
 
     def __init__(self, body, *, max_batch: int, hidden_size: int, dtype: torch.dtype, scratch_slot: int,
-                 n_vq: int, pool, device: torch.device) -> None:
+                 n_vq: int, pool, device: torch.device, capture: bool = True) -> None:
         self.body, self.max_batch, self.hidden_size, self.dtype = body, max_batch, hidden_size, dtype
         self.scratch_slot, self.n_vq, self.pool, self.device = scratch_slot, n_vq, pool, device
+        self.capture = capture
         self._graphs: dict[int, _FrameGraph] = {}
 
     def run(self, hidden: torch.Tensor, slots: list[int], frames: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,12 +198,18 @@ class FrameGraphs:
                             torch.from_numpy(packed).to(dev), torch.empty(B, dtype=torch.bool, device=dev),
                             torch.empty(B, self.n_vq, dtype=torch.int64, device=dev))
             g.hidden[:n].copy_(hidden)
-            g.graph = record(lambda: self.body(g.hidden, g.packed[:, 0], g.packed[:, 1]), (g.stop, g.codes),
-                             self.pool, dev)
+            body = lambda: self.body(g.hidden, g.packed[:, 0], g.packed[:, 1])  # noqa: E731
+            if self.capture:
+                g.graph = record(body, (g.stop, g.codes), self.pool, dev)
+            else:
+                run_eager(body, (g.stop, g.codes))
             self._graphs[B] = g
         else:
             g.hidden[:n].copy_(hidden)
             g.hidden[n:].zero_()  # padding rows: finite inputs, results unread
             g.packed.copy_(torch.from_numpy(packed), non_blocking=True)
-            g.graph.replay()
+            if g.graph is not None:
+                g.graph.replay()
+            else:
+                run_eager(lambda: self.body(g.hidden, g.packed[:, 0], g.packed[:, 1]), (g.stop, g.codes))
         return g.stop[:n], g.codes[:n]

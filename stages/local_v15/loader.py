@@ -52,5 +52,6 @@ def load_talker_runner(model_dir: str | Path, profile, device: str):
         kv_memory_fraction=t.kv_memory_fraction,
         prefill_chunk_tokens=t.prefill_chunk_tokens,
         max_prefill_tokens_per_step=t.max_prefill_tokens_per_step,
+        prefill_interval=t.prefill_interval,
         cuda_graphs=t.cuda_graphs and str(device).startswith("cuda"),
     )

@@ -3,12 +3,25 @@
 One `step()`:
 1. schedule (`stages.row_scheduler.RowScheduler`): every decoding request feeds its last frame's
    row (1 token); requests still in their prompt get prefill chunks (at most `prefill_chunk_tokens`
-   each, `max_prefill_tokens_per_step` in all, admission order first) as far as free KV blocks allow;
-2. ONE backbone call over the packed tokens and the paged KV cache;
+   each, `max_prefill_tokens_per_step` in all, admission order first) as far as free KV blocks
+   allow, and while requests decode only on every `prefill_interval`-th step;
+2. the backbone over the packed tokens and the paged KV cache;
 3. the local loop (stop head + 12 codebooks) batched over every request whose prompt is now
    complete, sampled per request slot (`stages.sampling`: own seed, own frame counter, own
    repetition history);
-4. one device-to-host copy of (stop, codes) to build the `FrameEvent`s.
+4. one device-to-host copy of (stop, codes) of all those requests to build the `FrameEvent`s
+   (in schedule order).
+
+Without graphs (`graph_path="off"`), steps 2-3 are ONE backbone call over every scheduled token,
+then one local loop. With graphs, a step is split in two parts whose results are concatenated
+before step 4: the decoding requests (their row is the last frame's, held on the device in
+`next_row`) replay the decode graph of their (batch, KV-blocks) bucket (backbone token + local
+loop + sampling, `stages.local_v15.graphs.DecodeGraphs`); the prefill chunks (and any other row,
+e.g. a prompt's last one) run one eager backbone call over their own rows only, and the requests
+they complete replay the local loop from a graph per batch bucket (`FrameGraphs`). Decode rows
+reserve their KV slots first, as in the one-call path. `graph_path="cuda"` captures CUDA graphs
+(`cuda_graphs=True` on a CUDA device); `"eager"` runs the same bodies on the same padded static
+inputs without capture (what the CPU tests exercise; also the fallback of "cuda" off CUDA).
 
 Request state that the model path reads (sampling settings, repetition history, the next input
 row for graph replay) lives in slot-indexed device tensors; the host keeps the rows (prompt, then
@@ -16,11 +29,6 @@ one per frame), lengths and counters, so scheduling never waits on the device. W
 requests need KV blocks the pool does not have, the newest block holders (decoding or half
 prefilled) are preempted: their blocks are freed and their prompt plus generated rows are
 prefilled again later (recompute), which continues them exactly where they were.
-
-With `cuda_graphs` (CUDA only), a step with no prefill chunk (steps 2-3 for decoding requests)
-is replayed from a graph captured per (batch, KV-blocks) bucket (`stages.local_v15.graphs`);
-steps with prefill run their backbone call eagerly and replay the local loop + sampling from a
-graph per batch bucket.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from stages.row_scheduler import RowRequest
 from stages.runner import FrameEvent
 from stages.sampling import SamplingParams, SamplingSlots, sample_tokens
 from stages.scheduled_runner import ScheduledRunner
+
 
 @dataclass(slots=True, eq=False)
 class _Request:
@@ -79,13 +88,23 @@ class _SlotSampler:
 class LocalV15Runner(ScheduledRunner):
     """The v1.5 talker with a paged KV cache, serving many requests at once."""
 
-    def __init__(self, model: LocalV15Talker, *, cuda_graphs: bool = False,
+    def __init__(self, model: LocalV15Talker, *, cuda_graphs: bool = False, graph_path: str | None = None,
                  attention: AttentionBackend | None = None, **capacity) -> None:
-        """`capacity`: `ScheduledRunner`'s KV and batching settings."""
+        """`graph_path`: "off" | "eager" | "cuda" (module docstring); None = "cuda" with
+        `cuda_graphs` on a CUDA device, else "off". `capacity`: `ScheduledRunner`'s KV and
+        batching settings (`prefill_interval` among them)."""
         cfg = model.config
-        use_graphs = cuda_graphs and next(model.parameters()).device.type == "cuda"
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        if graph_path is None:
+            graph_path = "cuda" if cuda_graphs and on_cuda else "off"
+        if graph_path not in ("off", "eager", "cuda"):
+            raise ValueError(f"graph_path {graph_path!r}: expected 'off', 'eager' or 'cuda'")
+        if graph_path == "cuda" and not on_cuda:
+            graph_path = "eager"  # capture needs CUDA; the same bodies run eagerly
+        self.graph_path = graph_path
+        use_graphs = graph_path != "off"
         if use_graphs:
-            attention = attention or PaddedBatchAttention()
+            attention = attention or PaddedBatchAttention()  # reads tensors only: graph-capturable
         # with graphs, one extra slot and one extra block take the padding rows of a bucket
         extra = 1 if use_graphs else 0
         super().__init__(model, cfg.backbone, attention=attention, spare_kv_blocks=extra, **capacity)
@@ -94,21 +113,23 @@ class LocalV15Runner(ScheduledRunner):
         kv_block_size = self.cache.spec.block_size
         self.sampling = SamplingSlots(max_running + extra, self.device)
         self.seen = torch.zeros(max_running + extra, cfg.n_vq, cfg.codebook_size, dtype=torch.bool,
-                                device=self.device)
+                                device=self.device)  # [slots, n_vq, codebook_size]: codes emitted so far
         self.next_row = torch.full((max_running + extra, 1 + cfg.n_vq), cfg.audio_pad_code, dtype=torch.long,
                                    device=self.device)  # [slots, 1 + n_vq]: the row each request feeds next
         self.graphs: DecodeGraphs | None = None
         self.frame_graphs: FrameGraphs | None = None
         if use_graphs:
+            capture = graph_path == "cuda"
             (scratch_block,) = self.cache.allocator.allocate(1)
             self.next_row[max_running, 0] = cfg.gen_slot
             self.graphs = DecodeGraphs(self._decode_body, max_batch=max_running, max_blocks=num_kv_blocks,
                                        scratch_slot=max_running, scratch_block=scratch_block,
-                                       block_size=kv_block_size, n_vq=cfg.n_vq, device=self.device)
+                                       block_size=kv_block_size, n_vq=cfg.n_vq, device=self.device,
+                                       capture=capture)
             self.frame_graphs = FrameGraphs(self._frame_body, max_batch=max_running, hidden_size=cfg.hidden_size,
                                             dtype=self.dtype, scratch_slot=max_running, n_vq=cfg.n_vq,
-                                            pool=self.graphs.pool, device=self.device)
-        self._codebooks = torch.arange(cfg.n_vq, device=self.device)
+                                            pool=self.graphs.pool, device=self.device, capture=capture)
+        self._codebooks = torch.arange(cfg.n_vq, device=self.device)  # [n_vq]
         self._requests: dict[int, _Request] = {}
 
     @classmethod
@@ -138,27 +159,45 @@ class LocalV15Runner(ScheduledRunner):
         if not self._requests:
             return []
         scheduled = self.scheduler.schedule()
-        if self.graphs is not None and all(self._requests[r.rid].graph_decodable for r, _ in scheduled):
-            return self._graph_decode([self._requests[r.rid] for r, _ in scheduled])
-        batch = self.scheduler.pack(scheduled, self.device)
+        if self.graphs is None:
+            parts = [self._eager_part(scheduled)]
+        else:
+            graph_rows = [self._requests[r.rid].graph_decodable for r, _ in scheduled]  # before any pack
+            decode = [self._requests[r.rid] for (r, _), g in zip(scheduled, graph_rows) if g]
+            chunks = [item for item, g in zip(scheduled, graph_rows) if not g]
+            parts = [self._graph_decode(decode) if decode else None, self._eager_part(chunks) if chunks else None]
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return []
+        ready = [r for p in parts for r in p[0]]
+        if len(parts) == 1:
+            stop, codes = parts[0][1:]
+        else:
+            stop, codes = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])  # [B], [B, n_vq]
+        position = {r.rid: i for i, (r, _) in enumerate(scheduled)}
+        order = sorted(range(len(ready)), key=lambda i: position[ready[i].rid])  # events in schedule order
+        return self._finish_frames(ready, stop, codes, order)
+
+    def _eager_part(self, chunks: list[tuple[RowRequest, int]]):
+        """One eager backbone call over `chunks`, then the local loop of the requests it completes:
+        (ready, stop [B], codes [B, n_vq]), or None when none completes."""
+        batch = self.scheduler.pack(chunks, self.device)
         with torch.inference_mode():
             hidden = self.model.transformer(self.model.embed_rows(batch.ids), batch.meta, self.cache,
                                             self.attention)  # [N, H]
         if not batch.ready:
-            return []
-        return self._decode_frames([self._requests[r.rid] for r in batch.ready], hidden[batch.ready_rows])
-
-    def _decode_frames(self, ready: list[_Request], h: torch.Tensor) -> list[FrameEvent]:
-        """Local loop for the requests whose prompt is complete; h [B, H]."""
-        dev = self.device
-        slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)
+            return None
+        ready = [self._requests[r.rid] for r in batch.ready]
+        h = hidden[batch.ready_rows]  # [B, H]
         if self.frame_graphs is not None:
             stop, codes = self.frame_graphs.run(h, [r.slot for r in ready], [r.frames for r in ready])
-            return self._finish_frames(ready, slots, stop, codes)
-        frames = torch.tensor([r.frames for r in ready]).to(dev, non_blocking=True)
+            return ready, stop, codes
+        dev = self.device
+        slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)  # [B]
+        frames = torch.tensor([r.frames for r in ready]).to(dev, non_blocking=True)  # [B]
         with torch.inference_mode():
             stop, codes = self._frame_body(h, slots, frames)  # [B], [B, n_vq]
-        return self._finish_frames(ready, slots, stop, codes)
+        return ready, stop, codes
 
     def _frame_body(self, h: torch.Tensor, slots: torch.Tensor, frames: torch.Tensor):
         """The local loop + sampling of a frame (what `FrameGraphs` records)."""
@@ -170,7 +209,9 @@ class LocalV15Runner(ScheduledRunner):
                                         self.attention)  # [B, H]: one new token per request
         return self.model.decode_frame(hidden, _SlotSampler(self, slots, frames))
 
-    def _graph_decode(self, decode: list[_Request]) -> list[FrameEvent]:
+    def _graph_decode(self, decode: list[_Request]):
+        """Reserve one KV slot per decoding request and replay its bucket's decode graph:
+        (decode, stop [B], codes [B, n_vq])."""
         cache = self.cache
         positions, kv_slots = [], []
         for r in decode:
@@ -181,23 +222,25 @@ class LocalV15Runner(ScheduledRunner):
         packed, key = self.graphs.pack([r.slot for r in decode], [r.frames for r in decode], positions, kv_slots,
                                        [p + 1 for p in positions], [cache.block_table(r.rid) for r in decode])
         stop, codes = self.graphs.run(packed, key, len(decode))
-        slots = torch.tensor([r.slot for r in decode]).to(self.device, non_blocking=True)
-        return self._finish_frames(decode, slots, stop, codes)
+        return decode, stop, codes
 
-    def _finish_frames(self, ready: list[_Request], slots: torch.Tensor, stop: torch.Tensor,
-                       codes: torch.Tensor) -> list[FrameEvent]:
-        """Apply forced lengths, record the frame in the request's state, build the events."""
+    def _finish_frames(self, ready: list[_Request], stop: torch.Tensor, codes: torch.Tensor,
+                       order: list[int]) -> list[FrameEvent]:
+        """Apply forced lengths, record the frame in the request's state, build the events (in
+        `order` of `ready`); stop [B], codes [B, n_vq] are `ready`'s."""
         dev = self.device
+        slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)  # [B]
         forced = [r.params.forced_frames for r in ready]
-        model_decides = torch.tensor([f is None for f in forced]).to(dev, non_blocking=True)
-        forced_stop = torch.tensor([f is not None and r.frames >= f for f, r in zip(forced, ready)]).to(dev)
+        model_decides = torch.tensor([f is None for f in forced]).to(dev, non_blocking=True)  # [B]
+        forced_stop = torch.tensor([f is not None and r.frames >= f for f, r in zip(forced, ready)]).to(dev)  # [B]
         with torch.inference_mode():
             stop = torch.where(model_decides, stop, forced_stop)
             self.seen[slots[:, None], self._codebooks[None, :], codes] = True
             self.next_row[slots, 1:] = codes
             out = torch.cat([stop[:, None].long(), codes], dim=1).cpu().numpy()  # the step's one host copy
         events = []
-        for r, row in zip(ready, out):
+        for i in order:
+            r, row = ready[i], out[i]
             if row[0]:
                 events.append(FrameEvent(r.rid, None, finished=True, reason="stop"))
                 self.remove(r.rid)

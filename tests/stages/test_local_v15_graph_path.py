@@ -1,0 +1,220 @@
+"""The Local-v1.5 graph path on CPU (`graph_path="eager"`: the decode/frame graph bodies run on the
+same bucketed, padded static inputs without capture): split steps (graph decode + eager prefill
+chunks) emit exactly the events of the one-call eager runner, under staggered arrivals, forced
+lengths and preemption; `prefill_interval` only moves prefill in time, never changes codes."""
+
+import numpy as np
+import pytest
+import torch
+
+from stages.local_v15.config import tiny_config
+from stages.local_v15.loader import build_talker_module
+from stages.local_v15.runner import LocalV15Runner
+from stages.sampling import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SETTINGS = [dict(greedy=True), dict(temperature=1.0, top_k=5), dict(top_p=0.5, repetition_penalty=1.3),
+            dict(temperature=0.8, top_k=0, top_p=0.95), dict(repetition_penalty=1.1), dict(top_k=1),
+            dict(text_temperature=1.5), dict(temperature=2.0, top_p=1.0)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return build_talker_module(tiny_config()).eval()
+
+
+def workload(n=12, seed=0):
+    """rid -> (arrival step, prompt [S, 13], params): prompt lengths 3..~100, mixed settings; most
+    forced lengths, some left to the stop head / frame cap."""
+    rng = np.random.default_rng(seed)
+    reqs = {}
+    for i in range(n):
+        prompt = np.full((int(rng.integers(3, 100)), 13), 1024, np.int64)
+        prompt[:, 0] = rng.integers(0, 600, len(prompt))
+        forced = int(rng.integers(1, 14)) if i % 3 else None
+        params = SamplingParams(seed=100 + i, forced_frames=forced, max_new_frames=int(rng.integers(6, 16)),
+                                **SETTINGS[i % len(SETTINGS)])
+        reqs[i] = (int(rng.integers(0, 25)), prompt, params)
+    return reqs
+
+
+def drive(runner, reqs, max_steps=2000):
+    """Admit each request from its arrival step on (as capacity allows, in rid order); returns the
+    per-step event lists and the scheduler's batches [(rid, rows fed, rows pending)] per step."""
+    waiting = sorted(reqs, key=lambda rid: (reqs[rid][0], rid))
+    steps, batches = [], []
+    schedule = runner.scheduler.schedule
+
+    def recording_schedule():
+        batch = schedule()
+        batches.append([(r.rid, n, r.pending) for r, n in batch])
+        return batch
+
+    runner.scheduler.schedule = recording_schedule
+    for t in range(max_steps):
+        while waiting and reqs[waiting[0]][0] <= t and runner.can_admit(len(reqs[waiting[0]][1])):
+            rid = waiting.pop(0)
+            runner.add(rid, reqs[rid][1], reqs[rid][2])
+        if not waiting and runner.num_running() == 0:
+            break
+        if runner.num_running() == 0:
+            batches.append([])
+        steps.append([(ev.rid, None if ev.codes is None else tuple(ev.codes), ev.finished, ev.reason)
+                      for ev in runner.step()])
+    assert not waiting and runner.num_running() == 0
+    assert runner.cache.num_free_blocks == runner.cache.spec.num_blocks - (runner.graphs is not None)
+    return steps, batches
+
+
+def per_request(steps):
+    """rid -> (codes [T, 12], finish reason)."""
+    codes, finish = {}, {}
+    for events in steps:
+        for rid, c, finished, reason in events:
+            if c is not None:
+                codes.setdefault(rid, []).append(c)
+            if finished:
+                finish[rid] = reason
+    return {rid: (np.array(codes.get(rid, []), np.int64).reshape(-1, 12), finish[rid]) for rid in finish}
+
+
+def count_parts(runner):
+    """Wrap the runner's two step parts to count the steps that ran both (split steps)."""
+    counts = {"graph": 0, "eager": 0, "split": 0}
+    graph_decode, eager_part = runner._graph_decode, runner._eager_part
+    step = runner.step
+
+    def counted_step():
+        before = (counts["graph"], counts["eager"])
+        events = step()
+        counts["split"] += counts["graph"] > before[0] and counts["eager"] > before[1]
+        return events
+
+    def g(*a):
+        counts["graph"] += 1
+        return graph_decode(*a)
+
+    def e(*a):
+        counts["eager"] += 1
+        return eager_part(*a)
+
+    runner._graph_decode, runner._eager_part, runner.step = g, e, counted_step
+    return counts
+
+
+CAPACITY = dict(max_running=6, kv_block_size=8, num_kv_blocks=96, prefill_chunk_tokens=16,
+                max_prefill_tokens_per_step=24)
+
+
+def test_split_graph_steps_equal_the_eager_runner_event_for_event(model):
+    reqs = workload()
+    plain, _ = drive(LocalV15Runner(model, **CAPACITY), reqs)
+    runner = LocalV15Runner(model, **CAPACITY, graph_path="eager")
+    counts = count_parts(runner)
+    graphed, _ = drive(runner, reqs)
+    assert graphed == plain  # same events, same steps, same order
+    assert counts["split"] >= 5  # many steps decoded from the graph path next to prefill chunks
+    assert len(runner.graphs._graphs) >= 3 and len(runner.frame_graphs._graphs) >= 2  # several buckets
+    done = per_request(plain)
+    assert set(done) == set(reqs) and {"stop", "length"} <= {f for _, f in done.values()}
+    assert sum(len(c) for c, _ in done.values()) >= 50
+
+
+def test_split_graph_steps_with_preemption_are_exact(model):
+    # 6 requests of 20..60 rows growing by 30..40 frames need ~60 blocks of 8; 30 force preemptions
+    rng = np.random.default_rng(1)
+    reqs = {}
+    for i in range(6):
+        prompt = np.full((20 + 8 * i, 13), 1024, np.int64)
+        prompt[:, 0] = rng.integers(0, 600, len(prompt))
+        params = SamplingParams(seed=200 + i, forced_frames=30 + 2 * i, max_new_frames=100,
+                                **SETTINGS[i % len(SETTINGS)])
+        reqs[i] = (3 * i, prompt, params)
+    roomy = per_request(drive(LocalV15Runner(model, **CAPACITY), reqs)[0])
+    tight_capacity = {**CAPACITY, "num_kv_blocks": 30}
+    plain_runner = LocalV15Runner(model, **tight_capacity)
+    plain, _ = drive(plain_runner, reqs)
+    runner = LocalV15Runner(model, **tight_capacity, graph_path="eager")
+    graphed, _ = drive(runner, reqs)
+    assert runner.preemptions > 0 and runner.preemptions == plain_runner.preemptions
+    assert graphed == plain
+    tight = per_request(graphed)
+    for rid in reqs:
+        np.testing.assert_array_equal(tight[rid][0], roomy[rid][0], err_msg=str(rid))
+        assert tight[rid][1] == roomy[rid][1]
+
+
+def test_prompts_last_row_next_to_graph_decoders_keeps_schedule_order(model):
+    """An older request whose prompt ends with a 1-row chunk is in the scheduler's decode list but
+    not graph-decodable (its row is a prompt row): it runs in the eager part, yet its frame is
+    reported in schedule order, before the newer request decoded from the graph."""
+    rng = np.random.default_rng(3)
+    older, newer = (np.stack([rng.integers(0, 600, n)] + [np.full(n, 1024)] * 12, 1) for n in (33, 3))
+    reqs = {1: (0, older, SamplingParams(seed=1, forced_frames=4)),
+            2: (0, newer, SamplingParams(seed=2, forced_frames=6))}
+    plain, plain_batches = drive(LocalV15Runner(model, **CAPACITY), reqs)
+    runner = LocalV15Runner(model, **CAPACITY, graph_path="eager")
+    counts = count_parts(runner)
+    graphed, batches = drive(runner, reqs)
+    assert graphed == plain and batches == plain_batches
+    # step 0: 16 + 3 rows (2 emits), step 1: 16 rows of 1 next to 2's decode, step 2: 1's last row
+    assert [[(rid, n) for rid, n, _ in b] for b in batches[:3]] == [[(1, 16), (2, 3)], [(2, 1), (1, 16)],
+                                                                      [(1, 1), (2, 1)]]
+    assert [rid for rid, *_ in graphed[2]] == [1, 2] and counts["split"] >= 2
+
+
+def prefill_steps_next_to_decoders(batches):
+    """Indices of the steps that scheduled a prefill chunk while some request decoded."""
+    return [t for t, batch in enumerate(batches)
+            if any(pending > 1 for _, _, pending in batch) and any(pending == 1 for _, _, pending in batch)]
+
+
+@pytest.mark.parametrize("graph_path", ["off", "eager"])
+def test_prefill_interval_moves_prefill_but_not_codes(model, graph_path):
+    reqs = workload(10, seed=2)
+    base_steps, base_batches = drive(LocalV15Runner(model, **CAPACITY, graph_path=graph_path), reqs)
+    runner = LocalV15Runner(model, **CAPACITY, graph_path=graph_path, prefill_interval=3)
+    assert runner.scheduler.prefill_interval == 3
+    steps, batches = drive(runner, reqs)
+    base, spaced = per_request(base_steps), per_request(steps)
+    assert set(base) == set(spaced) == set(reqs)
+    for rid in reqs:
+        np.testing.assert_array_equal(spaced[rid][0], base[rid][0], err_msg=str(rid))
+        assert spaced[rid][1] == base[rid][1]
+    # interval 1: prefill chunks next to decoders on consecutive steps; interval 3: after a step
+    # that prefilled, the next two steps with decoders only decode
+    base_mixed = prefill_steps_next_to_decoders(base_batches)
+    assert any(b - a < 3 for a, b in zip(base_mixed, base_mixed[1:]))
+    prefilled = [t for t, batch in enumerate(batches) if any(pending > 1 for _, _, pending in batch)]
+    mixed = prefill_steps_next_to_decoders(batches)
+    assert len(mixed) >= 5
+    for t in mixed:
+        earlier = [p for p in prefilled if p < t]
+        assert not earlier or t - earlier[-1] >= 3, (t, earlier[-1])
+    assert len(steps) > len(base_steps)  # new requests wait: later first frames
+
+
+def test_prefill_runs_every_step_when_nothing_decodes(model):
+    prompt = np.full((40, 13), 1024, np.int64)
+    prompt[:, 0] = np.arange(40)
+    runner = LocalV15Runner(model, **CAPACITY, prefill_interval=4)
+    runner.add(1, prompt, SamplingParams(seed=1, forced_frames=3))
+    lengths = []
+    for _ in range(3):
+        assert runner.step() == [] or len(lengths) == 2
+        lengths.append(runner.cache.length(1))
+    assert lengths == [16, 32, 40]  # two chunks and the rest (+ first frame) back to back
+
+
+def test_graph_path_selection(model):
+    assert LocalV15Runner(model, max_running=2, num_kv_blocks=8).graph_path == "off"
+    assert LocalV15Runner(model, max_running=2, num_kv_blocks=8, cuda_graphs=True).graph_path == "off"  # CPU
+    runner = LocalV15Runner(model, max_running=2, num_kv_blocks=8, graph_path="cuda")  # no capture off CUDA
+    assert runner.graph_path == "eager" and not runner.graphs.capture and not runner.frame_graphs.capture
+    assert runner.cache.spec.num_blocks == 9 and runner.cache.num_free_blocks == 8  # + the scratch block
+    with pytest.raises(ValueError, match="graph_path"):
+        LocalV15Runner(model, max_running=2, num_kv_blocks=8, graph_path="replay")
+    with pytest.raises(ValueError, match="prefill_interval"):
+        LocalV15Runner(model, max_running=2, num_kv_blocks=8, prefill_interval=0)
