@@ -206,16 +206,23 @@ class WarmUpJob:
 
 
 def warm_up(runner: Any, variant: Any) -> None:
-    """Run one short request through the runner so first requests do not pay for lazy set-up.
-    A variant whose adapter needs other fields (TTSD: speaker tags) offers `warm_up_job()`."""
+    """Run short requests through the runner so first requests do not pay for lazy set-up: one
+    alone, then two together (torch.compile specialises a batch of one, so a batch of two is
+    what compiles the shape-generic code). A variant whose adapter needs other fields (TTSD:
+    speaker tags) offers `warm_up_job()`."""
     job = variant.warm_up_job() if hasattr(variant, "warm_up_job") else WarmUpJob()
     prompt, sampling = variant.build_request(job)
-    rid = -1
-    runner.add(rid, prompt, from_wire(sampling))
-    for _ in range(8):
-        if any(ev.rid == rid and ev.finished for ev in runner.step()):
-            break
-    runner.remove(rid)
+    batches = [[-1], [-2, -3]] if getattr(runner, "max_running", 1) >= 2 else [[-1]]
+    for rids in batches:
+        for rid in rids:
+            runner.add(rid, prompt, from_wire(sampling))
+        done: set[int] = set()
+        for _ in range(8):
+            done.update(ev.rid for ev in runner.step() if ev.finished)
+            if done.issuperset(rids):
+                break
+        for rid in rids:
+            runner.remove(rid)
 
 
 def main(spec: WorkerSpec) -> None:

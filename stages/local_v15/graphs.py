@@ -70,12 +70,13 @@ class DecodeGraphs:
     `capture`, the body run eagerly on the bucket's static inputs)."""
 
     def __init__(self, body, *, max_batch: int, max_blocks: int, scratch_slot: int, scratch_block: int,
-                 block_size: int, n_vq: int, device: torch.device, capture: bool = True) -> None:
+                 block_size: int, n_vq: int, device: torch.device, capture: bool = True, pool=None) -> None:
+        """`pool`: a graph memory pool to share (None = a new one when capturing)."""
         self.body = body
         self.max_batch, self.max_blocks = max_batch, max_blocks
         self.scratch_slot, self.scratch_block, self.block_size = scratch_slot, scratch_block, block_size
         self.n_vq, self.device, self.capture = n_vq, device, capture
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
         self._graphs: dict[tuple[int, int], _Graph] = {}
 
     def pack(self, slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],

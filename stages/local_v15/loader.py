@@ -39,13 +39,20 @@ def resolve_dtype(profile_dtype: str, device: str) -> torch.dtype:
 
 
 def load_talker_runner(model_dir: str | Path, profile, device: str):
-    """The `LocalV15Runner` a profile asks for (`talker.*` capacity, `model.dtype`)."""
+    """The `LocalV15Runner` a profile asks for: `talker.*` capacity, attention kernel, graphs and
+    torch.compile (CUDA only), `model.dtype`."""
     from stages.local_v15.runner import LocalV15Runner
 
+    from stages.attention import make_attention
+
     t = profile.talker
+    cuda = str(device).startswith("cuda")
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
+    if t.compile and cuda:
+        model.compile_hot_paths()
     return LocalV15Runner(
         model,
+        attention=make_attention(t.attention, device) if cuda or t.attention != "auto" else None,
         max_running=t.max_running,
         kv_block_size=t.kv_block_size,
         num_kv_blocks=t.kv_blocks,
@@ -53,5 +60,5 @@ def load_talker_runner(model_dir: str | Path, profile, device: str):
         prefill_chunk_tokens=t.prefill_chunk_tokens,
         max_prefill_tokens_per_step=t.max_prefill_tokens_per_step,
         prefill_interval=t.prefill_interval,
-        cuda_graphs=t.cuda_graphs and str(device).startswith("cuda"),
+        cuda_graphs=t.cuda_graphs and cuda,
     )

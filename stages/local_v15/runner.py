@@ -45,7 +45,7 @@ from stages.local_v15.loader import load_talker
 from stages.local_v15.model import LocalV15Talker
 from stages.row_scheduler import RowRequest
 from stages.runner import FrameEvent
-from stages.sampling import SamplingParams, SamplingSlots, sample_tokens
+from stages.sampling import K_CAP, SamplingParams, SamplingSlots, noise_key, sample_tokens
 from stages.scheduled_runner import ScheduledRunner
 
 
@@ -69,20 +69,41 @@ class _Request:
         return self.frames > 0 and self.sched.pending == 1
 
 
+@dataclass(frozen=True, slots=True)
+class SamplerMode:
+    """Host-known facts about a step's requests that pick cheaper, exact sampling code (and so a
+    graph of their own): `candidates` = every request keeps at most K_CAP tokens (1 <= top_k <=
+    K_CAP, or greedy), so only its K_CAP best scores are ranked and hashed; `penalty` = some
+    request has a repetition penalty != 1 (else the repetition history is not read)."""
+
+    candidates: bool = False
+    penalty: bool = True
+
+    @classmethod
+    def of(cls, params: list[SamplingParams]) -> SamplerMode:
+        return cls(candidates=all(p.greedy or p.temperature <= 0 or 1 <= p.top_k <= K_CAP for p in params),
+                   penalty=any(p.repetition_penalty != 1.0 for p in params))
+
+
 class _SlotSampler:
     """`FrameSampler` over request slots: settings, repetition history and noise per request."""
 
-    def __init__(self, runner: LocalV15Runner, slots: torch.Tensor, frames: torch.Tensor) -> None:
-        self.slots, self.frames, self.n_vq = slots, frames, runner.n_vq
+    def __init__(self, runner: LocalV15Runner, slots: torch.Tensor, frames: torch.Tensor, mode: SamplerMode) -> None:
+        self.slots, self.frames, self.n_vq, self.mode = slots, frames, runner.n_vq, mode
         self.seen = runner.seen
         self.audio = runner.sampling.rows(slots)
-        self.text = runner.sampling.rows(slots, text=True)
+        self.text = runner.sampling.rows(slots, text=True)  # same seed as audio
+        streams = torch.arange(runner.n_vq + 1, device=frames.device)
+        self.keys = noise_key(self.audio.seed, frames, streams)  # [B, n_vq + 1]: every head's noise key
 
     def stop(self, logits: torch.Tensor) -> torch.Tensor:  # [B, 2] -> [B] bool
-        return sample_tokens(logits, self.text, self.frames, stream=self.n_vq) == 1
+        return sample_tokens(logits, self.text, self.frames, stream=self.n_vq, candidates=True,
+                             key=self.keys[:, self.n_vq]) == 1
 
     def code(self, codebook: int, logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
-        return sample_tokens(logits, self.audio, self.frames, codebook, self.seen[self.slots, codebook])
+        seen = self.seen[self.slots, codebook] if self.mode.penalty else None  # [B, V] bool
+        return sample_tokens(logits, self.audio, self.frames, codebook, seen, candidates=self.mode.candidates,
+                             key=self.keys[:, codebook])
 
 
 class LocalV15Runner(ScheduledRunner):
@@ -116,19 +137,15 @@ class LocalV15Runner(ScheduledRunner):
                                 device=self.device)  # [slots, n_vq, codebook_size]: codes emitted so far
         self.next_row = torch.full((max_running + extra, 1 + cfg.n_vq), cfg.audio_pad_code, dtype=torch.long,
                                    device=self.device)  # [slots, 1 + n_vq]: the row each request feeds next
-        self.graphs: DecodeGraphs | None = None
-        self.frame_graphs: FrameGraphs | None = None
+        self.mode = SamplerMode()  # this step's (set in step())
+        self._graph_sets: dict[SamplerMode, tuple[DecodeGraphs, FrameGraphs]] = {}
+        self._graph_settings = None
         if use_graphs:
-            capture = graph_path == "cuda"
             (scratch_block,) = self.cache.allocator.allocate(1)
             self.next_row[max_running, 0] = cfg.gen_slot
-            self.graphs = DecodeGraphs(self._decode_body, max_batch=max_running, max_blocks=num_kv_blocks,
-                                       scratch_slot=max_running, scratch_block=scratch_block,
-                                       block_size=kv_block_size, n_vq=cfg.n_vq, device=self.device,
-                                       capture=capture)
-            self.frame_graphs = FrameGraphs(self._frame_body, max_batch=max_running, hidden_size=cfg.hidden_size,
-                                            dtype=self.dtype, scratch_slot=max_running, n_vq=cfg.n_vq,
-                                            pool=self.graphs.pool, device=self.device, capture=capture)
+            self._graph_settings = dict(max_running=max_running, num_kv_blocks=num_kv_blocks,
+                                        scratch_block=scratch_block, block_size=kv_block_size,
+                                        capture=graph_path == "cuda", pool=None)
         self._codebooks = torch.arange(cfg.n_vq, device=self.device)  # [n_vq]
         self._requests: dict[int, _Request] = {}
 
@@ -159,6 +176,7 @@ class LocalV15Runner(ScheduledRunner):
         if not self._requests:
             return []
         scheduled = self.scheduler.schedule()
+        self.mode = SamplerMode.of([self._requests[r.rid].params for r, _ in scheduled])
         if self.graphs is None:
             parts = [self._eager_part(scheduled)]
         else:
@@ -196,18 +214,49 @@ class LocalV15Runner(ScheduledRunner):
         slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)  # [B]
         frames = torch.tensor([r.frames for r in ready]).to(dev, non_blocking=True)  # [B]
         with torch.inference_mode():
-            stop, codes = self._frame_body(h, slots, frames)  # [B], [B, n_vq]
+            stop, codes = self._frame_body(h, slots, frames, self.mode)  # [B], [B, n_vq]
         return ready, stop, codes
 
-    def _frame_body(self, h: torch.Tensor, slots: torch.Tensor, frames: torch.Tensor):
-        """The local loop + sampling of a frame (what `FrameGraphs` records)."""
-        return self.model.decode_frame(h, _SlotSampler(self, slots, frames))
+    # ---- graphs, one set per sampler mode ------------------------------------------------------
 
-    def _decode_body(self, slots: torch.Tensor, frames: torch.Tensor, meta) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        """The decode graphs of this step's sampler mode (None without graphs)."""
+        return self._graph_set()[0] if self._graph_settings is not None else None
+
+    @property
+    def frame_graphs(self) -> FrameGraphs | None:
+        """The local-loop graphs of this step's sampler mode (None without graphs)."""
+        return self._graph_set()[1] if self._graph_settings is not None else None
+
+    def _graph_set(self) -> tuple[DecodeGraphs, FrameGraphs]:
+        mode = self.mode
+        found = self._graph_sets.get(mode)
+        if found is None:
+            g, cfg = self._graph_settings, self.model.config
+            decode = DecodeGraphs(lambda slots, frames, meta: self._decode_body(slots, frames, meta, mode),
+                                  max_batch=g["max_running"], max_blocks=g["num_kv_blocks"],
+                                  scratch_slot=g["max_running"], scratch_block=g["scratch_block"],
+                                  block_size=g["block_size"], n_vq=cfg.n_vq, device=self.device,
+                                  capture=g["capture"], pool=g["pool"])
+            g["pool"] = decode.pool  # every set shares one graph memory pool
+            frame = FrameGraphs(lambda h, slots, frames: self._frame_body(h, slots, frames, mode),
+                                max_batch=g["max_running"], hidden_size=cfg.hidden_size, dtype=self.dtype,
+                                scratch_slot=g["max_running"], n_vq=cfg.n_vq, pool=decode.pool,
+                                device=self.device, capture=g["capture"])
+            found = self._graph_sets[mode] = (decode, frame)
+        return found
+
+    def _frame_body(self, h: torch.Tensor, slots: torch.Tensor, frames: torch.Tensor, mode: SamplerMode):
+        """The local loop + sampling of a frame (what `FrameGraphs` records)."""
+        return self.model.decode_frame(h, _SlotSampler(self, slots, frames, mode))
+
+    def _decode_body(self, slots: torch.Tensor, frames: torch.Tensor, meta,
+                     mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode-only step as pure device work (what `DecodeGraphs` records)."""
         hidden = self.model.transformer(self.model.embed_rows(self.next_row[slots]), meta, self.cache,
                                         self.attention)  # [B, H]: one new token per request
-        return self.model.decode_frame(hidden, _SlotSampler(self, slots, frames))
+        return self.model.decode_frame(hidden, _SlotSampler(self, slots, frames, mode))
 
     def _graph_decode(self, decode: list[_Request]):
         """Reserve one KV slot per decoding request and replay its bucket's decode graph:
