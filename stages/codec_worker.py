@@ -265,16 +265,19 @@ class CodecLoop:
             self.to_coord.send(EncodeDone(job=job.job))
 
     def _to_client(self, client: int, msg: Any, payload: Any) -> None:
-        """Write to an API process's ring. A process that has gone, or that leaves its ring full
-        for `client_stall_s`, loses its streams (the coordinator fails them), never the codec."""
+        """Write to an API process's ring. A process that has gone loses its streams for good; one
+        that leaves its ring full for `client_stall_s` (overloaded) loses the streams it has now
+        (the coordinator fails them), not its later ones; never the codec."""
         if client in self._dead_clients:
             return
         try:
             self.to_clients[client].send(msg, payload, timeout=self.client_stall_s)
         except (PeerGone, ChannelTimeout, RingClosed) as exc:
-            log.error("codec: client %d cannot take records (%s): failing its streams",
-                      client, exc)
-            self._dead_clients.add(client)
+            gone = not isinstance(exc, ChannelTimeout)
+            log.error("codec: client %d cannot take records (%s): failing its %sstreams",
+                      client, exc, "" if gone else "current ")
+            if gone:
+                self._dead_clients.add(client)
             for rid, stream in self.streams.items():
                 if stream.client == client and not stream.aborted:
                     stream.aborted = True

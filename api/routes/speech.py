@@ -45,6 +45,7 @@ class RequestTracker:
         self.samples = 0
         self.last_chunk: float | None = None
         self.first_audio: float | None = None
+        self.submitted: float | None = None  # body parsed and the voice resolved: handed to the engine
         self.done = False
         self.request_id = f"speech-{uuid.uuid4().hex[:16]}"
 
@@ -72,8 +73,9 @@ class RequestTracker:
         self.done = True
         elapsed = time.perf_counter() - self.started
         first = f"{1000 * (self.first_audio - self.started):.0f} ms" if self.first_audio else "-"
-        log.info("%s %s: %.2f s of audio in %.2f s, first audio %s", self.request_id, outcome,
-                 self.audio_seconds, elapsed, first)
+        prep = f"{1000 * (self.submitted - self.started):.0f} ms" if self.submitted else "-"
+        log.info("%s %s: %.2f s of audio in %.2f s, first audio %s (request + voice preparation %s)",
+                 self.request_id, outcome, self.audio_seconds, elapsed, first, prep)
         self.metrics.requests.labels(outcome=outcome).inc()
         if self.samples:
             self.metrics.audio_seconds.inc(self.audio_seconds)
@@ -120,6 +122,7 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
     except ValueError as exc:
         raise bad_request(str(exc), param="response_format") from None
     request_id = tracker.request_id
+    tracker.submitted = time.perf_counter()
     chunks = client.generate(job)
     first = await run_until_disconnect(_first_chunk(chunks), request.receive)
     headers = {"X-Request-Id": request_id, "X-Audio-Sample-Rate": str(out_rate),

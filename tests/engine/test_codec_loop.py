@@ -112,6 +112,31 @@ def test_a_stalled_client_ring_times_out(demo_model_dir) -> None:
         rig.close()
 
 
+def test_a_stalled_client_keeps_its_later_streams(demo_model_dir) -> None:
+    """An overloaded API process (ring full past client_stall_s) loses the streams it had, not
+    the requests it sends afterwards: once it reads again, a new stream is delivered."""
+    rig = Rig(demo_model_dir, clients=1, client_ring=256 * 1024)
+    try:
+        for seq in range(12):
+            rig.chunk(5, 0, seq, 1)
+        rig.loop.step()
+        while rig.loop.streams[5].waiting and not rig.loop.streams[5].aborted:
+            rig.loop.step()
+        assert rig.loop.streams[5].aborted
+        while (rec := rig.client_rx[0].try_recv()) is not None:  # the process catches up
+            rec.release()
+        rig.chunk(6, 0, 0, 1)
+        rig.loop.step()
+        got = []
+        while (rec := rig.client_rx[0].try_recv()) is not None:
+            got.append(rec.msg)
+            rec.release()
+        assert any(getattr(m, "rid", None) == 6 for m in got)
+        assert 6 not in {m.rid for m in rig.drain_events() if isinstance(m, StageError)}
+    finally:
+        rig.close()
+
+
 def test_no_free_decode_slot_fails_the_request_not_the_worker(demo_model_dir) -> None:
     rig = Rig(demo_model_dir, clients=1)
     try:
