@@ -130,6 +130,11 @@ class CodecConfig(_Section):
         "streaming-decode slots (one per live request); issues 4, 7", ge=1)] = 256
     cuda_graphs: Annotated[bool, doc(
         "capture decode in CUDA graphs per (batch bucket, chunk length); issue 7")] = True
+    prime_continuation: Annotated[bool, doc(
+        "continuation requests (reference audio + its transcript): decode the reference codes "
+        "first, audio dropped, so the new audio has the reference as left context as upstream's "
+        "decode-then-trim does (exact); false skips that prime (first audio sooner, the first "
+        "frames decoded without left context, as vLLM-Omni does); issue 7")] = True
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most; issues 4, 5", ge=1)] = 8
     torch_threads: Annotated[PositiveInt | None, doc(

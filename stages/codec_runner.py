@@ -93,9 +93,15 @@ class CodecRunner:
         for frames, indices in groups.items():
             slots = torch.tensor([self._slot_of[items[i][0]] for i in indices])
             codes = torch.from_numpy(np.stack([items[i][1] for i in indices]))  # [B, T, n_vq]
-            if self.graphs is not None and self.graphs.fits(len(indices), frames):
-                audio = self.graphs.decode(codes.permute(2, 0, 1), slots)  # [n, channels, T * hop], a static view
-                audio = audio.to("cpu", copy=True).numpy()  # one copy of the real rows (also on CPU)
+            if self.graphs is not None and self.graphs.fits(len(indices), min(frames, self.graphs.max_frames)):
+                # a chunk longer than the graphs' longest (reference priming codes) goes in graph-sized
+                # pieces: decoding a stream's chunks in turn equals decoding their concatenation
+                pieces = []
+                for start in range(0, frames, self.graphs.max_frames):
+                    piece = codes[:, start:start + self.graphs.max_frames].permute(2, 0, 1)  # [n_vq, n, t]
+                    audio = self.graphs.decode(piece, slots)  # [n, channels, t * hop], a static view
+                    pieces.append(audio.to("cpu", copy=True).numpy())  # one copy of the real rows (also on CPU)
+                audio = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
             else:
                 codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
                 audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]

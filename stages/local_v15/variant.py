@@ -58,14 +58,15 @@ class LocalV15Variant:
     def prime_frames(self, job: SpeechJobLike) -> int:
         """Continuation: the prompt ends with the reference's audio rows; the codec decodes
         them first (audio dropped) so the new audio starts with the reference as left context,
-        as upstream's decode of the whole block followed by trimming the prompt part does."""
-        if job.ref_codes is not None and job.ref_text:
+        as upstream's decode of the whole block followed by trimming the prompt part does.
+        0 when the profile skips the prime (`codec.prime_continuation: false`)."""
+        if job.ref_codes is not None and job.ref_text and self.profile.codec.prime_continuation:
             return int(len(job.ref_codes))
         return 0
 
     def build_prompt(self, job: SpeechJobLike) -> np.ndarray:
         common = dict(language=job.language, instruction=job.instructions)
-        if job.ref_codes is not None and job.ref_text:
+        if job.ref_codes is not None and job.ref_text and self.profile.codec.prime_continuation:
             return self.processor.build_prompt(job.text, prompt_codes=job.ref_codes,
                                                prompt_text=job.ref_text, **common)
         if job.ref_codes is not None:
