@@ -14,6 +14,8 @@ scratch slot without recording (CPU tests of that logic).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import torch
 
@@ -80,15 +82,27 @@ class CodecRunner:
             self._decoder.reset(torch.tensor([slot]))
             self._free.append(slot)
 
-    def decode(self, items: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
-        """Next chunk of each request: (rid, codes [T, n_vq] int64) -> PCM float32 [channels, T * samples_per_frame]."""
+    def decode(self, items: list[tuple[int, np.ndarray]], last: Collection[int] = ()) -> list[np.ndarray]:
+        """Next chunk of each request: (rid, codes [T, n_vq] int64) -> PCM float32 [channels, T * samples_per_frame].
+
+        `last`: rids whose chunk is their final one. With graphs such a chunk is padded to the
+        graphs' longest chunk and its audio trimmed: the decoder is causal, so the real frames'
+        audio is unchanged, the stream's state afterwards is never used, and final chunks of any
+        length share the steady chunks' graph and batch instead of each length needing its own."""
+        items = list(items)  # final chunks are replaced by padded copies below
         rids = [rid for rid, _ in items]
         if len(set(rids)) != len(rids):
             raise ValueError(f"one decode call holds several chunks of one request: {rids}")
         groups: dict[int, list[int]] = {}
+        lengths = [codes.shape[0] for _, codes in items]
         for index, (rid, codes) in enumerate(items):
             self._check_codes(rid, codes)
-            groups.setdefault(codes.shape[0], []).append(index)
+            frames = codes.shape[0]
+            if self.graphs is not None and rid in last and 0 < frames < self.graphs.max_frames:
+                pad = np.zeros((self.graphs.max_frames - frames, codes.shape[1]), dtype=codes.dtype)
+                items[index] = (rid, np.concatenate([codes, pad]))  # [max_frames, n_vq]
+                frames = self.graphs.max_frames
+            groups.setdefault(frames, []).append(index)
         out: list[np.ndarray | None] = [None] * len(items)
         for frames, indices in groups.items():
             slots = torch.tensor([self._slot_of[items[i][0]] for i in indices])
@@ -106,7 +120,7 @@ class CodecRunner:
                 codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
                 audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]
             for row, i in enumerate(indices):
-                out[i] = audio[row]
+                out[i] = audio[row, :, : lengths[i] * self.samples_per_frame]
         return out  # type: ignore[return-value]
 
     def capture(self, batches: list[int] | tuple[int, ...], chunk_lengths: list[int] | tuple[int, ...],

@@ -184,7 +184,8 @@ class CodecLoop:
             return
         waited = now - min(h[2] for h in heads)  # the oldest chunk's wait
         t0 = time.perf_counter()
-        pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)])
+        pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)],
+                                  last={rid for rid, head in zip(rids, heads) if head[0].final})
         decode_s = time.perf_counter() - t0
         emit_s = 0.0  # ring writes only (the record transposes and sends)
         for rid, (chunk, _, arrived), pcm in zip(rids, heads, pcms):

@@ -26,7 +26,7 @@ def script(seed: int = 0) -> list[list[tuple[int, np.ndarray | None]]]:
     Requests follow the 1, 2, 4, 15, ... schedule (some with a final partial chunk or an empty
     terminal one), start at different calls and leave mid-way, so batches of 1..6 chunks of equal
     length need padding to their bucket and padding rows reuse rows that held real slots before.
-    One 20-frame chunk exceeds the ring headroom (eager fallback)."""
+    One 20-frame chunk exceeds the ring headroom (graph-sized pieces, 15 + 5)."""
     rng = np.random.default_rng(seed)
     schedules = {
         1: [1, 2, 4, 15, 15, 3],
@@ -54,15 +54,17 @@ def script(seed: int = 0) -> list[list[tuple[int, np.ndarray | None]]]:
     return calls
 
 
-def play(runner: CodecRunner, calls) -> dict[int, np.ndarray]:
-    """Run the script; PCM [channels, samples] per request, every leased slot checked."""
+def play(runner: CodecRunner, calls, tell_last: bool = False) -> dict[int, np.ndarray]:
+    """Run the script; PCM [channels, samples] per request, every leased slot checked.
+    `tell_last`: pass the final chunks' rids (`decode(last=...)`), as the codec worker does."""
     pcm: dict[int, list[np.ndarray]] = {}
     for items in calls:
         for rid, _, _ in items:
             if rid not in runner._slot_of:
                 runner.open(rid)
         assert all(0 <= s < runner.max_slots for s in runner._slot_of.values())  # never the scratch slot
-        outs = runner.decode([(rid, codes) for rid, codes, _ in items])
+        last = {rid for rid, _, is_last in items if is_last} if tell_last else ()
+        outs = runner.decode([(rid, codes) for rid, codes, _ in items], last=last)
         for (rid, codes, last), out in zip(items, outs):
             assert out.shape == (runner.channels, codes.shape[0] * runner.samples_per_frame)
             pcm.setdefault(rid, []).append(out)
@@ -88,7 +90,7 @@ def test_padded_eager_graphs_equal_plain_runner():
     padded = play(runner, calls)
     keys = set(runner.graphs.keys)
     assert {(6, 1), (6, 2), (6, 4), (4, 15)} <= keys
-    assert all(T <= MAX_CHUNK for _, T in keys)  # the 20-frame chunk decoded eagerly
+    assert all(T <= MAX_CHUNK for _, T in keys)  # the 20-frame chunk decoded in pieces
     assert padded.keys() == plain.keys()
     for rid in plain:
         assert padded[rid].shape == plain[rid].shape
@@ -97,6 +99,21 @@ def test_padded_eager_graphs_equal_plain_runner():
     whole_codes = np.concatenate([c for items in calls for r, c, _ in items if r == 4])
     whole = model.decode(torch.from_numpy(whole_codes.T[:, None, :].copy()))[0].numpy()
     assert np.abs(padded[4] - whole).max() < 1e-4
+
+
+def test_final_chunks_padded_to_the_steady_graph_give_the_same_audio():
+    """A final chunk of any length decodes padded to the longest graph chunk (shared graph and
+    batch) and trimmed: the same PCM, and no graph of a final chunk's own length."""
+    model = tiny_model()
+    calls = script()
+    plain = play(CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK), calls)
+    runner = CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, graphs_eager=True)
+    padded = play(runner, calls, tell_last=True)
+    assert not {3, 7} & {T for _, T in runner.graphs.keys}  # final lengths 3 and 7: no graphs of their own
+    for rid in plain:
+        assert padded[rid].shape == plain[rid].shape
+        # other shapes, other float summation order: equal to fp32 rounding of the signal's scale
+        assert np.abs(padded[rid] - plain[rid]).max() <= 1e-5 * np.abs(plain[rid]).max(), rid
 
 
 def test_capture_ahead_makes_buckets_and_leaves_open_requests_alone():
