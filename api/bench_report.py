@@ -13,7 +13,9 @@ Definitions (all times from the client's clock, ``time.perf_counter``):
   has not arrived it stalls until it does. Underrun = the summed stall time of a request; a
   request is "smooth" when no single stall is longer than 100 ms.
 - audio-s/s = all audio seconds of the pass / the pass's wall time (first send to last byte);
-  requests/s likewise.
+  requests/s likewise. With several client processes (``--client-procs``) their records are
+  merged first: the wall time runs from the first send in any process to the last byte in any
+  process (perf_counter is one system-wide clock), and every figure is over all requests.
 """
 
 from __future__ import annotations
@@ -91,10 +93,13 @@ def _stats(values: list[float], scale: float = 1.0, digits: int = 2) -> dict:
 
 
 def summarize(concurrency: int, results: list[RequestResult], wall_s: float, bytes_per_s: float,
-              *, warmup: dict | None = None, client_cpu_s: float | None = None) -> dict:
+              *, warmup: dict | None = None, client_cpu_s: float | None = None,
+              client_cpu_max_s: float | None = None, client_procs: int = 1) -> dict:
     """One run's figures (the JSON ``runs[]`` entry); ``failed`` when any request failed.
-    ``client_cpu_s``: the client process's CPU time over the pass; near ``wall_s`` means the
-    client, not the server, was the limit."""
+    ``client_cpu_s``: the client processes' CPU time over the pass, summed over ``client_procs``
+    processes (and the parent that merges their records, when there are several);
+    ``client_cpu_max_s``: the busiest one's (default: ``client_cpu_s``). The busiest process's
+    CPU near ``wall_s`` means the client, not the server, was the limit."""
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     players = [simulate_player(r.chunk_at_s, r.chunk_bytes, bytes_per_s) for r in ok]
@@ -121,6 +126,9 @@ def summarize(concurrency: int, results: list[RequestResult], wall_s: float, byt
         "ref_cache_hits": sum(r.ref_cache == "hit" for r in ok),
         "errors": [f"{r.utt_id}: {r.error}" for r in failed[:10]],
         "client_cpu_s": None if client_cpu_s is None else round(client_cpu_s, 3),
+        "client_cpu_max_s": (None if client_cpu_s is None else
+                             round(client_cpu_s if client_cpu_max_s is None else client_cpu_max_s, 3)),
+        "client_procs": client_procs,
         "warmup": warmup,
         "requests": [{**asdict(r), "max_stall_ms": round(1000 * p.max_stall_s, 2),
                       "underrun_s": round(p.underrun_s, 4)}
@@ -146,12 +154,21 @@ def format_table(runs: list[dict]) -> str:
             f"| {_f(r['ttfa_ms']['p99'], '.1f')} ms | {_f(r['rtf']['mean'], '.3f')} "
             f"| {_f(r['chunk_gap_ms']['p99'], '.0f')} ms | {_f(r['underrun_s']['mean'], '.3f')} s "
             f"| {100 * r['share_smooth']:.0f}% |")
-    cpu = [f"C={r['concurrency']} {100 * r['client_cpu_s'] / r['wall_s']:.0f}%" for r in runs
-           if r.get("client_cpu_s") is not None and r["wall_s"] > 0]
+    cpu = [_client_cpu(r) for r in runs if r.get("client_cpu_s") is not None and r["wall_s"] > 0]
     if cpu:
-        lines.append("client CPU over the pass, % of one core (near 100% = the client is the limit): "
-                     + ", ".join(cpu))
+        lines.append("client CPU over the pass, busiest client process's % of one core "
+                     "(near 100% = the client is the limit): " + ", ".join(cpu))
     return "\n".join(lines)
+
+
+def _client_cpu(run: dict) -> str:
+    procs = run.get("client_procs", 1)
+    busiest = run.get("client_cpu_max_s")
+    busiest = run["client_cpu_s"] if busiest is None else busiest
+    text = f"C={run['concurrency']} {100 * busiest / run['wall_s']:.0f}%"
+    if procs > 1:
+        text += f" ({procs} processes, {100 * run['client_cpu_s'] / run['wall_s']:.0f}% in all)"
+    return text
 
 
 def write_json(path: str | Path, document: dict) -> None:

@@ -1,7 +1,8 @@
 """`mossvox bench serve`: closed-loop streaming clients against a running server.
 
     mossvox bench serve --url http://127.0.0.1:8000 --concurrency 1,16,64 \
-        [--dataset synthetic-en1088 | --dataset PATH] [--num-prompts N] [--out results.json]
+        [--dataset synthetic-en1088 | --dataset PATH] [--num-prompts N] [--client-procs P|auto] \
+        [--out results.json]
 
 Prints the forcing rule and a table of runs (one per concurrency); exit status 1 when any
 request of any run (warm-up included) failed, 2 when the dataset or server cannot be used.
@@ -26,6 +27,16 @@ def _concurrencies(values: list[str]) -> list[int]:
     return out or [1]
 
 
+def _client_procs(value: str) -> int | None:
+    """``auto`` (None: ceil(C / 32) per concurrency) or a number >= 1."""
+    if value.strip().lower() == "auto":
+        return None
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"--client-procs must be >= 1 or auto, got {number}")
+    return number
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     parser.add_argument("--concurrency", action="append", default=[], metavar="C[,C...]",
@@ -46,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default="~/.cache/mossvox/bench",
                         help="where synthetic-en1088's clips are generated once")
     parser.add_argument("--out", default=None, metavar="FILE", help="write the JSON results here")
+    parser.add_argument("--client-procs", type=_client_procs, default=None, metavar="P|auto",
+                        help="spread the C clients over P processes, so that the client is not the "
+                             "limit (default auto: ceil(C / 32); 1 = one process)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -82,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"forced length: {rule}")
     print(f"warm-up pass: {'yes, discarded' if args.warmup else 'no'}")
     runs = asyncio.run(run_sweep(prompts, config, concurrencies, warmup=args.warmup, info=info,
-                                 progress=None if args.no_progress else sys.stderr))
+                                 progress=None if args.no_progress else sys.stderr,
+                                 client_procs=args.client_procs))
     failed = any(r["failed"] for r in runs) or len(runs) < len(concurrencies)
     print(format_table(runs))
     for r in runs:
@@ -98,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             "url": config.url, "model": info.model, "sample_rate": info.sample_rate,
             "channels": info.channels, "dataset": {"name": dataset.name, "digest": digest(prompts), **stats},
             "seed": args.seed, "warmup": args.warmup, "forced_length": rule, "failed": failed,
+            "client_procs": "auto" if args.client_procs is None else args.client_procs,
             "concurrencies": concurrencies, "runs": runs,
         })
     return 1 if failed else 0
