@@ -44,8 +44,15 @@ class MpsDaemon:
 
     @property
     def env(self) -> dict[str, str]:
-        """What a worker process sets before CUDA initialises."""
-        return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
+        """What a worker process sets before CUDA initialises. Under MPS a client's
+        `CUDA_VISIBLE_DEVICES` counts the MPS server's devices (those the daemon was started with),
+        not the machine's: a server run with `CUDA_VISIBLE_DEVICES=1` must give its workers `0`,
+        or they find no GPU (seen on a two-GPU H200 machine)."""
+        env = {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(visible.split(","))))
+        return env
 
     def _run(self, args: list[str], stdin: bytes | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(args, input=stdin, env={**os.environ, **self.env},

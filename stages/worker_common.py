@@ -70,6 +70,10 @@ def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Any:
 
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
+    if str(spec.device).startswith("cuda:"):
+        # the current device is what streams, graph captures and pools default to: a replica
+        # on cuda:1 capturing on cuda:0's stream fails ("operation not permitted when capturing")
+        torch.cuda.set_device(torch.device(spec.device))
     from stages.registry import load_variant
 
     return load_variant(spec.model_dir, spec.profile)

@@ -52,3 +52,16 @@ async def test_engine_on_cuda_with_mps(demo_model_dir) -> None:
     finally:
         await handle.stop()
     assert handle.mps.root is None
+
+
+def test_workers_count_devices_as_the_mps_server_sees_them(monkeypatch, tmp_path) -> None:
+    """Under MPS a client's CUDA_VISIBLE_DEVICES indexes the daemon's devices: a server started
+    with CUDA_VISIBLE_DEVICES=1 (or 2,3) hands its workers 0 (or 0,1)."""
+    daemon = MpsDaemon()
+    daemon.root = str(tmp_path)  # as after start(); nothing is run
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert "CUDA_VISIBLE_DEVICES" not in daemon.env
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert daemon.env["CUDA_VISIBLE_DEVICES"] == "0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert daemon.env["CUDA_VISIBLE_DEVICES"] == "0,1"
