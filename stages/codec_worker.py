@@ -294,14 +294,17 @@ class CodecLoop:
             self._slots_reported = in_use
 
 
-WARM_BATCHES = (1, 2, 4, 8)  # decode-graph buckets captured ahead; larger ones on first use
-WARM_CAPTURE_BUDGET_S = 60.0  # graph captures at start-up stop after this long
+WARM_BATCHES = (1, 2, 4, 8)  # buckets captured ahead when no coalescing max_batch is given
+WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long (largest first)
 
 
-def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (),
+def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = max(WARM_BATCHES),
             capture_budget_s: float = WARM_CAPTURE_BUDGET_S) -> None:
     """Decode and encode once so the first request does not pay for lazy set-up; with decode graphs,
-    capture the small buckets of the schedule's chunk lengths (initial, ramp, steady) too."""
+    capture every batch bucket up to `max_batch` (the coalescing window's) for the schedule's chunk
+    lengths (initial, ramp, steady) too, within the budget: a capture while serving stalls every
+    stream for a device sync, a collection and three decodes (seen as multi-second coalescing
+    waits on the H200 at C=128-256)."""
     runner.open(-1)
     try:
         runner.decode([(-1, np.zeros((1, runner.n_vq), dtype=np.int64))])
@@ -310,7 +313,8 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (),
     capture = getattr(runner, "capture", None)
     if capture is not None and chunk_lengths:
         t0 = time.perf_counter()
-        made = capture(WARM_BATCHES, chunk_lengths, capture_budget_s)
+        batches = sorted({1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch} | {max_batch})
+        made = capture(batches, chunk_lengths, capture_budget_s)
         if made:
             log.info("codec: captured %d decode graphs in %.1f s", made, time.perf_counter() - t0)
     runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
@@ -322,7 +326,7 @@ def main(spec: WorkerSpec) -> None:
     from_talker, from_coord, to_coord, to_clients = attach_codec(spec)
     try:
         runner = variant.make_codec_runner(spec.device)
-        warm_up(runner, chunk_lengths(spec.profile))
+        warm_up(runner, chunk_lengths(spec.profile), spec.profile.coalescing.max_batch)
         to_coord.send(Ready(stage="codec", pid=os.getpid(), capacity=runner.max_slots))
         c = spec.profile.coalescing
         coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,
