@@ -136,11 +136,13 @@ class Coordinator:
                 self.counters[f"{stage}_slots"] = sum(r.slots[stage] for r in self.replicas)
             case Slots():
                 pass  # a replica already taken out of service
-            case DecodeBatch(size=size, waited_s=waited, emit_s=emit_s):
+            case DecodeBatch(size=size, waited_s=waited, emit_s=emit_s, decode_s=decode_s):
                 self.counters.count_batch(size, waited)
                 self.counters.add("codec_emit_s", emit_s)
-            case TalkerStep(batch=batch, steps=steps):
+                self.counters.add("codec_decode_s", decode_s)
+            case TalkerStep(batch=batch, steps=steps, step_s=step_s):
                 self.counters.count_talker_step(batch, steps)
+                self.counters.add("talker_step_s", step_s)
             case EncodeRequest():
                 self._on_encode(msg, rec)
             case EncodeDone(job=job):

@@ -38,6 +38,8 @@ SCALARS = (
     "codec_capacity",
     "coordinator_busy_s",  # time in coordinator handlers (engine overhead)
     "codec_emit_s",        # time the codec spent writing PCM/ChunkDone records (ring overhead)
+    "codec_decode_s",      # time the codec spent in decode calls (model + host copy of the PCM)
+    "talker_step_s",       # time the talker spent in runner.step()
     "replicas",            # talker+codec pairs launched (engine.replicas)
     "replicas_up",         # of those, still alive and serving
 )
