@@ -2,7 +2,8 @@
 
 Event-driven only: one reader task per inbound channel sleeps on that channel's doorbell (and its
 peer's pidfd); handlers are plain functions that never await, and every send goes through a
-never-blocking `Outbox`. The only timers are per-request deadlines (`loop.call_later`).
+never-blocking `Outbox`. The only timers are per-request deadlines (`loop.call_later`) and, while
+the ring gauge reads non-zero, its 50 ms re-read.
 
 A request's life: `Submit` → run now (forwarded with its prompt to the talker of the live replica
 with the most headroom, `engine.replicas`) or queue (one queue for all replicas), or a typed
@@ -72,6 +73,7 @@ class Coordinator:
         self._tasks: list[asyncio.Task] = []
         self._idle = asyncio.Event()
         self._idle.set()
+        self._ring_recheck: asyncio.TimerHandle | None = None
 
     # ---- running -------------------------------------------------------------------------------
 
@@ -118,7 +120,7 @@ class Coordinator:
                     rec = channel.try_recv()
                 except (PeerGone, EndOfStream, RingClosed):
                     rec = None  # the next recv_async reports it
-            self.counters["ring_bytes"] = self.ring_bytes()
+            self._update_ring_gauge()
             self.counters.add("coordinator_busy_s", time.perf_counter() - t0)
 
     def _handle(self, source: tuple[str, int], msg: Any, rec: Any) -> None:
@@ -378,6 +380,9 @@ class Coordinator:
 
     async def close(self) -> None:
         """Stop the reader tasks and outboxes (the launcher closes the channels)."""
+        if self._ring_recheck is not None:
+            self._ring_recheck.cancel()
+            self._ring_recheck = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -409,6 +414,19 @@ class Coordinator:
         for stage in ("talker", "codec"):
             self.counters[f"{stage}_capacity"] = sum(r.capacities[stage]
                                                      for r in self.replicas.live())
+
+    def _update_ring_gauge(self) -> None:
+        """`ring_bytes` after handling records. Bytes still in a ring the coordinator writes are
+        the reader's backlog, which ends without a record telling the coordinator: while the
+        gauge reads non-zero it is re-read every 50 ms (else it stays stale, seen as a
+        leak that was none)."""
+        if self._ring_recheck is not None:
+            self._ring_recheck.cancel()
+            self._ring_recheck = None
+        used = self.ring_bytes()
+        self.counters["ring_bytes"] = used
+        if used:
+            self._ring_recheck = asyncio.get_running_loop().call_later(0.05, self._update_ring_gauge)
 
     def ring_bytes(self) -> int:
         """Bytes in use in the rings this process holds (a racy snapshot)."""
