@@ -37,3 +37,22 @@ def test_compiled_talker_emits_the_eager_codes():
     assert all(len(want[r]) == 3 for r in want)
     for rid in want:
         np.testing.assert_array_equal(np.array(got[rid]), np.array(want[rid]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_compiled_talker_matches_eager_on_cuda():
+    """The real compiler (inductor, Triton kernels) on CUDA: fp32 with TF32 off, greedy requests
+    emit the eager codes (the tiny model's logits are far apart next to fp32 reassociation)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    eager = build_talker_module(tiny_config()).eval().cuda()
+    compiled = build_talker_module(tiny_config()).eval().cuda()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile_hot_paths()
+    h = torch.randn(4, eager.config.hidden_size, device="cuda")
+    with torch.inference_mode():
+        from stages.local_v15.model import GreedyFrameSampler
+        stop_e, codes_e = eager.decode_frame(h, GreedyFrameSampler())
+        stop_c, codes_c = compiled.decode_frame(h, GreedyFrameSampler())
+    assert torch.equal(stop_e, stop_c) and torch.equal(codes_e, codes_c)
