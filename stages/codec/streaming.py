@@ -58,13 +58,13 @@ class StreamingDecoder:
         self.frames = torch.zeros(num_slots, dtype=torch.long, device=device)  # [S] frames decoded per slot
 
     def reset(self, slots: torch.Tensor) -> None:
-        """Start slots [n] afresh: zero their frame counters and rings."""
-        slots = slots.to(self.frames.device)
-        self.frames[slots] = 0
-        for stage in self.caches:
-            for cache in stage:
-                cache.k[slots] = 0
-                cache.v[slots] = 0
+        """Start slots [n] afresh: zero their frame counters. The rings keep the previous
+        request's keys and values, which no query can see: a ring index holds absolute position
+        `last - (last - index) % capacity`, negative until the new stream has written it, and the
+        window mask hides negative positions (`WindowPlan.chunk`); every query sees its own key,
+        so no row is fully masked. (Zeroing every layer's rings was two index writes per layer,
+        twice per request, on the codec's critical path.)"""
+        self.frames[slots.to(self.frames.device)] = 0
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
