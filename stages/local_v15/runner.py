@@ -130,8 +130,7 @@ class LocalV15Runner(ScheduledRunner):
         extra = 1 if use_graphs else 0
         super().__init__(model, cfg.backbone, attention=attention, spare_kv_blocks=extra, **capacity)
         self.n_vq = cfg.n_vq
-        max_running, num_kv_blocks = self.max_running, self.cache.spec.num_blocks - extra
-        kv_block_size = self.cache.spec.block_size
+        max_running = self.max_running
         self.sampling = SamplingSlots(max_running + extra, self.device)
         self.seen = torch.zeros(max_running + extra, cfg.n_vq, cfg.codebook_size, dtype=torch.bool,
                                 device=self.device)  # [slots, n_vq, codebook_size]: codes emitted so far
@@ -139,13 +138,12 @@ class LocalV15Runner(ScheduledRunner):
                                    device=self.device)  # [slots, 1 + n_vq]: the row each request feeds next
         self.mode = SamplerMode()  # this step's (set in step())
         self._graph_sets: dict[SamplerMode, tuple[DecodeGraphs, FrameGraphs]] = {}
-        self._graph_settings = None
         if use_graphs:
-            (scratch_block,) = self.cache.allocator.allocate(1)
+            # slot max_running and this block take the padding rows; every set shares one pool
+            (self._scratch_block,) = self.cache.allocator.allocate(1)
             self.next_row[max_running, 0] = cfg.gen_slot
-            self._graph_settings = dict(max_running=max_running, num_kv_blocks=num_kv_blocks,
-                                        scratch_block=scratch_block, block_size=kv_block_size,
-                                        capture=graph_path == "cuda", pool=None)
+            self._capture = graph_path == "cuda"
+            self._pool = torch.cuda.graph_pool_handle() if self._capture else None
         self._codebooks = torch.arange(cfg.n_vq, device=self.device)  # [n_vq]
         self._requests: dict[int, _Request] = {}
 
@@ -177,7 +175,7 @@ class LocalV15Runner(ScheduledRunner):
             return []
         scheduled = self.scheduler.schedule()
         self.mode = SamplerMode.of([self._requests[r.rid].params for r, _ in scheduled])
-        if self.graphs is None:
+        if self.graph_path == "off":
             parts = [self._eager_part(scheduled)]
         else:
             graph_rows = [self._requests[r.rid].graph_decodable for r, _ in scheduled]  # before any pack
@@ -222,28 +220,27 @@ class LocalV15Runner(ScheduledRunner):
     @property
     def graphs(self) -> DecodeGraphs | None:
         """The decode graphs of this step's sampler mode (None without graphs)."""
-        return self._graph_set()[0] if self._graph_settings is not None else None
+        return self._graph_set()[0] if self.graph_path != "off" else None
 
     @property
     def frame_graphs(self) -> FrameGraphs | None:
         """The local-loop graphs of this step's sampler mode (None without graphs)."""
-        return self._graph_set()[1] if self._graph_settings is not None else None
+        return self._graph_set()[1] if self.graph_path != "off" else None
 
     def _graph_set(self) -> tuple[DecodeGraphs, FrameGraphs]:
         mode = self.mode
         found = self._graph_sets.get(mode)
         if found is None:
-            g, cfg = self._graph_settings, self.model.config
+            n_vq, scratch = self.model.config.n_vq, self.max_running  # the padding rows' slot
             decode = DecodeGraphs(lambda slots, frames, meta: self._decode_body(slots, frames, meta, mode),
-                                  max_batch=g["max_running"], max_blocks=g["num_kv_blocks"],
-                                  scratch_slot=g["max_running"], scratch_block=g["scratch_block"],
-                                  block_size=g["block_size"], n_vq=cfg.n_vq, device=self.device,
-                                  capture=g["capture"], pool=g["pool"])
-            g["pool"] = decode.pool  # every set shares one graph memory pool
+                                  max_batch=scratch, max_blocks=self.cache.spec.num_blocks - 1,
+                                  scratch_slot=scratch, scratch_block=self._scratch_block,
+                                  block_size=self.cache.spec.block_size, n_vq=n_vq, device=self.device,
+                                  capture=self._capture, pool=self._pool)
             frame = FrameGraphs(lambda h, slots, frames: self._frame_body(h, slots, frames, mode),
-                                max_batch=g["max_running"], hidden_size=cfg.hidden_size, dtype=self.dtype,
-                                scratch_slot=g["max_running"], n_vq=cfg.n_vq, pool=decode.pool,
-                                device=self.device, capture=g["capture"])
+                                max_batch=scratch, hidden_size=self.model.config.hidden_size, dtype=self.dtype,
+                                scratch_slot=scratch, n_vq=n_vq, pool=self._pool, device=self.device,
+                                capture=self._capture)
             found = self._graph_sets[mode] = (decode, frame)
         return found
 

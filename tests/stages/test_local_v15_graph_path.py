@@ -218,3 +218,14 @@ def test_graph_path_selection(model):
         LocalV15Runner(model, max_running=2, num_kv_blocks=8, graph_path="replay")
     with pytest.raises(ValueError, match="prefill_interval"):
         LocalV15Runner(model, max_running=2, num_kv_blocks=8, prefill_interval=0)
+
+
+def test_sampler_mode_picks_the_cheap_paths_only_when_every_request_allows_them():
+    from stages.local_v15.runner import SamplerMode
+    from stages.sampling import K_CAP
+
+    assert SamplerMode.of([SamplingParams(), SamplingParams(greedy=True, top_k=0)]) == SamplerMode(
+        candidates=True, penalty=False)
+    assert not SamplerMode.of([SamplingParams(), SamplingParams(top_k=0)]).candidates
+    assert not SamplerMode.of([SamplingParams(top_k=K_CAP + 1)]).candidates
+    assert SamplerMode.of([SamplingParams(), SamplingParams(repetition_penalty=1.1)]).penalty
