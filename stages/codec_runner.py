@@ -8,7 +8,8 @@ after another equals decoding their concatenation at once (`stages.codec.streami
 With `cuda_graphs` (CUDA only) such a batch of n chunks of T <= `max_chunk_frames` frames replays a
 graph of the bucket (next power of two >= n, T) from `stages.codec.graphs`, captured on first use
 or ahead through `capture`; padding rows decode on a scratch slot (slot `max_slots`, never leased).
-Longer chunks and empty ones decode eagerly. `graphs_eager` runs the same buckets, padding and
+Longer chunks (reference priming) replay in graph-sized pieces; final chunks are padded to the
+longest graph chunk and trimmed (`decode(last=...)`); batches past the buckets decode eagerly. `graphs_eager` runs the same buckets, padding and
 scratch slot without recording (CPU tests of that logic).
 """
 
@@ -108,20 +109,23 @@ class CodecRunner:
             slots = torch.tensor([self._slot_of[items[i][0]] for i in indices])
             codes = torch.from_numpy(np.stack([items[i][1] for i in indices]))  # [B, T, n_vq]
             if self.graphs is not None and self.graphs.fits(len(indices), min(frames, self.graphs.max_frames)):
-                # a chunk longer than the graphs' longest (reference priming codes) goes in graph-sized
-                # pieces: decoding a stream's chunks in turn equals decoding their concatenation
-                pieces = []
-                for start in range(0, frames, self.graphs.max_frames):
-                    piece = codes[:, start:start + self.graphs.max_frames].permute(2, 0, 1)  # [n_vq, n, t]
-                    audio = self.graphs.decode(piece, slots)  # [n, channels, t * hop], a static view
-                    pieces.append(audio.to("cpu", copy=True).numpy())  # one copy of the real rows (also on CPU)
-                audio = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
+                audio = self._replay(codes, slots)
             else:
                 codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
                 audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]
             for row, i in enumerate(indices):
                 out[i] = audio[row, :, : lengths[i] * self.samples_per_frame]
         return out  # type: ignore[return-value]
+
+    def _replay(self, codes: torch.Tensor, slots: torch.Tensor) -> np.ndarray:
+        """codes [n, T, n_vq] through the graphs, in pieces of at most their longest chunk (a stream's
+        chunks decoded in turn equal their concatenation) -> PCM [n, channels, T * hop] on the host."""
+        step = self.graphs.max_frames
+        pieces = []
+        for start in range(0, codes.shape[1], step):
+            audio = self.graphs.decode(codes[:, start:start + step].permute(2, 0, 1), slots)  # a static view
+            pieces.append(audio.to("cpu", copy=True).numpy())  # one copy of the real rows (also on CPU)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
 
     def capture(self, batches: list[int] | tuple[int, ...], chunk_lengths: list[int] | tuple[int, ...],
                 budget_s: float | None = None) -> int:

@@ -44,7 +44,7 @@ def chunk_lengths(profile: Profile) -> tuple[int, ...]:
 def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int, dtype: Any = None) -> Any:
     """The `CodecRunner` over the first `n_vq` quantizers: slots, ring headroom (the longest chunk of
     the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
-    eagerly in pieces) and CUDA graphs (`codec.cuda_graphs`, CUDA devices only) from the profile.
+    in pieces) and CUDA graphs (`codec.cuda_graphs`, CUDA devices only) from the profile.
     dtype: None = `model.dtype` resolved for the device."""
     from stages.codec.loader import load_codec
     from stages.codec_runner import CodecRunner
