@@ -26,32 +26,7 @@ import numpy as np
 import torch
 
 from stages.attention import AttentionMetadata
-
-
-def bucket(n: int, cap: int) -> int:
-    """Smallest power of two >= n, at most cap (cap itself when n > the largest power below it)."""
-    b = 1
-    while b < n:
-        b *= 2
-    return min(b, cap) if n <= cap else n
-
-
-def pack_decode_inputs(slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],
-                       seq_lens: list[int], tables: list[list[int]], *, batch: int, blocks: int,
-                       scratch_slot: int, scratch_block: int, block_size: int) -> torch.Tensor:
-    """The static graph input of a decode step, [batch, 5 + blocks] int64 on the host; rows past
-    the real requests are padding that reads and writes only the scratch slot and block."""
-    n = len(slots)
-    packed = np.empty((batch, 5 + blocks), dtype=np.int64)
-    packed[:, :5] = (scratch_slot, 0, 0, scratch_block * block_size, 1)
-    packed[:, 5:] = scratch_block
-    packed[:n, :5] = np.array([slots, frames, positions, slot_mapping, seq_lens], dtype=np.int64).T
-    lengths = np.fromiter((len(t) for t in tables), dtype=np.int64, count=n)
-    flat = np.fromiter((b for t in tables for b in t), dtype=np.int64, count=int(lengths.sum()))
-    rows = np.repeat(np.arange(n), lengths)
-    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    packed[rows, 5 + cols] = flat
-    return torch.from_numpy(packed)
+from stages.graph_capture import bucket, decode_metadata, pack_decode_inputs, record, run_eager
 
 
 @dataclass
@@ -103,29 +78,9 @@ class DecodeGraphs:
 
     def _build(self, packed_host: torch.Tensor, key: tuple[int, int]) -> _Graph:
         """The bucket's static tensors, its graph recorded (with capture) and this call's results."""
-        B, M = key
-        dev = self.device
+        B, dev = key[0], self.device
         packed = packed_host.to(dev)
-        arange = torch.arange(B, device=dev)
-        meta = AttentionMetadata(
-            seq_ids=tuple(range(B)),
-            query_start_loc=torch.arange(B + 1, device=dev, dtype=torch.int32),
-            seq_lens=packed[:, 4],
-            context_lens=packed[:, 4] - 1,
-            block_tables=packed[:, 5:],
-            slot_mapping=packed[:, 3],
-            positions=packed[:, 2],
-            last_token_index=arange,
-            decode_rows=arange,
-            decode_seqs=arange,
-            prefill_seqs=arange[:0],
-            prefill_rows=arange[:0, None],
-            prefill_valid=torch.zeros(0, 1, dtype=torch.bool, device=dev),
-            query_lens_host=(1,) * B,
-            seq_lens_host=(M * self.block_size,) * B,  # upper bound; the graph path reads tensors only
-            max_query_len=1,
-            max_seq_len=M * self.block_size,
-        )
+        meta = decode_metadata(packed, self.block_size)
         slots, frames = packed[:, 0], packed[:, 1]
         stop = torch.empty(B, dtype=torch.bool, device=dev)
         codes = torch.empty(B, self.n_vq, dtype=torch.int64, device=dev)
@@ -138,29 +93,6 @@ class DecodeGraphs:
         g = _Graph(graph, packed, meta, slots, frames, stop, codes)
         self._graphs[key] = g
         return g
-
-
-def run_eager(body, outputs: tuple[torch.Tensor, ...]) -> None:
-    """Run `body` once without a graph, its results copied into the static `outputs`."""
-    with torch.inference_mode():
-        for out, result in zip(outputs, body()):
-            out.copy_(result)
-
-
-def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) -> torch.cuda.CUDAGraph:
-    """Warm `body` up on a side stream, record it (results copied into the static `outputs`) and
-    replay it once, so the outputs hold this call's results."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side), torch.inference_mode():
-        body()  # warm-up: allocator, cuBLAS workspaces, lazy init
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
-        for out, result in zip(outputs, body()):
-            out.copy_(result)
-    graph.replay()
-    return graph
 
 
 @dataclass

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from stages.attention import AttentionBackend, PaddedBatchAttention
+from stages.graph_capture import resolve_graph_path
 from stages.local_v15.graphs import DecodeGraphs, FrameGraphs
 from stages.local_v15.loader import load_talker
 from stages.local_v15.model import LocalV15Talker
@@ -116,13 +117,7 @@ class LocalV15Runner(ScheduledRunner):
         batching settings (`prefill_interval` among them)."""
         cfg = model.config
         on_cuda = next(model.parameters()).device.type == "cuda"
-        if graph_path is None:
-            graph_path = "cuda" if cuda_graphs and on_cuda else "off"
-        if graph_path not in ("off", "eager", "cuda"):
-            raise ValueError(f"graph_path {graph_path!r}: expected 'off', 'eager' or 'cuda'")
-        if graph_path == "cuda" and not on_cuda:
-            graph_path = "eager"  # capture needs CUDA; the same bodies run eagerly
-        self.graph_path = graph_path
+        self.graph_path = graph_path = resolve_graph_path(graph_path, cuda_graphs, on_cuda)
         use_graphs = graph_path != "off"
         if use_graphs:
             attention = attention or PaddedBatchAttention()  # reads tensors only: graph-capturable

@@ -199,7 +199,7 @@ def test_cuda_graph_decode_equals_eager_decode():
 
 
 def test_decode_graph_inputs_are_packed_with_scratch_padding():
-    from stages.local_v15.graphs import bucket, pack_decode_inputs
+    from stages.graph_capture import bucket, pack_decode_inputs
 
     assert [bucket(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8] and bucket(3, 3) == 3
     packed = pack_decode_inputs([4, 1], [7, 0], [33, 8], [66, 17], [34, 9], [[3, 9, 8], [2]], batch=4, blocks=4,

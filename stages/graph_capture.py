@@ -1,0 +1,111 @@
+"""What every talker's decode graphs share: batch buckets, the packed static input of a decode
+step (one new token per request over the paged KV cache), its attention metadata, and recording.
+
+A decode step's shapes are fixed once its requests are padded to a bucket of B (requests) and
+M (KV blocks per request): the host packs one int64 array `[B, 5 + M]` (slot, frame, position,
+KV slot, sequence length, block table), copied to the device in one transfer, and the metadata
+below are views of it. Padding rows point at a scratch request slot and a scratch KV block, so
+they compute garbage nobody reads and write only there.
+
+`graph_path` names how a runner runs its decode bodies: "off" (one eager call, no buckets),
+"eager" (the same padded static inputs as the graphs, run eagerly: what CPU tests exercise) or
+"cuda" (recorded CUDA graphs; falls back to "eager" off CUDA).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from stages.attention import AttentionMetadata
+
+GRAPH_PATHS = ("off", "eager", "cuda")
+
+
+def resolve_graph_path(graph_path: str | None, cuda_graphs: bool, on_cuda: bool) -> str:
+    """The graph path a runner uses: `graph_path` if given (None = "cuda" with `cuda_graphs`
+    on a CUDA device, else "off"); "cuda" off CUDA becomes "eager" (capture needs CUDA)."""
+    if graph_path is None:
+        graph_path = "cuda" if cuda_graphs and on_cuda else "off"
+    if graph_path not in GRAPH_PATHS:
+        raise ValueError(f"graph_path {graph_path!r}: expected 'off', 'eager' or 'cuda'")
+    return "eager" if graph_path == "cuda" and not on_cuda else graph_path
+
+
+def bucket(n: int, cap: int) -> int:
+    """Smallest power of two >= n, at most cap (cap itself when n > the largest power below it)."""
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, cap) if n <= cap else n
+
+
+def pack_decode_inputs(slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],
+                       seq_lens: list[int], tables: list[list[int]], *, batch: int, blocks: int,
+                       scratch_slot: int, scratch_block: int, block_size: int) -> torch.Tensor:
+    """The static graph input of a decode step, [batch, 5 + blocks] int64 on the host; rows past
+    the real requests are padding that reads and writes only the scratch slot and block."""
+    n = len(slots)
+    packed = np.empty((batch, 5 + blocks), dtype=np.int64)
+    packed[:, :5] = (scratch_slot, 0, 0, scratch_block * block_size, 1)
+    packed[:, 5:] = scratch_block
+    packed[:n, :5] = np.array([slots, frames, positions, slot_mapping, seq_lens], dtype=np.int64).T
+    lengths = np.fromiter((len(t) for t in tables), dtype=np.int64, count=n)
+    flat = np.fromiter((b for t in tables for b in t), dtype=np.int64, count=int(lengths.sum()))
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    packed[rows, 5 + cols] = flat
+    return torch.from_numpy(packed)
+
+
+def decode_metadata(packed: torch.Tensor, block_size: int) -> AttentionMetadata:
+    """Attention metadata of a packed decode step (`pack_decode_inputs`' layout, on the device):
+    one token per row; every tensor is a view of `packed` or a constant of its shape, so a graph
+    that reads them sees each replay's copy. The host lengths are upper bounds: only backends that
+    read tensors (not `ReferenceAttention`) may run on it."""
+    B, width = packed.shape
+    M = width - 5
+    dev = packed.device
+    arange = torch.arange(B, device=dev)
+    return AttentionMetadata(
+        seq_ids=tuple(range(B)),
+        query_start_loc=torch.arange(B + 1, device=dev, dtype=torch.int32),
+        seq_lens=packed[:, 4],
+        context_lens=packed[:, 4] - 1,
+        block_tables=packed[:, 5:],
+        slot_mapping=packed[:, 3],
+        positions=packed[:, 2],
+        last_token_index=arange,
+        decode_rows=arange,
+        decode_seqs=arange,
+        prefill_seqs=arange[:0],
+        prefill_rows=arange[:0, None],
+        prefill_valid=torch.zeros(0, 1, dtype=torch.bool, device=dev),
+        query_lens_host=(1,) * B,
+        seq_lens_host=(M * block_size,) * B,  # upper bound; the graph path reads tensors only
+        max_query_len=1,
+        max_seq_len=M * block_size,
+    )
+
+
+def run_eager(body, outputs: tuple[torch.Tensor, ...]) -> None:
+    """Run `body` once without a graph, its results copied into the static `outputs`."""
+    with torch.inference_mode():
+        for out, result in zip(outputs, body()):
+            out.copy_(result)
+
+
+def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) -> torch.cuda.CUDAGraph:
+    """Warm `body` up on a side stream, record it (results copied into the static `outputs`) and
+    replay it once, so the outputs hold this call's results."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side), torch.inference_mode():
+        body()  # warm-up: allocator, cuBLAS workspaces, lazy init
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
+        for out, result in zip(outputs, body()):
+            out.copy_(result)
+    graph.replay()
+    return graph
