@@ -69,7 +69,6 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = build_talker_module(full_size_config()).to(torch.bfloat16).eval()
-    cfg = model.config
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
     variants = [(name, False) for name in args.attention] + ([(args.attention[-1], True)] if args.compile else [])
@@ -113,7 +112,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
         local_ms = _median_ms(lambda: r.frame_graphs.run(h, slots, frames), 10)
         print(f"{tag} local loop + sampling alone (frame graph) {local_ms:7.2f} ms", flush=True)
         print(kernel_table(r.step, args.steps, top=12), flush=True)
-    del r
+    r = None  # frees the runner's KV pool and graphs before the next variant
     torch.cuda.empty_cache()
 
 
