@@ -1,8 +1,16 @@
 """What the Delay, Realtime and Local-v1.5 talker runners share: the capacity settings, the paged KV
-cache and the `RowScheduler` over it, and the request bookkeeping that only asks the scheduler.
+cache and the `RowScheduler` over it, the request bookkeeping that only asks the scheduler, and
+the backbone part of a step (`forward_scheduled`) for the runners that sample outside graphs.
 
 A subclass keeps its per-request host state in `_requests` (rid -> an object with a `sched:
 RowRequest`) and adds its own `add` and `step`.
+
+`forward_scheduled` runs the scheduled rows through `model(ids, meta, cache, attention)`. With
+`backbone_graphs` "off" that is one call over every row. Otherwise the step is split: the decoding
+requests (one pending row each) replay the backbone graph of their (batch, KV-blocks) bucket
+(`stages.backbone_graphs`; "eager" runs the same padded inputs without capture, as CPU tests do)
+and the prefill chunks run one eager call over their own rows; the hidden states come back in
+the one-call path's order (decoders first, then the chunks that complete a prompt).
 """
 
 from __future__ import annotations
@@ -12,10 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.attention import AttentionBackend, ReferenceAttention
+from stages.attention import AttentionBackend, PaddedBatchAttention, ReferenceAttention
+from stages.backbone_graphs import BackboneGraphs
+from stages.graph_capture import GRAPH_PATHS
 from stages.kv_cache import PagedKVCache
 from stages.qwen3 import Qwen3Config
-from stages.row_scheduler import RowScheduler, default_num_blocks
+from stages.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
 
 
 class ScheduledRunner:
@@ -35,16 +45,30 @@ class ScheduledRunner:
         prefill_interval: int = 1,
         attention: AttentionBackend | None = None,
         spare_kv_blocks: int = 0,
+        backbone_graphs: str = "off",
     ) -> None:
         """`backbone` sizes the KV pool (this rank's KV heads); `spare_kv_blocks` are added on top
         of `num_kv_blocks` (or the default count) for the subclass's own use. `prefill_interval`:
-        while requests decode, prefill chunks run at most every this many steps (`RowScheduler`)."""
+        while requests decode, prefill chunks run at most every this many steps (`RowScheduler`).
+        `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
+        resolved `stages.graph_capture` path; graphs need an attention backend that reads tensors
+        only, `PaddedBatchAttention` when none is given)."""
+        if backbone_graphs not in GRAPH_PATHS:
+            raise ValueError(f"backbone_graphs {backbone_graphs!r}: expected one of {GRAPH_PATHS}")
         param = next(model.parameters())
         self.model, self.device, self.dtype = model.eval(), param.device, param.dtype
+        if backbone_graphs == "cuda" and self.device.type != "cuda":
+            raise ValueError(f"backbone_graphs 'cuda' needs a CUDA device, the model is on {self.device}")
         self.max_running = max_running
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self.prefill_interval = prefill_interval
+        self.backbone_graph_path = backbone_graphs
+        if backbone_graphs != "off":
+            if isinstance(attention, ReferenceAttention):
+                raise ValueError("ReferenceAttention reads host lengths: it cannot run in backbone graphs")
+            attention = attention or PaddedBatchAttention()
+            spare_kv_blocks += 1  # the padding rows' scratch block
         self.attention = attention or ReferenceAttention()
         if num_kv_blocks is None:
             num_kv_blocks = default_num_blocks(backbone, device=self.device, dtype=self.dtype,
@@ -56,6 +80,10 @@ class ScheduledRunner:
                                       max_prefill_tokens_per_step=max_prefill_tokens_per_step,
                                       prefill_interval=prefill_interval)
         self._requests: dict[int, Any] = {}
+        self._backbone_graphs: BackboneGraphs | None = None  # made on the first graph decode
+        if backbone_graphs != "off":
+            (self._graph_block,) = self.cache.allocator.allocate(1)
+            self._backbone_hidden_size = backbone.hidden_size
 
     @property
     def preemptions(self) -> int:
@@ -75,3 +103,53 @@ class ScheduledRunner:
     def rows(self, rid: int) -> np.ndarray:
         """All backbone rows of a running request so far (prompt, then one per generated step)."""
         return self._requests[rid].sched.rows.view().copy()
+
+    # ---- the backbone part of a step -----------------------------------------------------------
+
+    def forward_scheduled(self, scheduled: list[tuple[RowRequest, int]]) -> tuple[list[RowRequest], torch.Tensor]:
+        """Run this step's scheduled rows through the backbone: the requests whose rows are all in
+        the cache now (schedule order) and their last rows' hidden states [len(ready), H]."""
+        with torch.inference_mode():
+            if self.backbone_graph_path == "off":
+                batch = self._pack(scheduled)
+                hidden = self.model(batch.ids, batch.meta, self.cache, self.attention)  # [N, H]
+                return batch.ready, hidden[batch.ready_rows]
+            decode = [r for r, _ in scheduled if r.pending == 1]  # before anything is packed
+            chunks = [(r, n) for r, n in scheduled if r.pending != 1]
+            parts: list[tuple[list[RowRequest], torch.Tensor]] = []
+            if decode:
+                parts.append((decode, self._graph_decode(decode)))
+            if chunks:
+                batch = self.scheduler.pack(chunks, self.device)
+                hidden = self.model(batch.ids, batch.meta, self.cache, self.attention)  # [N, H]
+                if batch.ready:
+                    parts.append((batch.ready, hidden[batch.ready_rows]))
+            if not parts:
+                return [], torch.empty(0, self._backbone_hidden_size, dtype=self.dtype, device=self.device)
+            if len(parts) == 1:
+                return parts[0]
+            return parts[0][0] + parts[1][0], torch.cat([parts[0][1], parts[1][1]])
+
+    def _pack(self, scheduled: list[tuple[RowRequest, int]]) -> ScheduledBatch:
+        """The one-call path's backbone inputs (the tensor-parallel runner also sends them to its ranks)."""
+        return self.scheduler.pack(scheduled, self.device)
+
+    def _graph_decode(self, decode: list[RowRequest]) -> torch.Tensor:
+        """Reserve one KV slot per decoding request and replay its bucket's backbone graph:
+        hidden [len(decode), H] (a view of the graph's output)."""
+        cache = self.cache
+        rows, positions, kv_slots = [], [], []
+        for r in decode:
+            start, (slot,) = cache.append_slots(r.rid, 1)
+            rows.append(r.rows.view()[r.prefilled])
+            r.prefilled += 1
+            positions.append(start)
+            kv_slots.append(slot)
+        if self._backbone_graphs is None:
+            model, attention = self.model, self.attention
+            self._backbone_graphs = BackboneGraphs(
+                lambda ids, meta: model(ids, meta, cache, attention), width=len(rows[0]),
+                hidden_size=self._backbone_hidden_size, dtype=self.dtype, max_batch=self.max_running,
+                max_blocks=cache.spec.num_blocks - 1, scratch_block=self._graph_block,
+                block_size=cache.spec.block_size, device=self.device, capture=self.backbone_graph_path == "cuda")
+        return self._backbone_graphs.run(np.stack(rows), positions, kv_slots, [cache.block_table(r.rid) for r in decode])

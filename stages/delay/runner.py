@@ -1,8 +1,9 @@
 """Continuous-batching talker runner of the Delay family (`TalkerRunner`, docs/interfaces.md).
 
 One `step()`:
-1. schedule and pack rows (`RowScheduler`): one row per decoding request, prefill chunks for new
-   ones, ONE backbone call over the paged KV cache;
+1. schedule rows (`RowScheduler`): one row per decoding request, prefill chunks for new ones,
+   through the backbone over the paged KV cache (`ScheduledRunner.forward_scheduled`: one call,
+   or the decoding rows replayed from CUDA graphs and the chunks in one call);
 2. for every request whose rows are all in the cache: text and audio heads on its last hidden
    state, upstream's step rules (`DelayState`: text masks / forced drain, which channels are
    sampled), temperature, then repetition penalty, top-k, top-p and a per-request seeded draw
@@ -33,8 +34,9 @@ import torch.nn.functional as F
 from stages.delay.config import DelayConfig
 from stages.delay.delay_pattern import IncrementalDeDelayer
 from stages.delay.model import DelayModel
-from stages.row_scheduler import RowRequest, ScheduledBatch
+from stages.row_scheduler import RowRequest
 from stages.delay.state import INSIDE_AUDIO, DelayState, TextRule
+from stages.graph_capture import resolve_graph_path
 from stages.runner import FrameEvent
 from stages.scheduled_runner import ScheduledRunner
 from stages.sampling import RowSampling, SamplingParams, sample_tokens
@@ -55,10 +57,15 @@ class _Delay:
 
 
 class DelayRunner(ScheduledRunner):
-    def __init__(self, model: DelayModel, *, finish_on_audio_end: bool = True, **capacity) -> None:
-        """`capacity`: `ScheduledRunner`'s KV and batching settings."""
+    def __init__(self, model: DelayModel, *, finish_on_audio_end: bool = True, cuda_graphs: bool = False,
+                 graph_path: str | None = None, **capacity) -> None:
+        """`capacity`: `ScheduledRunner`'s KV, batching and attention settings. `graph_path`:
+        "off" | "eager" | "cuda" for the backbone's decode rows (None = "cuda" with `cuda_graphs`
+        on a CUDA device, else "off"; `stages.graph_capture.resolve_graph_path`)."""
+        on_cuda = next(model.parameters()).device.type == "cuda"
         # rank_config: this rank's KV heads
-        super().__init__(model, model.language_model.rank_config, **capacity)
+        super().__init__(model, model.language_model.rank_config,
+                         backbone_graphs=resolve_graph_path(graph_path, cuda_graphs, on_cuda), **capacity)
         self.config: DelayConfig = model.config
         cfg = self.config
         self.n_vq = cfg.n_vq
@@ -111,18 +118,13 @@ class DelayRunner(ScheduledRunner):
     def step(self) -> list[FrameEvent]:
         if not self._requests:
             return []
-        batch = self._pack()
+        done, hidden = self.forward_scheduled(self.scheduler.schedule())  # hidden [B, H]
+        if not done:
+            return []
+        ready = [self._requests[r.rid] for r in done]
         with torch.inference_mode():
-            hidden = self.model(batch.ids, batch.meta, self.scheduler.cache, self.attention)  # [N, H]
-            if not batch.ready:
-                return []
-            ready = [self._requests[r.rid] for r in batch.ready]
-            rows = self._sample_rows(ready, hidden[batch.ready_rows]).cpu().numpy()  # the one host copy
+            rows = self._sample_rows(ready, hidden).cpu().numpy()  # the one host copy
         return [event for req, row in zip(ready, rows) if (event := self._advance(req, row)) is not None]
-
-    def _pack(self) -> ScheduledBatch:
-        """This step's backbone inputs (the tensor-parallel runner also sends them to its ranks)."""
-        return self.scheduler.pack(self.scheduler.schedule(), self.device)
 
     def _frame_limit(self, req: _Delay) -> int:
         forced = req.params.forced_frames

@@ -77,11 +77,11 @@ class TPDelayRunner(DelayRunner):
         self._closed = False
         blocks = agreed_num_blocks(model, tp, max_running=max_running, block_size=kv_block_size,
                                    num_blocks=num_kv_blocks, memory_fraction=kv_memory_fraction)
-        super().__init__(model, max_running=max_running, kv_block_size=kv_block_size, num_kv_blocks=blocks,
+        super().__init__(model, max_running=max_running, kv_block_size=kv_block_size, num_kv_blocks=blocks, graph_path="off",
                          **options)
 
-    def _pack(self) -> ScheduledBatch:
-        batch = self.scheduler.pack(self.scheduler.schedule(), HOST)  # host tensors: picklable, no device sync
+    def _pack(self, scheduled) -> ScheduledBatch:
+        batch = self.scheduler.pack(scheduled, HOST)  # host tensors: picklable, no device sync
         self.tp.broadcast_object(step_wire(batch.ids, batch.meta))
         return replace(batch, ids=batch.ids.to(self.device, non_blocking=True),
                        meta=meta_to(batch.meta, self.device),

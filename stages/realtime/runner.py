@@ -2,7 +2,8 @@
 
 The prompt array (`RealtimeProcessor.build_prompt`) holds the prefill rows (up to the audio BOS
 row) and, after them, the text tokens still to stream. One `step()`:
-1. schedule and pack rows (`RowScheduler`), ONE backbone call over the paged KV cache;
+1. schedule rows (`RowScheduler`) through the backbone over the paged KV cache
+   (`ScheduledRunner.forward_scheduled`: one call, or decoding rows replayed from CUDA graphs);
 2. for every request whose rows are all cached: the 16-codebook depth loop, batched, each
    codebook sampled per request (repetition penalty over that request's last 50 generated frames
    of the codebook, not at the prefill frame; then temperature, top-k, top-p, seeded draw);
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from stages.graph_capture import resolve_graph_path
 from stages.row_scheduler import RowRequest
 from stages.realtime.model import RealtimeModel
 from stages.realtime.processor import split_prompt
@@ -40,9 +42,14 @@ class _Realtime:
 
 
 class RealtimeRunner(ScheduledRunner):
-    def __init__(self, model: RealtimeModel, **capacity) -> None:
-        """`capacity`: `ScheduledRunner`'s KV and batching settings."""
-        super().__init__(model, model.language_model.config, **capacity)
+    def __init__(self, model: RealtimeModel, *, cuda_graphs: bool = False, graph_path: str | None = None,
+                 **capacity) -> None:
+        """`capacity`: `ScheduledRunner`'s KV, batching and attention settings. `graph_path`:
+        "off" | "eager" | "cuda" for the backbone's decode rows (None = "cuda" with `cuda_graphs`
+        on a CUDA device, else "off"); the depth loop runs eagerly."""
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        super().__init__(model, model.language_model.config,
+                         backbone_graphs=resolve_graph_path(graph_path, cuda_graphs, on_cuda), **capacity)
         self.config = model.config
         self.n_vq = self.config.rvq
         max_running = self.max_running
@@ -78,13 +85,12 @@ class RealtimeRunner(ScheduledRunner):
     def step(self) -> list[FrameEvent]:
         if not self._requests:
             return []
-        batch = self.scheduler.pack(self.scheduler.schedule(), self.device)
+        done, hidden = self.forward_scheduled(self.scheduler.schedule())  # hidden [B, H]
+        if not done:
+            return []
+        ready = [self._requests[r.rid] for r in done]
         with torch.inference_mode():
-            hidden = self.model(batch.ids, batch.meta, self.scheduler.cache, self.attention)  # [N, H]
-            if not batch.ready:
-                return []
-            ready = [self._requests[r.rid] for r in batch.ready]
-            codes = self._sample_frames(ready, hidden[batch.ready_rows]).cpu().numpy()  # the one host copy
+            codes = self._sample_frames(ready, hidden).cpu().numpy()  # the one host copy
         return [self._advance(req, frame) for req, frame in zip(ready, codes)]
 
     def _sample_frames(self, ready: list[_Realtime], h: torch.Tensor) -> torch.Tensor:

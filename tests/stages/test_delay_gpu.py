@@ -18,11 +18,13 @@ pytestmark = [
 GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=1000)
 
 
+@pytest.mark.parametrize("graph_path", ["off", "cuda"])
 @pytest.mark.parametrize("name", ["plain", "voice_clone", "continuation"])
-def test_golden_on_cuda_fp32(name):
+def test_golden_on_cuda_fp32(name, graph_path):
     with np.load(GOLDEN / f"case_{name}.npz") as z:
         g = {k: z[k] for k in z.files}
-    runner = DelayRunner.from_dir(GOLDEN, device="cuda", max_running=2, num_kv_blocks=64, finish_on_audio_end=False)
+    runner = DelayRunner.from_dir(GOLDEN, device="cuda", max_running=2, num_kv_blocks=64, finish_on_audio_end=False,
+                                  graph_path=graph_path)  # "cuda": decode rows replayed from captured graphs
     runner.add(1, g["input_ids"], GREEDY)
     for _ in range(48):
         runner.step()
