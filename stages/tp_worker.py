@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from stages.attention import make_attention
 from stages.delay.model import DelayModel
 from stages.delay.tp_runner import TPDelayRunner, follow
 from stages.tensor_parallel import MULTICAST_OFF, destroy_tp, free_port, init_tp
@@ -47,6 +48,7 @@ class TPSpec:
     num_kv_blocks: int | None = None
     kv_memory_fraction: float = 0.5
     torch_threads: int | None = None
+    attention: str = "auto"  # `stages.attention.make_attention` name, the same on every rank
 
     @property
     def size(self) -> int:
@@ -111,20 +113,22 @@ def tp_devices(device: str, size: int) -> list[str]:
 
 def start_delay_tp(model_dir: str | Path, *, devices: list[str], dtype: torch.dtype = torch.float32,
                    max_running: int = 64, kv_block_size: int = 16, num_kv_blocks: int | None = None,
-                   kv_memory_fraction: float = 0.5, torch_threads: int | None = None,
+                   kv_memory_fraction: float = 0.5, torch_threads: int | None = None, attention: str = "auto",
                    **runner_options) -> LaunchedTPDelayRunner:
     """Rank 0's runner of a Delay talker split over `devices` (one rank each; this process is rank 0).
 
-    runner_options: the other `DelayRunner` options (prefill sizes, attention, finish rule).
+    attention: the backend every rank uses (`make_attention` name); runner_options: the other
+    `DelayRunner` options (prefill sizes, finish rule). Steps run eagerly (no graphs under TP).
     """
     spec = TPSpec(str(Path(model_dir).resolve()), f"tcp://127.0.0.1:{free_port()}", tuple(devices),
                   str(dtype).removeprefix("torch."), os.getpid(), max_running, kv_block_size, num_kv_blocks,
-                  kv_memory_fraction, torch_threads)
+                  kv_memory_fraction, torch_threads, attention)
     ranks = FollowerRanks(spec)
     try:
         tp = init_tp(spec.size, 0, spec.address, devices[0])
         model = DelayModel.from_dir(model_dir, device=devices[0], dtype=dtype, tp=tp)
-        return LaunchedTPDelayRunner(model, tp, ranks, **spec.kv_options(), **runner_options)
+        return LaunchedTPDelayRunner(model, tp, ranks, attention=make_attention(attention, devices[0]),
+                                     **spec.kv_options(), **runner_options)
     except BaseException:
         for proc in ranks.processes:
             proc.kill()
@@ -152,7 +156,7 @@ def follower_main(spec: TPSpec, rank: int) -> int:
     try:
         model = DelayModel.from_dir(spec.model_dir, device=spec.devices[rank], dtype=getattr(torch, spec.dtype),
                                     tp=tp)
-        return follow(model, tp, **spec.kv_options())
+        return follow(model, tp, attention=make_attention(spec.attention, spec.devices[rank]), **spec.kv_options())
     finally:
         destroy_tp()
 

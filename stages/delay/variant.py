@@ -53,7 +53,19 @@ def talker_options(profile: Profile) -> dict[str, Any]:
     t = profile.talker
     return dict(max_running=t.max_running, kv_block_size=t.kv_block_size, num_kv_blocks=t.kv_blocks,
                 kv_memory_fraction=t.kv_memory_fraction, prefill_chunk_tokens=t.prefill_chunk_tokens,
-                max_prefill_tokens_per_step=t.max_prefill_tokens_per_step)
+                max_prefill_tokens_per_step=t.max_prefill_tokens_per_step, prefill_interval=t.prefill_interval)
+
+
+def talker_runner_options(profile: Profile, device: str) -> dict[str, Any]:
+    """`talker_options` plus the attention kernel and the backbone graphs (CUDA only) the profile
+    asks for (`talker.attention`, `talker.cuda_graphs`). On CPU, "auto" attention keeps the
+    runner's default (the per-sequence reference)."""
+    from stages.attention import make_attention
+
+    t = profile.talker
+    cuda = str(device).startswith("cuda")
+    attention = make_attention(t.attention, device) if cuda or t.attention != "auto" else None
+    return dict(talker_options(profile), attention=attention, cuda_graphs=t.cuda_graphs and cuda)
 
 
 def split_transcripts(ref_text: str | None, references: int) -> list[str | None]:
@@ -164,8 +176,10 @@ class DelayVariant:
             from stages.tp_worker import start_delay_tp, tp_devices
 
             return start_delay_tp(self.model_dir, devices=tp_devices(device, tp), dtype=dtype,
-                                  torch_threads=self.profile.talker.torch_threads, **talker_options(self.profile))
-        return DelayRunner.from_dir(self.model_dir, device=device, dtype=dtype, **talker_options(self.profile))
+                                  torch_threads=self.profile.talker.torch_threads,
+                                  attention=self.profile.talker.attention, **talker_options(self.profile))
+        return DelayRunner.from_dir(self.model_dir, device=device, dtype=dtype,
+                                    **talker_runner_options(self.profile, device))
 
     def make_codec_runner(self, device: str) -> Any:
         return make_codec_runner(self.codec_dir, self.profile, device, self.n_vq)

@@ -20,7 +20,7 @@ from profiles import Profile
 from stages.checkpoint import read_config
 from stages.codec_setup import CodecShape, make_codec_runner
 from stages.delay.adapters import AdapterError
-from stages.delay.variant import talker_options
+from stages.delay.variant import talker_runner_options
 from stages.realtime.config import RealtimeConfig
 from stages.realtime.processor import RealtimeProcessor
 from stages.registry import SpeechJobLike, to_wire
@@ -83,7 +83,7 @@ class RealtimeVariant:
 
         return RealtimeRunner.from_dir(self.model_dir, device=device,
                                        dtype=resolve_dtype(self.profile.model.dtype, device),
-                                       **talker_options(self.profile))
+                                       **talker_runner_options(self.profile, device))
 
     def make_codec_runner(self, device: str) -> Any:
         return make_codec_runner(self.codec_dir, self.profile, device, self.n_vq)

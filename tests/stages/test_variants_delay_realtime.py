@@ -260,3 +260,18 @@ def test_delay_continuation_context_travels_after_the_prompt_to_the_codec(checkp
     assert prime[2].prime and (prime[3] == reference).all()  # decoded first, audio dropped
     # the runner got the prompt alone: still a continuation, first frame after n_vq steps
     assert chunks[1][0] == variant.n_vq and sum(len(c) for *_, c in chunks[1:]) == 5
+
+
+@pytest.mark.parametrize("name", ["delay", "realtime"])
+def test_talker_runner_takes_the_profiles_attention_and_prefill_interval(checkpoints, name) -> None:
+    """`talker.attention` and `talker.prefill_interval` reach the Delay and Realtime runners (they
+    used to run the per-sequence reference attention whatever the profile said); graphs are CUDA
+    only, so a CPU runner keeps the one-call step."""
+    from stages.attention import PaddedBatchAttention, ReferenceAttention
+
+    chosen = load_profile("cpu", ["talker.attention=padded", "talker.prefill_interval=3"])
+    runner = load_variant(checkpoints / name, chosen).make_talker_runner("cpu")
+    assert isinstance(runner.attention, PaddedBatchAttention)
+    assert runner.scheduler.prefill_interval == 3 and runner.backbone_graph_path == "off"
+    default = load_variant(checkpoints / name, load_profile("cpu")).make_talker_runner("cpu")
+    assert isinstance(default.attention, ReferenceAttention)  # "auto" on a CPU
