@@ -105,6 +105,10 @@ class TalkerConfig(_Section):
         ge=1)] = 2048
     cuda_graphs: Annotated[bool, doc(
         "capture the decode step in CUDA graphs per batch bucket; issue 7")] = True
+    backbone_graphs: Annotated[bool, doc(
+        "Delay and Realtime talkers: replay the decoding rows' backbone step from CUDA graphs "
+        "(with cuda_graphs, CUDA only); off by default until measured on a GPU (CPU-tested "
+        "through the eager graph path); issue 8")] = False
     compile: Annotated[bool, doc(
         "on CUDA, run the backbone layers, row embedding and the local loop + sampling through "
         "torch.compile (fused kernels; compiled at warm-up, tens of seconds); issue 7")] = True

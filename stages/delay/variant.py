@@ -58,14 +58,14 @@ def talker_options(profile: Profile) -> dict[str, Any]:
 
 def talker_runner_options(profile: Profile, device: str) -> dict[str, Any]:
     """`talker_options` plus the attention kernel and the backbone graphs (CUDA only) the profile
-    asks for (`talker.attention`, `talker.cuda_graphs`). On CPU, "auto" attention keeps the
-    runner's default (the per-sequence reference)."""
+    asks for (`talker.attention`; `talker.cuda_graphs` and `talker.backbone_graphs`). On CPU,
+    "auto" attention keeps the runner's default (the per-sequence reference)."""
     from stages.attention import make_attention
 
     t = profile.talker
     cuda = str(device).startswith("cuda")
     attention = make_attention(t.attention, device) if cuda or t.attention != "auto" else None
-    return dict(talker_options(profile), attention=attention, cuda_graphs=t.cuda_graphs and cuda)
+    return dict(talker_options(profile), attention=attention, cuda_graphs=t.cuda_graphs and t.backbone_graphs and cuda)
 
 
 def split_transcripts(ref_text: str | None, references: int) -> list[str | None]:

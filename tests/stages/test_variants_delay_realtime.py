@@ -275,3 +275,15 @@ def test_talker_runner_takes_the_profiles_attention_and_prefill_interval(checkpo
     assert runner.scheduler.prefill_interval == 3 and runner.backbone_graph_path == "off"
     default = load_variant(checkpoints / name, load_profile("cpu")).make_talker_runner("cpu")
     assert isinstance(default.attention, ReferenceAttention)  # "auto" on a CPU
+
+
+def test_backbone_graphs_need_both_profile_switches_and_cuda() -> None:
+    from stages.delay.variant import talker_runner_options
+
+    def graphs(device, *overrides):
+        return talker_runner_options(load_profile("default", list(overrides)), device)["cuda_graphs"]
+
+    assert not graphs("cuda")  # talker.backbone_graphs is off by default (not yet run on a GPU)
+    assert graphs("cuda", "talker.backbone_graphs=true")
+    assert not graphs("cuda", "talker.backbone_graphs=true", "talker.cuda_graphs=false")
+    assert not graphs("cpu", "talker.backbone_graphs=true")
