@@ -141,6 +141,9 @@ class CodecConfig(_Section):
         "frames decoded without left context, as vLLM-Omni does); issue 7")] = True
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most; issues 4, 5", ge=1)] = 8
+    encode_graphs: Annotated[bool, doc(
+        "reference encoding replays CUDA graphs per (batch bucket, length bucket of 4-32 s), "
+        "captured at start-up (CUDA only); off by default until measured on a GPU; issue 7")] = False
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the codec process; null = torch's default; issue 4")] = None
     client_stall_s: Annotated[float, doc(

@@ -9,8 +9,11 @@ With `cuda_graphs` (CUDA only) such a batch of n chunks of T <= `max_chunk_frame
 graph of the bucket (next power of two >= n, T) from `stages.codec.graphs`, captured on first use
 or ahead through `capture`; padding rows decode on a scratch slot (slot `max_slots`, never leased).
 Longer chunks (reference priming) replay in graph-sized pieces; final chunks are padded to the
-longest graph chunk and trimmed (`decode(last=...)`); batches past the buckets decode eagerly. `graphs_eager` runs the same buckets, padding and
-scratch slot without recording (CPU tests of that logic).
+longest graph chunk and trimmed (`decode(last=...)`); batches past the buckets decode eagerly.
+`graphs_eager` runs the same buckets, padding and scratch slot without recording (CPU tests of
+that logic). With `encode_graphs` (CUDA only; `encode_graphs_eager` for CPU tests) reference
+encoding replays graphs per (batch bucket, length bucket) from `stages.codec.encode_graphs`;
+longer clips or larger batches encode eagerly.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Collection
 import numpy as np
 import torch
 
+from stages.codec.encode_graphs import EncodeGraphs
 from stages.codec.graphs import DecodeGraphs
 from stages.codec.model import CodecModel
 from stages.codec.streaming import StreamingDecoder
@@ -38,7 +42,8 @@ class CodecRunner:
 
     def __init__(self, model: CodecModel, n_vq: int, max_slots: int,
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                 max_chunk_frames: int = 15, cuda_graphs: bool = False, graphs_eager: bool = False):
+                 max_chunk_frames: int = 15, cuda_graphs: bool = False, graphs_eager: bool = False,
+                 encode_graphs: bool = False, encode_graphs_eager: bool = False, encode_batch: int = 8):
         cfg = model.cfg
         if not 1 <= n_vq <= cfg.quantizer.num_quantizers:
             raise ValueError(f"n_vq {n_vq} outside 1..{cfg.quantizer.num_quantizers} (the codec's quantizers)")
@@ -60,6 +65,10 @@ class CodecRunner:
         self._decoder = StreamingDecoder(model, max_slots + 1 if padded else max_slots, max_chunk_frames)
         self.graphs = DecodeGraphs(self._decoder, n_vq=n_vq, scratch_slot=max_slots, max_batch=max_slots,
                                    use_cuda_graphs=cuda_graphs) if padded else None
+        if encode_graphs and self.device.type != "cuda":
+            raise ValueError(f"encode_graphs needs a CUDA device, the codec is on {self.device}")
+        self.encode_graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=encode_batch, capture=encode_graphs) \
+            if encode_graphs or encode_graphs_eager else None
         self._slot_of: dict[int, int] = {}
         self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
 
@@ -135,6 +144,13 @@ class CodecRunner:
             return 0
         return self.graphs.capture(batches, chunk_lengths, budget_s)
 
+    def capture_encode(self, budget_s: float | None = None) -> int:
+        """Capture ahead the reference-encoding graphs of every batch and length bucket, within
+        `budget_s`; returns how many were made (0 without encode graphs)."""
+        if self.encode_graphs is None:
+            return 0
+        return self.encode_graphs.capture_ahead(range(1, self.encode_graphs.max_batch + 1), budget_s)
+
     def _check_codes(self, rid: int, codes: np.ndarray) -> None:
         if rid not in self._slot_of:
             raise KeyError(f"request {rid} has no codec slot (open it first)")
@@ -157,6 +173,10 @@ class CodecRunner:
         longest = max(w.shape[1] for w in wavs)
         if longest < self.samples_per_frame:
             return [np.zeros((0, self.n_vq), dtype=np.int64) for _ in wavs]
+        if self.encode_graphs is not None and self.encode_graphs.fits(len(wavs), longest):
+            codes_dev, frames_dev = self.encode_graphs.encode([torch.from_numpy(w) for w in wavs])
+            codes, frames = codes_dev.cpu().numpy(), frames_dev.cpu().numpy()  # [n_vq, B, T], [B]
+            return [np.ascontiguousarray(codes[:, i, : frames[i]].T, dtype=np.int64) for i in range(len(wavs))]
         batch = np.zeros((len(wavs), self.channels, longest), dtype=np.float32)
         for i, wav in enumerate(wavs):
             batch[i, :, : wav.shape[1]] = wav

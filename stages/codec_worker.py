@@ -304,7 +304,7 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
     capture every batch bucket up to `max_batch` (the coalescing window's) for the schedule's chunk
     lengths (initial, ramp, steady) too, within the budget: a capture while serving stalls every
     stream for a device sync, a collection and three decodes (seen as multi-second coalescing
-    waits on the H200 at C=128-256)."""
+    waits on the H200 at C=128-256). With encode graphs, their buckets are captured too."""
     runner.open(-1)
     try:
         runner.decode([(-1, np.zeros((1, runner.n_vq), dtype=np.int64))])
@@ -318,6 +318,12 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
         if made:
             log.info("codec: captured %d decode graphs in %.1f s", made, time.perf_counter() - t0)
     runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
+    capture_encode = getattr(runner, "capture_encode", None)
+    if capture_encode is not None:
+        t0 = time.perf_counter()
+        made = capture_encode(capture_budget_s)
+        if made:
+            log.info("codec: captured %d reference-encode graphs in %.1f s", made, time.perf_counter() - t0)
 
 
 def main(spec: WorkerSpec) -> None:
