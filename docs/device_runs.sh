@@ -11,7 +11,8 @@
 #        attention) at C=1,16 as the same-call baseline; then two replicas over both GPUs at
 #        C=256 (issue 8: >= 0.9 x 2 x one GPU's C=128 figure).
 # delay: MOSS-TTS 8B Delay talker (random bf16): TP=1 with and without backbone graphs, TP=2,
-#        batches 1/16/64; then the GPU tests (graph capture of every runner, Triton, codec graphs).
+#        batches 1/16/64; reference encoding eager vs encode graphs (full-size codec); then the
+#        GPU tests (graph capture of every runner and of encoding, Triton, codec graphs).
 set -u
 PHASE=${1:?usage: device_runs.sh serve|delay}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -74,6 +75,9 @@ delay)
   el "TP=1 (graphs) and TP=2"
   timeout 120 python3 -m stages.delay.bench_tp $args --tp 1 --no-graphs 2>&1 | grep '^{' | tee "$R/delay_eager.jsonl"
   el "TP=1 eager"
+  timeout 120 python3 -m stages.codec.bench --version v2 --size full --batches 1,8 --iters 3 --encode 2>&1 \
+    | grep -E "^batch|codec" | tee "$R/codec_encode.txt"
+  el "codec encode: eager vs graphs"
   timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages 2>&1 | tail -12 | tee "$R/gpu_tests.txt"
   ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;

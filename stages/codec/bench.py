@@ -128,6 +128,28 @@ def profile_step(model: CodecModel, batch: int, chunk: int, n_vq: int, device: s
     return prof.key_averages().table(sort_by=key, row_limit=25)
 
 
+def bench_encode(model: CodecModel, batch: int, seconds: float, n_vq: int, iters: int, device: str) -> tuple[float, float]:
+    """(ms eager, ms replayed from the encode graphs) of `batch` reference clips of `seconds`."""
+    from stages.codec.encode_graphs import EncodeGraphs
+
+    cfg = model.cfg
+    wavs = [torch.randn(cfg.channels, int(seconds * cfg.sampling_rate)) * 0.3 for _ in range(batch)]
+    stacked = torch.stack(wavs).to(device)
+    lengths = torch.full((batch,), stacked.shape[-1], device=device)
+    graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=batch, capture=device.startswith("cuda"))
+    times = []
+    for run in (lambda: model.encode(stacked, lengths, n_vq), lambda: graphs.encode(wavs)):
+        run()
+        run()  # warm-up (and the capture)
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            run()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3 / iters)
+    return times[0], times[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", choices=["v1", "v2"], default="v2")
@@ -140,6 +162,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--graphs", action="store_true", help="also time CUDA-graph replay of the steady chunk")
     parser.add_argument("--profile", action="store_true", help="print a kernel profile of one chunk at the last batch")
+    parser.add_argument("--encode", action="store_true",
+                        help="also time reference encoding of 6 s clips at each batch, eager vs encode graphs")
     args = parser.parse_args()
 
     err, rms = check_exact(args.device, args.version)
@@ -158,6 +182,10 @@ def main() -> None:
             graph_ms = bench_graph(model, batch, args.chunk, args.n_vq, args.iters, args.device)
             rate = batch * args.chunk * frame_s / (graph_ms / 1e3)
             print(f"batch {batch:4d}: CUDA graph replay, {args.chunk}-frame chunk {graph_ms:8.1f} ms | {rate:8.1f} audio-s/s")
+        if args.encode:
+            eager_ms, graph_ms = bench_encode(model, batch, 6.0, args.n_vq, args.iters, args.device)
+            print(f"batch {batch:4d}: encode 6 s clips eager {eager_ms:8.1f} ms | graphs {graph_ms:8.1f} ms "
+                  f"({eager_ms / graph_ms:.2f}x)")
     if args.profile:
         print(profile_step(model, batch, args.chunk, args.n_vq, args.device))
 
