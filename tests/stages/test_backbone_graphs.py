@@ -14,6 +14,7 @@ from stages.delay.runner import DelayRunner
 from stages.realtime.processor import RealtimeProcessor
 from stages.realtime.runner import RealtimeRunner
 from stages.sampling import SamplingParams
+from tests.stages.runner_drive import drive
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "golden"
 DELAY, REALTIME = SHARED / "moss_tts_delay", SHARED / "moss_tts_realtime"
@@ -25,20 +26,6 @@ GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_
 def golden(folder: Path, name: str) -> dict[str, np.ndarray]:
     with np.load(folder / f"case_{name}.npz") as z:
         return {k: z[k] for k in z.files}
-
-
-def drive(runner, arrivals: dict[int, list], max_steps: int = 400) -> dict[int, np.ndarray]:
-    """Add each (rid, prompt, params) at its step (arrivals: step -> items); all frames per rid."""
-    out = {rid: [] for items in arrivals.values() for rid, _, _ in items}
-    for step in range(max_steps):
-        for rid, prompt, params in arrivals.get(step, []):
-            runner.add(rid, prompt, params)
-        for e in runner.step():
-            if e.codes is not None:
-                out[e.rid].append(e.codes)
-        if runner.num_running() == 0 and step >= max(arrivals):
-            break
-    return {rid: np.stack(v) for rid, v in out.items()}
 
 
 @pytest.mark.parametrize("name", ["plain", "voice_clone", "continuation"])

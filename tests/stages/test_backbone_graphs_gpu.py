@@ -15,23 +15,11 @@ from stages.make_checkpoint import make_checkpoint
 from stages.realtime.processor import RealtimeProcessor
 from stages.realtime.runner import RealtimeRunner
 from stages.sampling import SamplingParams
+from tests.stages.runner_drive import drive
 from stages.tokenizer import TextTokenizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 TEXTS = ("A short one.", "Another sentence, a little longer than the first.", "Third.")
-
-
-def drive(runner, arrivals: dict[int, list], max_steps: int = 300) -> dict[int, np.ndarray]:
-    out = {rid: [] for items in arrivals.values() for rid, _, _ in items}
-    for step in range(max_steps):
-        for rid, prompt, params in arrivals.get(step, []):
-            runner.add(rid, prompt, params)
-        for e in runner.step():
-            if e.codes is not None:
-                out[e.rid].append(e.codes)
-        if runner.num_running() == 0 and step >= max(arrivals):
-            break
-    return {rid: np.stack(v) for rid, v in out.items()}
 
 
 def params(seed: int, frames: int) -> SamplingParams:
