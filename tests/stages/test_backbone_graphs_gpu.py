@@ -15,8 +15,8 @@ from stages.make_checkpoint import make_checkpoint
 from stages.realtime.processor import RealtimeProcessor
 from stages.realtime.runner import RealtimeRunner
 from stages.sampling import SamplingParams
-from tests.stages.runner_drive import drive
 from stages.tokenizer import TextTokenizer
+from tests.stages.runner_drive import drive
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 TEXTS = ("A short one.", "Another sentence, a little longer than the first.", "Third.")
