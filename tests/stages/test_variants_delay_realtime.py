@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ipc.channel import Channel
-from ipc.messages import CodecInbox, CodeChunk, CoordinatorInbox, Submit, TalkerInbox
+from ipc.messages import CodecInbox, CoordinatorInbox, Submit, TalkerInbox
 from ipc.shm import new_instance_id
 from profiles import load_profile
 from stages.delay.adapters import AdapterError
