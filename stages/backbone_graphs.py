@@ -19,14 +19,14 @@ import numpy as np
 import torch
 
 from stages.attention import AttentionMetadata
-from stages.graph_capture import bucket, decode_metadata, pack_decode_inputs, record, run_eager
+from stages.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
 
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph | None  # None without capture
     packed: torch.Tensor  # [B, C + 5 + M] int64 static input: row ids, then pack_decode_inputs' layout
     hidden: torch.Tensor  # [B, H] static output
+    call: StaticCall  # forward(ids, meta) -> (hidden,), recorded with capture
 
 
 class BackboneGraphs:
@@ -54,6 +54,7 @@ class BackboneGraphs:
         next call."""
         n = len(rows)
         key = (bucket(n, self.max_batch), bucket(max(len(t) for t in tables), self.max_blocks))
+        # the request-slot and frame columns are unused here (no per-request state inside the graph)
         packed = pack_decode_inputs([0] * n, [0] * n, positions, slot_mapping, [p + 1 for p in positions], tables,
                                     batch=key[0], blocks=key[1], scratch_slot=0, scratch_block=self.scratch_block,
                                     block_size=self.block_size)  # [B, 5 + M]
@@ -65,23 +66,15 @@ class BackboneGraphs:
             g = self._build(host, key)
         else:
             g.packed.copy_(host, non_blocking=True)
-            if g.graph is not None:
-                g.graph.replay()
-            else:
-                run_eager(self._body(g.packed), (g.hidden,))
+            g.call()
         return g.hidden[:n]
-
-    def _body(self, packed: torch.Tensor):
-        ids, meta = packed[:, : self.width], decode_metadata(packed[:, self.width :], self.block_size)
-        return lambda: (self.forward(ids, meta),)
 
     def _build(self, host: torch.Tensor, key: tuple[int, int]) -> _Graph:
         """The bucket's static tensors, its graph recorded (with capture) and this call's result."""
         packed = host.to(self.device)
         hidden = torch.empty(key[0], self.hidden_size, dtype=self.dtype, device=self.device)
-        body = self._body(packed)
-        graph = record(body, (hidden,), self.pool, self.device) if self.capture else None
-        if graph is None:
-            run_eager(body, (hidden,))
-        g = self._graphs[key] = _Graph(graph, packed, hidden)
+        ids, meta = packed[:, : self.width], decode_metadata(packed[:, self.width :], self.block_size)
+        call = StaticCall.first(lambda: (self.forward(ids, meta),), (hidden,), capture=self.capture, pool=self.pool,
+                                device=self.device)
+        g = self._graphs[key] = _Graph(packed, hidden, call)
         return g

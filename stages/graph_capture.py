@@ -14,6 +14,9 @@ they compute garbage nobody reads and write only there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -109,3 +112,27 @@ def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) 
             out.copy_(result)
     graph.replay()
     return graph
+
+
+@dataclass
+class StaticCall:
+    """`body` over static inputs, its results copied into the static `outputs`; with a recorded
+    `graph` a call replays it, without one (eager graph path, CPU tests) it runs `body` again."""
+
+    body: Callable[[], tuple[torch.Tensor, ...]]
+    outputs: tuple[torch.Tensor, ...]
+    graph: torch.cuda.CUDAGraph | None = None
+
+    @classmethod
+    def first(cls, body, outputs: tuple[torch.Tensor, ...], *, capture: bool, pool, device: torch.device) -> StaticCall:
+        """Run `body` once, recorded when `capture`: `outputs` hold this call's results."""
+        if capture:
+            return cls(body, outputs, record(body, outputs, pool, device))
+        run_eager(body, outputs)
+        return cls(body, outputs)
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            run_eager(self.body, self.outputs)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from stages.codec.model import CodecModel
-from stages.graph_capture import bucket
+from stages.graph_capture import StaticCall, bucket
 
 DEFAULT_LENGTHS_S = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # reference clips are 3-10 s as a rule
 
@@ -33,7 +33,7 @@ class _Entry:
     lengths: torch.Tensor  # [B] int64 static input (samples per channel)
     codes: torch.Tensor  # [n_vq, B, T] int64 static output
     frames: torch.Tensor  # [B] int64 static output (valid frames)
-    graph: torch.cuda.CUDAGraph | None = None
+    call: StaticCall | None = None  # encode(wav, lengths) -> (codes, frames), set once made
 
 
 class EncodeGraphs:
@@ -80,10 +80,7 @@ class EncodeGraphs:
         entry = self._entries.get(key) or self._make(key)
         entry.wav.copy_(batch, non_blocking=True)
         entry.lengths.copy_(lengths, non_blocking=True)
-        if entry.graph is not None:
-            entry.graph.replay()
-        else:
-            self._body(entry)
+        entry.call()
         return entry.codes[:, :n], entry.frames[:n]
 
     def capture_ahead(self, batches, budget_s: float | None = None) -> int:
@@ -99,26 +96,20 @@ class EncodeGraphs:
             made += 1
         return made
 
-    def _body(self, entry: _Entry) -> None:
-        result = self.model.encode(entry.wav, entry.lengths, self.n_vq)
-        entry.codes.copy_(result.codes)
-        entry.frames.copy_(result.lengths)
-
     def _make(self, key: tuple[int, int]) -> _Entry:
+        """The bucket's static tensors (silence, full lengths) and its first call (recorded with capture)."""
         B, S = key
         dev = self.device
         entry = _Entry(torch.zeros(B, self.channels, S, dtype=torch.float32, device=dev),
                        torch.full((B,), S, dtype=torch.long, device=dev),
                        torch.zeros(self.n_vq, B, S // self.hop, dtype=torch.long, device=dev),
                        torch.zeros(B, dtype=torch.long, device=dev))
-        if self.capture:
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):
-                self._body(entry)  # warm-up: kernels, allocator, cuBLAS workspaces
-            torch.cuda.current_stream(dev).wait_stream(side)
-            entry.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(entry.graph, pool=self.pool):
-                self._body(entry)
+
+        def body():
+            result = self.model.encode(entry.wav, entry.lengths, self.n_vq)
+            return result.codes, result.lengths
+
+        entry.call = StaticCall.first(body, (entry.codes, entry.frames), capture=self.capture, pool=self.pool,
+                                      device=dev)
         self._entries[key] = entry
         return entry

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from stages.attention import AttentionMetadata
-from stages.graph_capture import bucket, decode_metadata, pack_decode_inputs, record, run_eager
+from stages.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
 
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph | None  # None without capture
+    call: StaticCall  # body(slots, frames, meta) -> (stop, codes), recorded with capture
     packed: torch.Tensor  # [B, 5 + M] int64 static input, see DecodeGraphs.pack
     meta: AttentionMetadata
     slots: torch.Tensor  # [B] views into packed
@@ -70,10 +70,7 @@ class DecodeGraphs:
             g = self._build(packed_host, key)
         else:
             g.packed.copy_(packed_host, non_blocking=True)
-            if g.graph is not None:
-                g.graph.replay()
-            else:
-                run_eager(lambda: self.body(g.slots, g.frames, g.meta), (g.stop, g.codes))
+            g.call()
         return g.stop[:n], g.codes[:n]
 
     def _build(self, packed_host: torch.Tensor, key: tuple[int, int]) -> _Graph:
@@ -84,24 +81,20 @@ class DecodeGraphs:
         slots, frames = packed[:, 0], packed[:, 1]
         stop = torch.empty(B, dtype=torch.bool, device=dev)
         codes = torch.empty(B, self.n_vq, dtype=torch.int64, device=dev)
-        body = lambda: self.body(slots, frames, meta)  # noqa: E731
-        if self.capture:
-            graph = record(body, (stop, codes), self.pool, dev)
-        else:
-            graph = None
-            run_eager(body, (stop, codes))
-        g = _Graph(graph, packed, meta, slots, frames, stop, codes)
+        call = StaticCall.first(lambda: self.body(slots, frames, meta), (stop, codes), capture=self.capture,
+                                pool=self.pool, device=dev)
+        g = _Graph(call, packed, meta, slots, frames, stop, codes)
         self._graphs[key] = g
         return g
 
 
 @dataclass
 class _FrameGraph:
-    graph: torch.cuda.CUDAGraph | None  # None without capture
     hidden: torch.Tensor  # [B, H] static input
     packed: torch.Tensor  # [B, 2] int64 static input: slot, frame
     stop: torch.Tensor  # [B] bool output
     codes: torch.Tensor  # [B, n_vq] int64 output
+    call: StaticCall | None = None  # body(hidden, slots, frames) -> (stop, codes), set once made
 
 
 class FrameGraphs:
@@ -127,22 +120,16 @@ class FrameGraphs:
         g = self._graphs.get(B)
         if g is None:
             dev = self.device
-            g = _FrameGraph(None, torch.zeros(B, self.hidden_size, dtype=self.dtype, device=dev),
+            g = _FrameGraph(torch.zeros(B, self.hidden_size, dtype=self.dtype, device=dev),
                             torch.from_numpy(packed).to(dev), torch.empty(B, dtype=torch.bool, device=dev),
                             torch.empty(B, self.n_vq, dtype=torch.int64, device=dev))
             g.hidden[:n].copy_(hidden)
-            body = lambda: self.body(g.hidden, g.packed[:, 0], g.packed[:, 1])  # noqa: E731
-            if self.capture:
-                g.graph = record(body, (g.stop, g.codes), self.pool, dev)
-            else:
-                run_eager(body, (g.stop, g.codes))
+            g.call = StaticCall.first(lambda: self.body(g.hidden, g.packed[:, 0], g.packed[:, 1]), (g.stop, g.codes),
+                                      capture=self.capture, pool=self.pool, device=dev)
             self._graphs[B] = g
         else:
             g.hidden[:n].copy_(hidden)
             g.hidden[n:].zero_()  # padding rows: finite inputs, results unread
             g.packed.copy_(torch.from_numpy(packed), non_blocking=True)
-            if g.graph is not None:
-                g.graph.replay()
-            else:
-                run_eager(lambda: self.body(g.hidden, g.packed[:, 0], g.packed[:, 1]), (g.stop, g.codes))
+            g.call()
         return g.stop[:n], g.codes[:n]

@@ -47,7 +47,7 @@ def test_captured_backbone_graphs_equal_the_one_call_step(tmp_path, variant):
     eager, _ = run("off")
     graphed, runner = run("cuda")
     assert runner.backbone_graph_path == "cuda" and runner._backbone_graphs.keys
-    assert all(g.graph is not None for g in runner._backbone_graphs._graphs.values())
+    assert all(g.call.graph is not None for g in runner._backbone_graphs._graphs.values())
     for rid in eager:
         assert len(eager[rid]) > 0
         np.testing.assert_array_equal(graphed[rid], eager[rid])

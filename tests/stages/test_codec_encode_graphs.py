@@ -76,4 +76,4 @@ def test_captured_encode_equals_padded_eager_on_cuda():
     assert graphed.capture_encode(budget_s=120) > 0
     for a, b in zip(eager.encode(batch), graphed.encode(batch)):
         np.testing.assert_array_equal(b, a)
-    assert all(e.graph is not None for e in graphed.encode_graphs._entries.values())
+    assert all(e.call.graph is not None for e in graphed.encode_graphs._entries.values())
