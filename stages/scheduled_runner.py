@@ -80,10 +80,10 @@ class ScheduledRunner:
                                       max_prefill_tokens_per_step=max_prefill_tokens_per_step,
                                       prefill_interval=prefill_interval)
         self._requests: dict[int, Any] = {}
+        self._hidden_size = backbone.hidden_size
         self._backbone_graphs: BackboneGraphs | None = None  # made on the first graph decode
         if backbone_graphs != "off":
             (self._graph_block,) = self.cache.allocator.allocate(1)
-            self._backbone_hidden_size = backbone.hidden_size
 
     @property
     def preemptions(self) -> int:
@@ -116,19 +116,15 @@ class ScheduledRunner:
                 return batch.ready, hidden[batch.ready_rows]
             decode = [r for r, _ in scheduled if r.pending == 1]  # before anything is packed
             chunks = [(r, n) for r, n in scheduled if r.pending != 1]
-            parts: list[tuple[list[RowRequest], torch.Tensor]] = []
-            if decode:
-                parts.append((decode, self._graph_decode(decode)))
+            ready, states = list(decode), [self._graph_decode(decode)] if decode else []
             if chunks:
                 batch = self.scheduler.pack(chunks, self.device)
                 hidden = self.model(batch.ids, batch.meta, self.cache, self.attention)  # [N, H]
-                if batch.ready:
-                    parts.append((batch.ready, hidden[batch.ready_rows]))
-            if not parts:
-                return [], torch.empty(0, self._backbone_hidden_size, dtype=self.dtype, device=self.device)
-            if len(parts) == 1:
-                return parts[0]
-            return parts[0][0] + parts[1][0], torch.cat([parts[0][1], parts[1][1]])
+                ready += batch.ready
+                states.append(hidden[batch.ready_rows])
+            if not states:
+                return [], torch.empty(0, self._hidden_size, dtype=self.dtype, device=self.device)
+            return ready, states[0] if len(states) == 1 else torch.cat(states)
 
     def _pack(self, scheduled: list[tuple[RowRequest, int]]) -> ScheduledBatch:
         """The one-call path's backbone inputs (the tensor-parallel runner also sends them to its ranks)."""
@@ -149,7 +145,7 @@ class ScheduledRunner:
             model, attention = self.model, self.attention
             self._backbone_graphs = BackboneGraphs(
                 lambda ids, meta: model(ids, meta, cache, attention), width=len(rows[0]),
-                hidden_size=self._backbone_hidden_size, dtype=self.dtype, max_batch=self.max_running,
+                hidden_size=self._hidden_size, dtype=self.dtype, max_batch=self.max_running,
                 max_blocks=cache.spec.num_blocks - 1, scratch_block=self._graph_block,
                 block_size=cache.spec.block_size, device=self.device, capture=self.backbone_graph_path == "cuda")
         return self._backbone_graphs.run(np.stack(rows), positions, kv_slots, [cache.block_table(r.rid) for r in decode])
