@@ -1,14 +1,18 @@
-"""Test helper: a real `mossvox serve` process on loopback (tiny demo model, cpu profile)."""
+"""Test helpers: a real `mossvox serve` process on loopback (tiny demo model, cpu profile), and the
+stub speech server (`tests.api.stub_speech_server`) in a process of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -74,3 +78,25 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def stub_speech_server() -> Iterator[str]:
+    """The stub speech server on a free loopback port, until the block ends: yields its base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "tests.api.stub_speech_server", "--port", str(port)],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert "stub serving" in proc.stdout.readline()
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/v1/models").status_code == 200:
+                    break
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -7,16 +7,10 @@ known exactly (forced_frames * 80 ms), which lets these tests check the client's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
-import subprocess
-import sys
 import threading
-import time
 import wave
 
-import httpx
 import pytest
 
 from api.bench_client import ClientConfig, ForcedLength, run_pass, server_info
@@ -26,7 +20,7 @@ from api.bench_report import simulate_player, summarize
 from api.cli import main
 from api.commands.bench_serve import _concurrencies
 from tests.api.helpers import tone_wav
-from tests.api.server_process import REPO, ServerProcess
+from tests.api.server_process import ServerProcess, stub_speech_server
 
 FRAME_S = 0.08
 KEY = "bench-key"
@@ -180,25 +174,10 @@ def test_bad_dataset_rows_fail_the_run(server, tmp_path, capsys):
 def test_many_clients_against_a_stub_count_every_byte(clips, tmp_path, capsys):
     """64 concurrent streams (more than the tiny server runs quickly): exact byte accounting.
     Seed 0's first prompts are the ones the small run rendered, so few new clips are made."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    stub = subprocess.Popen([sys.executable, "-m", "tests.api.stub_speech_server", "--port", str(port)],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        assert "stub serving" in stub.stdout.readline()
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v1/models").status_code == 200:
-                    break
-            time.sleep(0.05)
-        out = tmp_path / "stub.json"
+    out = tmp_path / "stub.json"
+    with stub_speech_server() as url:
         rc = main(["bench", "serve", "--url", url, "--cache-dir", str(clips), "--num-prompts", "96",
                    "--concurrency", "64", "--no-warmup", "--no-progress", "--out", str(out)])
-    finally:
-        stub.terminate()
-        stub.wait(10)
     assert rc == 0, capsys.readouterr().out
     (run,) = json.loads(out.read_text())["runs"]
     assert run["num_requests"] == 96 and run["num_failed"] == 0

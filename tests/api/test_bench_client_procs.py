@@ -5,16 +5,10 @@ empty input), so every request's audio length is known exactly."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from api.bench_client import (ClientConfig, ForcedLength, _run_pass, auto_client_procs, run_pass,
@@ -24,7 +18,7 @@ from api.bench_report import format_table, summarize
 from api.cli import main
 from api.commands.bench_serve import _client_procs
 from tests.api.helpers import tone_wav
-from tests.api.server_process import REPO
+from tests.api.server_process import stub_speech_server
 
 FRAME_S = 0.08
 FORCED = ForcedLength(0.25, 16)
@@ -42,23 +36,8 @@ class ExplodingClip(type(Path())):
 
 @pytest.fixture(scope="module")
 def stub():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tests.api.stub_speech_server", "--port", str(port)],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        assert "stub serving" in proc.stdout.readline()
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v1/models").status_code == 200:
-                    break
-            time.sleep(0.05)
+    with stub_speech_server() as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture(scope="module")
