@@ -35,7 +35,7 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 class Sampling(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """Per-request sampling settings; field for field `stages.sampling.SamplingParams`."""
+    """Per-request sampling settings; field for field `stages.runtime.sampling.SamplingParams`."""
 
     temperature: float
     top_p: float

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from profiles import Profile
-from stages.checkpoint import read_config
+from stages.runtime.checkpoint import read_config
 from stages.codec.config import CodecConfig
 
 CODEC_SUBDIR = "audio_tokenizer"

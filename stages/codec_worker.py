@@ -28,7 +28,7 @@ from ipc.errors import ChannelTimeout, EndOfStream, PeerGone, RingClosed
 from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, EncodeDone,
                           EncodeRequest, EncodeResult, PcmChunk, Ready, Shutdown, Slots,
                           StageError)
-from stages.coalescer import Coalescer
+from stages.runtime.coalescer import Coalescer
 from stages.codec_setup import chunk_lengths
 from stages.worker_common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
 

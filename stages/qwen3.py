@@ -8,7 +8,7 @@ equal HF `Qwen3Model`: `embed_tokens`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
 
 Two entry points, one set of layers:
 * `forward(embeds [N, H], meta, cache)`: the serving path. N packed new tokens of many sequences
-  (prefill chunks and decode tokens mixed) attend over the paged KV cache (`stages.attention`).
+  (prefill chunks and decode tokens mixed) attend over the paged KV cache (`stages.runtime.attention.backends`).
 * `forward_dense(embeds [B, S, H], attention_mask [B, S])`: a whole batch at once without a cache
   (teacher forcing, tests). Positions are `cumsum(attention_mask) - 1` and hidden states are
   multiplied by the query mask at the input, after every layer and after the final norm, as
@@ -16,7 +16,7 @@ Two entry points, one set of layers:
 Nothing variant-specific lives here: inputs are embeddings, outputs final-norm hidden states.
 
 Tensor parallelism: built with `tp=TPGroup`, q/k/v and gate/up are column-parallel and o_proj /
-down_proj row-parallel (`stages.tensor_parallel`): each rank holds `rank_config`'s heads, KV heads
+down_proj row-parallel (`stages.runtime.tensor_parallel`): each rank holds `rank_config`'s heads, KV heads
 (its KV cache too) and FFN channels, and each layer all-reduces twice. `tp=None` is one device.
 """
 
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.attention import AttentionBackend, AttentionMetadata, ReferenceAttention
-from stages.kv_cache import KVCacheSpec, PagedKVCache
-from stages.tensor_parallel import TPGroup, column_linear, row_linear
+from stages.runtime.attention.backends import AttentionBackend, AttentionMetadata, ReferenceAttention
+from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
+from stages.runtime.tensor_parallel import TPGroup, column_linear, row_linear
 
 
 @dataclass(frozen=True)

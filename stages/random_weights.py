@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from stages.checkpoint import INDEX_FILE
+from stages.runtime.checkpoint import INDEX_FILE
 
 Init = Literal["matrix", "norm_weight", "bias", "codebook", "layer_scale", "wn_g", "wn_v"]
 Style = Literal["talker", "codec"]

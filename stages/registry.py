@@ -15,7 +15,7 @@ import numpy as np
 
 from ipc.messages import Sampling
 from profiles import Profile
-from stages.checkpoint import read_config
+from stages.runtime.checkpoint import read_config
 
 
 class SpeechJobLike(Protocol):
@@ -55,13 +55,13 @@ class Variant(Protocol):
 
 
 def to_wire(params: Any) -> Sampling:
-    """The wire record of a `stages.sampling.SamplingParams` (same fields)."""
+    """The wire record of a `stages.runtime.sampling.SamplingParams` (same fields)."""
     return Sampling(**msgspec.structs.asdict(params))
 
 
 def from_wire(sampling: Sampling) -> Any:
-    """The runner's `stages.sampling.SamplingParams` of a wire record."""
-    from stages.sampling import SamplingParams
+    """The runner's `stages.runtime.sampling.SamplingParams` of a wire record."""
+    from stages.runtime.sampling import SamplingParams
 
     return SamplingParams(**msgspec.structs.asdict(sampling))
 
@@ -142,9 +142,9 @@ def replica_devices(profile: Profile) -> list[str]:
 
 def worker_environment() -> dict[str, str]:
     """Variables every worker process the launcher starts runs with: NVLink multicast off
-    (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS), as `stages.tensor_parallel`
+    (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS), as `stages.runtime.tensor_parallel`
     sets them."""
-    from stages.tensor_parallel import MULTICAST_OFF
+    from stages.runtime.tensor_parallel import MULTICAST_OFF
 
     return dict(MULTICAST_OFF)
 

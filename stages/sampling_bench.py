@@ -1,4 +1,4 @@
-"""`stages.sampling` before the candidate path (the reference the tests and this benchmark compare
+"""`stages.runtime.sampling` before the candidate path (the reference the tests and this benchmark compare
 against) and a micro-benchmark of `sample_tokens`.
 
     python -m stages.sampling_bench [--device cuda] [--iters 200]
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from stages.sampling import K_CAP, RowSampling, SamplingParams, SamplingSlots, sample_tokens
+from stages.runtime.sampling import K_CAP, RowSampling, SamplingParams, SamplingSlots, sample_tokens
 
 # ---------------------------------------------------------------- the legacy sampler, verbatim
 
@@ -117,7 +117,7 @@ def check(device: str, vocab: int = 1024, batch: int = 256, frames: int = 20) ->
         full = sample_tokens(x, rows, frame + f, 3, seen)
         cand = sample_tokens(x, rows, frame + f, 3, seen, candidates=True)
         assert torch.equal(full, cand) and torch.equal(full, ref), f"frame {f}: paths disagree"
-    from stages.sampling import exponential_noise
+    from stages.runtime.sampling import exponential_noise
 
     seed = torch.randint(-(2**62), 2**62, (batch,), device=device)
     assert torch.equal(exponential_noise(seed, frame, 5, vocab), legacy_noise(seed, frame, 5, vocab))

@@ -25,7 +25,7 @@ import numpy as np
 
 from profiles import Profile
 from stages.audio_prep import prepare_reference, read_audio
-from stages.chunk_policy import ChunkAccumulator, ChunkSchedule
+from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.registry import from_wire, load_variant
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import numpy as np
 from ipc.errors import EndOfStream, PeerGone
 from ipc.messages import (Abort, CodeChunk, Ready, Shutdown, Slots, StageError, Submit, TalkerInbox,
                           TalkerStep)
-from stages.chunk_policy import ChunkAccumulator, ChunkSchedule
+from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.registry import from_wire
 from stages.worker_common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
                                   schedule_from)

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from stages.attention import make_attention
+from stages.runtime.attention.backends import make_attention
 from stages.delay.model import DelayModel
 from stages.delay.tp_runner import TPDelayRunner, follow
-from stages.tensor_parallel import MULTICAST_OFF, destroy_tp, free_port, init_tp
+from stages.runtime.tensor_parallel import MULTICAST_OFF, destroy_tp, free_port, init_tp
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ class TPSpec:
     num_kv_blocks: int | None = None
     kv_memory_fraction: float = 0.5
     torch_threads: int | None = None
-    attention: str = "auto"  # `stages.attention.make_attention` name, the same on every rank
+    attention: str = "auto"  # `stages.runtime.attention.backends.make_attention` name, the same on every rank
 
     @property
     def size(self) -> int:

@@ -27,7 +27,7 @@ import numpy as np
 from ipc.channel import Channel, ChannelSpec
 from ipc.messages import CodecInbox, ClientInbox
 from profiles import Profile
-from stages.chunk_policy import ChunkSchedule
+from stages.runtime.chunk_policy import ChunkSchedule
 
 log = logging.getLogger(__name__)
 

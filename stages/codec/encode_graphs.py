@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from stages.codec.model import CodecModel
-from stages.graph_capture import StaticCall, bucket
+from stages.runtime.graph_capture import StaticCall, bucket
 
 DEFAULT_LENGTHS_S = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # reference clips are 3-10 s as a rule
 

@@ -3,7 +3,7 @@
 Accepted spellings besides the canonical names: FFN `ffn.0` / `ffn.2` (an untested third-party
 converter's names) for `linear1` / `linear2`; attention `in_proj.weight` / `in_proj_weight` /
 `out_proj.weight` for `in_projs.0.weight` / `out_projs.0.weight` (upstream's load hook). Weight
-norm (`parametrizations.weight.original0/1`, `weight_g/_v`) is folded by `stages.checkpoint`.
+norm (`parametrizations.weight.original0/1`, `weight_g/_v`) is folded by `stages.runtime.checkpoint`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from stages.checkpoint import load_weights, read_config, read_state_dict
+from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
 from stages.codec.config import CodecConfig
 from stages.codec.model import CodecModel
 

@@ -5,7 +5,7 @@ take the nearest code, `z_q = out_proj(codebook[idx])` (the *un-normalised* row)
 frames at or beyond a row's length are quantized from a zeroed residual and leave it unchanged.
 Decode: `output_proj(sum_q out_proj_q(codebook_q[code_q]))` over the first nq stages.
 
-Projections are 1x1 weight-normed convs in the checkpoint; `stages.checkpoint` folds them into a
+Projections are 1x1 weight-normed convs in the checkpoint; `stages.runtime.checkpoint` folds them into a
 plain `weight` [out, in, 1] + `bias`, which is what `PointwiseConv` holds.
 """
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stages.delay.processor import DelayProcessor
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 MAX_SPEAKERS = 5
 _SPEAKER_TAG = re.compile(r"\[S(\d+)\]")

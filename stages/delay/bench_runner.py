@@ -27,8 +27,8 @@ from stages.realtime.config import tiny_config as realtime_tiny
 from stages.realtime.model import RealtimeModel
 from stages.realtime.processor import RealtimeProcessor
 from stages.realtime.runner import RealtimeRunner
-from stages.sampling import SamplingParams
-from stages.tokenizer import TextTokenizer
+from stages.runtime.sampling import SamplingParams
+from stages.runtime.tokenizer import TextTokenizer
 
 SENTENCE = "Hello world, this is a tiny golden test. " * 3
 

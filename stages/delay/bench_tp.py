@@ -18,13 +18,13 @@ import json
 
 import torch
 
-from stages.attention import make_attention
-from stages.checkpoint import read_config
+from stages.runtime.attention.backends import make_attention
+from stages.runtime.checkpoint import read_config
 from stages.delay.bench_runner import SENTENCE, run_batch
 from stages.delay.config import DelayConfig
 from stages.delay.processor import DelayProcessor
 from stages.delay.runner import DelayRunner
-from stages.tokenizer import TextTokenizer
+from stages.runtime.tokenizer import TextTokenizer
 from stages.tp_worker import start_delay_tp, tp_devices
 
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1])
     ap.add_argument("--frames", type=int, default=50)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--attention", default="auto", help="padded | triton | auto (stages.attention.make_attention)")
+    ap.add_argument("--attention", default="auto", help="padded | triton | auto (stages.runtime.attention.backends.make_attention)")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false",
                     help="TP=1 without backbone CUDA graphs (TP>1 always runs eagerly)")
     args = ap.parse_args(argv)

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stages.attention import AttentionBackend, AttentionMetadata
-from stages.checkpoint import load_weights, read_config, read_state_dict, safetensors_files
+from stages.runtime.attention.backends import AttentionBackend, AttentionMetadata
+from stages.runtime.checkpoint import load_weights, read_config, read_state_dict, safetensors_files
 from stages.delay.config import DelayConfig
-from stages.kv_cache import PagedKVCache
+from stages.runtime.kv_cache import PagedKVCache
 from stages.qwen3 import Qwen3Config, Qwen3Model
-from stages.tensor_parallel import TPGroup, read_shards
+from stages.runtime.tensor_parallel import TPGroup, read_shards
 
 # Fused SGLang checkpoints call the backbone `model.` and carry the codec under `codec_model.`.
 CHECKPOINT_RENAMES = ((r"^model\.", "language_model."),)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.checkpoint import read_config
+from stages.runtime.checkpoint import read_config
 from stages.delay.config import DelayConfig
 from stages.delay.delay_pattern import apply_delay_pattern
 from stages.delay.normalize import normalize_tts_text
-from stages.tokenizer import TextTokenizer
+from stages.runtime.tokenizer import TextTokenizer
 
 FIELD_ORDER = ("instruction", "tokens", "quality", "sound_event", "ambient_sound", "language")
 FIELD_TITLES = {

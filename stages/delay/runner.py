@@ -7,7 +7,7 @@ One `step()`:
 2. for every request whose rows are all in the cache: text and audio heads on its last hidden
    state, upstream's step rules (`DelayState`: text masks / forced drain, which channels are
    sampled), temperature, then repetition penalty, top-k, top-p and a per-request seeded draw
-   (`stages.sampling`), all batched on the device;
+   (`stages.runtime.sampling`), all batched on the device;
 3. one device-to-host copy of the new rows; the host advances each state machine and feeds the
    audio channels to the request's incremental de-delayer.
 
@@ -34,12 +34,12 @@ import torch.nn.functional as F
 from stages.delay.config import DelayConfig
 from stages.delay.delay_pattern import IncrementalDeDelayer
 from stages.delay.model import DelayModel
-from stages.row_scheduler import RowRequest
+from stages.runtime.row_scheduler import RowRequest
 from stages.delay.state import INSIDE_AUDIO, DelayState, TextRule
-from stages.graph_capture import resolve_graph_path
-from stages.runner import FrameEvent
-from stages.scheduled_runner import ScheduledRunner
-from stages.sampling import RowSampling, SamplingParams, sample_tokens
+from stages.runtime.graph_capture import resolve_graph_path
+from stages.runtime.talker_runner import FrameEvent
+from stages.runtime.scheduled_runner import ScheduledRunner
+from stages.runtime.sampling import RowSampling, SamplingParams, sample_tokens
 
 
 @dataclass(eq=False)
@@ -61,7 +61,7 @@ class DelayRunner(ScheduledRunner):
                  graph_path: str | None = None, **capacity) -> None:
         """`capacity`: `ScheduledRunner`'s KV, batching and attention settings. `graph_path`:
         "off" | "eager" | "cuda" for the backbone's decode rows (None = "cuda" with `cuda_graphs`
-        on a CUDA device, else "off"; `stages.graph_capture.resolve_graph_path`)."""
+        on a CUDA device, else "off"; `stages.runtime.graph_capture.resolve_graph_path`)."""
         on_cuda = next(model.parameters()).device.type == "cuda"
         # rank_config: this rank's KV heads
         super().__init__(model, model.language_model.rank_config,

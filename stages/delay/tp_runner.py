@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.attention import AttentionBackend, AttentionMetadata, ReferenceAttention
+from stages.runtime.attention.backends import AttentionBackend, AttentionMetadata, ReferenceAttention
 from stages.delay.model import DelayModel
-from stages.row_scheduler import ScheduledBatch, default_num_blocks, make_paged_cache
+from stages.runtime.row_scheduler import ScheduledBatch, default_num_blocks, make_paged_cache
 from stages.delay.runner import DelayRunner
-from stages.tensor_parallel import TPGroup
+from stages.runtime.tensor_parallel import TPGroup
 
 HOST = torch.device("cpu")
 

@@ -24,13 +24,13 @@ import numpy as np
 
 from ipc.messages import Sampling
 from profiles import Profile
-from stages.checkpoint import read_config
+from stages.runtime.checkpoint import read_config
 from stages.codec_setup import CodecShape, make_codec_runner
 from stages.delay.adapters import (SAMPLING_DEFAULTS, AdapterError, DelayRequest, build_request,
                                    variant_for_config)
 from stages.delay.processor import DelayProcessor
 from stages.registry import SpeechJobLike, to_wire
-from stages.request_sampling import SamplingResolver
+from stages.runtime.request_sampling import SamplingResolver
 
 CONFIG_VARIANT_KEY = "mossvox_variant"  # written by make-checkpoint into config.json
 DISPLAY_NAMES = {"moss-tts": "moss-tts-delay", "ttsd": "moss-ttsd", "sound-effect": "moss-sound-effect",
@@ -60,7 +60,7 @@ def talker_runner_options(profile: Profile, device: str) -> dict[str, Any]:
     """`talker_options` plus the attention kernel and the backbone graphs (CUDA only) the profile
     asks for (`talker.attention`; `talker.cuda_graphs` and `talker.backbone_graphs`). On CPU,
     "auto" attention keeps the runner's default (the per-sequence reference)."""
-    from stages.attention import make_attention
+    from stages.runtime.attention.backends import make_attention
 
     t = profile.talker
     cuda = str(device).startswith("cuda")

@@ -12,12 +12,12 @@ import time
 import numpy as np
 import torch
 
-from stages.attention import PaddedBatchAttention, ReferenceAttention
+from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from stages.local_v15.config import full_size_config, tiny_config
 from stages.local_v15.loader import build_talker_module
 from stages.local_v15.model import GreedyFrameSampler
 from stages.local_v15.runner import LocalV15Runner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 
 def main() -> None:

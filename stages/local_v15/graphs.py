@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.attention import AttentionMetadata
-from stages.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
+from stages.runtime.attention.backends import AttentionMetadata
+from stages.runtime.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
 
 
 @dataclass

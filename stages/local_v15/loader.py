@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from stages.checkpoint import load_weights, read_config, read_state_dict
+from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
 from stages.local_v15.config import LocalV15Config
 from stages.local_v15.model import TIED_CHECKPOINT_NAMES, LocalV15Talker
 
@@ -43,7 +43,7 @@ def load_talker_runner(model_dir: str | Path, profile, device: str):
     torch.compile (CUDA only), `model.dtype`."""
     from stages.local_v15.runner import LocalV15Runner
 
-    from stages.attention import make_attention
+    from stages.runtime.attention.backends import make_attention
 
     t = profile.talker
     cuda = str(device).startswith("cuda")

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.checkpoint import read_config
+from stages.runtime.checkpoint import read_config
 from stages.local_v15.config import LocalV15Config
-from stages.tokenizer import TextTokenizer
+from stages.runtime.tokenizer import TextTokenizer
 
 USER_ROLE_PREFIX = "user\n"
 REFERENCE_PREFIX = "<user_inst>\n- Reference(s):\n"

@@ -22,7 +22,7 @@ import torch
 from stages.local_v15.config import full_size_config
 from stages.local_v15.loader import build_talker_module
 from stages.local_v15.runner import LocalV15Runner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 
 def _median_ms(fn, iters: int) -> float:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=3, help="graph replays profiled")
     ap.add_argument("--eager", action="store_true", help="also time the eager (no graphs) step")
     ap.add_argument("--attention", nargs="+", default=["padded", "triton"],
-                    help="attention backends to compare (stages.attention.make_attention names)")
+                    help="attention backends to compare (stages.runtime.attention.backends.make_attention names)")
     ap.add_argument("--compile", action="store_true", help="last, also with the talker's torch.compile hot paths")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, rng) -> None:
-    from stages.attention import make_attention
+    from stages.runtime.attention.backends import make_attention
 
     cfg = model.config
     r = LocalV15Runner(model, max_running=B, num_kv_blocks=B * (args.context // 16 + 8),

@@ -1,13 +1,13 @@
 """Continuous-batching talker runner of Local-v1.5 (`TalkerRunner`, docs/interfaces.md).
 
 One `step()`:
-1. schedule (`stages.row_scheduler.RowScheduler`): every decoding request feeds its last frame's
+1. schedule (`stages.runtime.row_scheduler.RowScheduler`): every decoding request feeds its last frame's
    row (1 token); requests still in their prompt get prefill chunks (at most `prefill_chunk_tokens`
    each, `max_prefill_tokens_per_step` in all, admission order first) as far as free KV blocks
    allow, and while requests decode only on every `prefill_interval`-th step;
 2. the backbone over the packed tokens and the paged KV cache;
 3. the local loop (stop head + 12 codebooks) batched over every request whose prompt is now
-   complete, sampled per request slot (`stages.sampling`: own seed, own frame counter, own
+   complete, sampled per request slot (`stages.runtime.sampling`: own seed, own frame counter, own
    repetition history);
 4. one device-to-host copy of (stop, codes) of all those requests to build the `FrameEvent`s
    (in schedule order).
@@ -39,15 +39,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.attention import AttentionBackend, PaddedBatchAttention
-from stages.graph_capture import resolve_graph_path
+from stages.runtime.attention.backends import AttentionBackend, PaddedBatchAttention
+from stages.runtime.graph_capture import resolve_graph_path
 from stages.local_v15.graphs import DecodeGraphs, FrameGraphs
 from stages.local_v15.loader import load_talker
 from stages.local_v15.model import LocalV15Talker
-from stages.row_scheduler import RowRequest
-from stages.runner import FrameEvent
-from stages.sampling import K_CAP, SamplingParams, SamplingSlots, noise_key, sample_tokens
-from stages.scheduled_runner import ScheduledRunner
+from stages.runtime.row_scheduler import RowRequest
+from stages.runtime.talker_runner import FrameEvent
+from stages.runtime.sampling import K_CAP, SamplingParams, SamplingSlots, noise_key, sample_tokens
+from stages.runtime.scheduled_runner import ScheduledRunner
 
 
 @dataclass(slots=True, eq=False)

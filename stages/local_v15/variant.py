@@ -13,12 +13,12 @@ import numpy as np
 
 from ipc.messages import Sampling
 from profiles import Profile
-from stages.checkpoint import read_config
+from stages.runtime.checkpoint import read_config
 from stages.codec.config import CodecConfig
 from stages.local_v15.processor import LocalV15Processor
 from stages.registry import SpeechJobLike, to_wire
-from stages.request_sampling import SamplingResolver
-from stages.sampling import SamplingParams
+from stages.runtime.request_sampling import SamplingResolver
+from stages.runtime.sampling import SamplingParams
 
 CODEC_SUBDIR = "audio_tokenizer"
 

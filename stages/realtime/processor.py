@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.checkpoint import read_config
+from stages.runtime.checkpoint import read_config
 from stages.realtime.config import PREFILL_TEXT_TOKENS, RealtimeConfig
-from stages.tokenizer import TextTokenizer
+from stages.runtime.tokenizer import TextTokenizer
 
 SYSTEM_PROMPT = (
     "<|im_start|>system\n"

@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.graph_capture import resolve_graph_path
-from stages.row_scheduler import RowRequest
+from stages.runtime.graph_capture import resolve_graph_path
+from stages.runtime.row_scheduler import RowRequest
 from stages.realtime.model import RealtimeModel
 from stages.realtime.processor import split_prompt
-from stages.runner import FrameEvent
-from stages.sampling import SamplingParams, SamplingSlots, sample_tokens
-from stages.scheduled_runner import ScheduledRunner
+from stages.runtime.talker_runner import FrameEvent
+from stages.runtime.sampling import SamplingParams, SamplingSlots, sample_tokens
+from stages.runtime.scheduled_runner import ScheduledRunner
 
 REPETITION_WINDOW = 50  # frames of history the repetition penalty looks at (upstream default)
 

@@ -17,15 +17,15 @@ import numpy as np
 
 from ipc.messages import Sampling
 from profiles import Profile
-from stages.checkpoint import read_config
+from stages.runtime.checkpoint import read_config
 from stages.codec_setup import CodecShape, make_codec_runner
 from stages.delay.adapters import AdapterError
 from stages.delay.variant import talker_runner_options
 from stages.realtime.config import RealtimeConfig
 from stages.realtime.processor import RealtimeProcessor
 from stages.registry import SpeechJobLike, to_wire
-from stages.request_sampling import SamplingResolver
-from stages.sampling import SamplingParams
+from stages.runtime.request_sampling import SamplingResolver
+from stages.runtime.sampling import SamplingParams
 
 # upstream inferencer defaults; max_length 5000 as infer.py (the class default is 1000)
 SAMPLING_DEFAULTS = SamplingParams(temperature=0.8, top_p=0.6, top_k=30, repetition_penalty=1.1,

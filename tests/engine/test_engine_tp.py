@@ -17,7 +17,7 @@ from engine.client import SpeechJob
 from engine.launcher import launch
 from profiles import load_profile
 from stages.make_checkpoint import make_checkpoint
-from stages.tensor_parallel import MULTICAST_OFF
+from stages.runtime.tensor_parallel import MULTICAST_OFF
 from tests.engine.conftest import collect, joined
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

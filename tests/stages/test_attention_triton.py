@@ -23,15 +23,15 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from stages.attention import (  # noqa: E402
+from stages.runtime.attention.backends import (  # noqa: E402
     AttentionMetadata,
     PaddedBatchAttention,
     ReferenceAttention,
     build_attention_metadata,
     make_attention,
 )
-from stages.attention_triton import TritonPagedAttention  # noqa: E402
-from stages.kv_cache import KVCacheSpec, PagedKVCache  # noqa: E402
+from stages.runtime.attention.triton_paged import TritonPagedAttention  # noqa: E402
+from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HQ, HKV, BS = 4, 2, 4

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from stages.attention import PaddedBatchAttention, ReferenceAttention
+from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from stages.delay.runner import DelayRunner
 from stages.realtime.processor import RealtimeProcessor
 from stages.realtime.runner import RealtimeRunner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 from tests.stages.runner_drive import drive
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "golden"

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from stages.attention import PaddedBatchAttention
-from stages.checkpoint import read_config
+from stages.runtime.attention.backends import PaddedBatchAttention
+from stages.runtime.checkpoint import read_config
 from stages.delay.config import DelayConfig
 from stages.delay.processor import DelayProcessor
 from stages.delay.runner import DelayRunner
 from stages.make_checkpoint import make_checkpoint
 from stages.realtime.processor import RealtimeProcessor
 from stages.realtime.runner import RealtimeRunner
-from stages.sampling import SamplingParams
-from stages.tokenizer import TextTokenizer
+from stages.runtime.sampling import SamplingParams
+from stages.runtime.tokenizer import TextTokenizer
 from tests.stages.runner_drive import drive
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

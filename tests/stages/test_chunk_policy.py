@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from stages.chunk_policy import ChunkAccumulator, ChunkSchedule
+from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 
 N_VQ = 3
 

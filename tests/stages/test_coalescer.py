@@ -2,7 +2,7 @@
 
 import pytest
 
-from stages.coalescer import Coalescer
+from stages.runtime.coalescer import Coalescer
 
 
 def test_waits_for_min_batch_then_dispatches_all_ready() -> None:

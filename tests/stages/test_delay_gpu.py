@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stages.delay.runner import DelayRunner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
 pytestmark = [

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.checkpoint import CheckpointError, load_weights, read_state_dict
+from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.delay.config import DelayConfig, full_size_config, tiny_config
 from stages.delay.model import DelayModel
 from tests.conftest import GOLDEN_ROOT, golden_case

@@ -8,7 +8,7 @@ import pytest
 from stages.delay.delay_pattern import de_delay, is_pad_frame
 from stages.delay.model import DelayModel
 from stages.delay.runner import DelayRunner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
 GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=1000)
@@ -117,7 +117,7 @@ def test_sixteen_codebook_variant_streams_after_n_vq_plus_one_steps():
 
     from stages.delay.config import DelayConfig, tiny_config
     from stages.delay.processor import DelayProcessor
-    from stages.tokenizer import TextTokenizer
+    from stages.runtime.tokenizer import TextTokenizer
 
     torch.manual_seed(0)
     config = DelayConfig.from_dict(tiny_config(n_vq=16))

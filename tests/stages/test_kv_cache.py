@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from stages.kv_cache import KVCacheExhausted, KVCacheSpec, PagedKVCache
+from stages.runtime.kv_cache import KVCacheExhausted, KVCacheSpec, PagedKVCache
 
 
 def make_cache(num_blocks=8, block_size=4) -> PagedKVCache:

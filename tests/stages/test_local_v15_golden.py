@@ -101,7 +101,7 @@ def test_tiny_config_builds_and_generates():
     from stages.local_v15.config import tiny_config
     from stages.local_v15.loader import build_talker_module
     from stages.local_v15.runner import LocalV15Runner
-    from stages.sampling import SamplingParams
+    from stages.runtime.sampling import SamplingParams
 
     torch.manual_seed(0)
     model = build_talker_module(tiny_config())
@@ -121,7 +121,7 @@ def test_loader_is_strict_and_accepts_tied_copies(golden, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from stages.checkpoint import CheckpointError
+    from stages.runtime.checkpoint import CheckpointError
 
     state = load_file(str(golden / "model.safetensors"))
     shutil.copy(golden / "config.json", tmp_path / "config.json")

@@ -10,7 +10,7 @@ import torch
 from stages.local_v15.config import tiny_config
 from stages.local_v15.loader import build_talker_module
 from stages.local_v15.runner import LocalV15Runner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -222,7 +222,7 @@ def test_graph_path_selection(model):
 
 def test_sampler_mode_picks_the_cheap_paths_only_when_every_request_allows_them():
     from stages.local_v15.runner import SamplerMode
-    from stages.sampling import K_CAP
+    from stages.runtime.sampling import K_CAP
 
     assert SamplerMode.of([SamplingParams(), SamplingParams(greedy=True, top_k=0)]) == SamplerMode(
         candidates=True, penalty=False)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from stages.attention import PaddedBatchAttention, ReferenceAttention
+from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from stages.local_v15.loader import load_talker
 from stages.local_v15.runner import LocalV15Runner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 from tests.conftest import golden_dir
 
 CASES = ("plain", "voice_clone", "continuation")
@@ -199,7 +199,7 @@ def test_cuda_graph_decode_equals_eager_decode():
 
 
 def test_decode_graph_inputs_are_packed_with_scratch_padding():
-    from stages.graph_capture import bucket, pack_decode_inputs
+    from stages.runtime.graph_capture import bucket, pack_decode_inputs
 
     assert [bucket(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8] and bucket(3, 3) == 3
     packed = pack_decode_inputs([4, 1], [7, 0], [33, 8], [66, 17], [34, 9], [[3, 9, 8], [2]], batch=4, blocks=4,

@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from api.cli import main as cli_main
 from stages import demo_model
-from stages.checkpoint import INDEX_FILE, read_state_dict
+from stages.runtime.checkpoint import INDEX_FILE, read_state_dict
 from stages.codec.loader import load_codec
 from stages.demo_model import demo_key, ensure_demo_model
 from stages.local_v15.loader import load_talker
@@ -28,7 +28,7 @@ from stages.make_checkpoint import (
     write_talker,
 )
 from stages.random_weights import TensorSpec, module_specs, plan_shards, random_tensor, tensor_seed
-from stages.tokenizer import TextTokenizer
+from stages.runtime.tokenizer import TextTokenizer
 from stages.tokenizer_builder import build_tokenizer, write_tokenizer_files
 
 GOLDEN_V15 = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"

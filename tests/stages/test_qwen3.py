@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from stages.attention import build_attention_metadata
-from stages.kv_cache import PagedKVCache
+from stages.runtime.attention.backends import build_attention_metadata
+from stages.runtime.kv_cache import PagedKVCache
 from stages.qwen3 import Qwen3Config, Qwen3Model
 
 CFG = Qwen3Config(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -92,7 +92,7 @@ def test_matches_transformers_qwen3():
 
 @torch.no_grad()
 def test_batched_decode_backend_agrees_with_reference():
-    from stages.attention import PaddedBatchAttention
+    from stages.runtime.attention.backends import PaddedBatchAttention
 
     model = make_model(3)
     prompts = {s: torch.randn(n, CFG.hidden_size) for s, n in {0: 9, 1: 23, 2: 4, 3: 30}.items()}

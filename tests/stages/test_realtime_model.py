@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.checkpoint import CheckpointError, load_weights, read_state_dict
+from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.realtime.config import RealtimeConfig, full_size_config, tiny_config
 from stages.realtime.model import UNUSED_CHECKPOINT_TENSORS, RealtimeModel
 from tests.conftest import GOLDEN_ROOT, golden_case

@@ -8,7 +8,7 @@ import pytest
 
 from stages.realtime.processor import RealtimeProcessor
 from stages.realtime.runner import RealtimeRunner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
 if not GOLDEN.is_dir():

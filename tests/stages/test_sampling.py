@@ -5,7 +5,7 @@ import math
 import msgspec
 import torch
 
-from stages.sampling import RowSampling, SamplingParams, SamplingSlots, exponential_noise, sample_tokens
+from stages.runtime.sampling import RowSampling, SamplingParams, SamplingSlots, exponential_noise, sample_tokens
 from stages.sampling_bench import top_k_filter, top_p_filter
 
 
@@ -34,7 +34,7 @@ def upstream_filtered_scores(logits, temperature, top_k, top_p, previous, penalt
 
 
 def ours_filtered_scores(logits, temperature, top_k, top_p, previous, penalty):
-    from stages.sampling import apply_repetition_penalty
+    from stages.runtime.sampling import apply_repetition_penalty
 
     seen = torch.zeros(1, logits.shape[-1], dtype=torch.bool)
     if previous:

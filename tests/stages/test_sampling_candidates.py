@@ -3,7 +3,7 @@ draw the legacy sampler's tokens, and the cheaper noise hash is the legacy one, 
 
 import torch
 
-from stages.sampling import K_CAP, RowSampling, _mix32, exponential_noise, noise_key, sample_tokens
+from stages.runtime.sampling import K_CAP, RowSampling, _mix32, exponential_noise, noise_key, sample_tokens
 from stages.sampling_bench import legacy_noise, legacy_sample_tokens
 
 V = 1024

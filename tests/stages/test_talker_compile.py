@@ -8,7 +8,7 @@ import torch
 from stages.local_v15.config import tiny_config
 from stages.local_v15.loader import build_talker_module
 from stages.local_v15.runner import LocalV15Runner
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 
 def _codes(model) -> dict[int, list[np.ndarray]]:

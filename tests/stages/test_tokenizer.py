@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.tokenizer import TextTokenizer
+from stages.runtime.tokenizer import TextTokenizer
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"
 

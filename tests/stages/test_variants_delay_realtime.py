@@ -267,7 +267,7 @@ def test_talker_runner_takes_the_profiles_attention_and_prefill_interval(checkpo
     """`talker.attention` and `talker.prefill_interval` reach the Delay and Realtime runners (they
     used to run the per-sequence reference attention whatever the profile said); graphs are CUDA
     only, so a CPU runner keeps the one-call step."""
-    from stages.attention import PaddedBatchAttention, ReferenceAttention
+    from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 
     chosen = load_profile("cpu", ["talker.attention=padded", "talker.prefill_interval=3"])
     runner = load_variant(checkpoints / name, chosen).make_talker_runner("cpu")

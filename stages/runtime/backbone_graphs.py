@@ -3,7 +3,7 @@
 For the talkers whose sampling stays on the host's side of a step (Delay: per-request state
 machine and text rules; Realtime: its depth loop), the backbone is where a decode step's kernel
 launches are (every layer's norms, projections, attention and MLP). `BackboneGraphs` records
-`forward(ids [B, C], meta) -> hidden [B, H]` per (B, M) bucket (`stages.graph_capture`): the rows'
+`forward(ids [B, C], meta) -> hidden [B, H]` per (B, M) bucket (`stages.runtime.graph_capture`): the rows'
 ids and the packed attention inputs are one host array copied to the device per step; padding rows
 feed id 0 (a valid row of every embedding) through the scratch KV block.
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.attention import AttentionMetadata
-from stages.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
+from stages.runtime.attention.backends import AttentionMetadata
+from stages.runtime.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Triton paged attention: the new tokens attend straight over the KV block pool, no gather.
 
-`TritonPagedAttention` implements the `stages.attention.AttentionBackend` seam:
+`TritonPagedAttention` implements the `stages.runtime.attention.backends.AttentionBackend` seam:
 `backend(q [N, Hq, D], k_pool, v_pool [num_blocks, block_size, Hkv, D], meta, scale) -> [N, Hq, D]`.
 Unlike `PaddedBatchAttention` it never copies a sequence's blocks into a padded K/V tensor: the
 kernel reads each key/value row through the sequence's block table
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.attention import AttentionMetadata
+from stages.runtime.attention.backends import AttentionMetadata
 
 
 @triton.jit

@@ -8,7 +8,7 @@ RowRequest`) and adds its own `add` and `step`.
 `forward_scheduled` runs the scheduled rows through `model(ids, meta, cache, attention)`. With
 `backbone_graphs` "off" that is one call over every row. Otherwise the step is split: the decoding
 requests (one pending row each) replay the backbone graph of their (batch, KV-blocks) bucket
-(`stages.backbone_graphs`; "eager" runs the same padded inputs without capture, as CPU tests do)
+(`stages.runtime.backbone_graphs`; "eager" runs the same padded inputs without capture, as CPU tests do)
 and the prefill chunks run one eager call over their own rows; the hidden states come back in
 the one-call path's order (decoders first, then the chunks that complete a prompt).
 """
@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.attention import AttentionBackend, PaddedBatchAttention, ReferenceAttention
-from stages.backbone_graphs import BackboneGraphs
-from stages.graph_capture import GRAPH_PATHS
-from stages.kv_cache import PagedKVCache
+from stages.runtime.attention.backends import AttentionBackend, PaddedBatchAttention, ReferenceAttention
+from stages.runtime.backbone_graphs import BackboneGraphs
+from stages.runtime.graph_capture import GRAPH_PATHS
+from stages.runtime.kv_cache import PagedKVCache
 from stages.qwen3 import Qwen3Config
-from stages.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
+from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
 
 
 class ScheduledRunner:
@@ -51,7 +51,7 @@ class ScheduledRunner:
         of `num_kv_blocks` (or the default count) for the subclass's own use. `prefill_interval`:
         while requests decode, prefill chunks run at most every this many steps (`RowScheduler`).
         `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
-        resolved `stages.graph_capture` path; graphs need an attention backend that reads tensors
+        resolved `stages.runtime.graph_capture` path; graphs need an attention backend that reads tensors
         only, `PaddedBatchAttention` when none is given)."""
         if backbone_graphs not in GRAPH_PATHS:
             raise ValueError(f"backbone_graphs {backbone_graphs!r}: expected one of {GRAPH_PATHS}")

@@ -167,7 +167,7 @@ def read_shards(module: nn.Module, files: Iterable[str | Path], *, rename: Itera
 
     A parallel layer's weight is read as this rank's slice only (rows or columns); every other
     tensor whole. rename: (regex, replacement) pairs applied in order (as
-    `stages.checkpoint.load_weights` does); the result is keyed by the renamed names, ready for
+    `stages.runtime.checkpoint.load_weights` does); the result is keyed by the renamed names, ready for
     `load_weights` without renames. Floating tensors are cast to `dtype` when given.
     """
     rules = [(re.compile(p), r) for p, r in rename]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.attention import AttentionMetadata
+from stages.runtime.attention.backends import AttentionMetadata
 
 GRAPH_PATHS = ("off", "eager", "cuda")
 

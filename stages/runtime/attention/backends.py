@@ -13,7 +13,7 @@ gathers each sequence's K/V from its blocks and runs `F.scaled_dot_product_atten
 definition of correct. `PaddedBatchAttention` has no per-sequence host loop: the 1-token (decode)
 sequences of a step form one padded batch and the prefill chunks another, each attended with
 grouped-query matmuls over K/V gathered from the blocks; it is graph-capturable.
-`stages.attention_triton.TritonPagedAttention` (Triton paged kernel, no gather, CUDA) plugs in at
+`stages.runtime.attention.triton_paged.TritonPagedAttention` (Triton paged kernel, no gather, CUDA) plugs in at
 the same seam and must agree with the reference (tests compare them); `make_attention` picks the
 backend a profile's `talker.attention` names.
 """
@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from stages.kv_cache import PagedKVCache
+from stages.runtime.kv_cache import PagedKVCache
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ class PaddedBatchAttention:
 def make_attention(name: str, device: torch.device | str) -> AttentionBackend:
     """The backend the profile's `talker.attention` names: "padded" | "triton" | "auto".
 
-    "auto" is the Triton paged kernel (`stages.attention_triton`) when `device` is CUDA and triton
+    "auto" is the Triton paged kernel (`stages.runtime.attention.triton_paged`) when `device` is CUDA and triton
     imports, else `PaddedBatchAttention`. "triton" insists: it raises when triton is missing or the
     device is not CUDA (unless Triton's CPU interpreter is on, `TRITON_INTERPRET=1`, for tests).
     """
@@ -230,7 +230,7 @@ def make_attention(name: str, device: torch.device | str) -> AttentionBackend:
     if name == "auto" and not on_cuda:
         return PaddedBatchAttention()
     try:
-        from stages.attention_triton import TritonPagedAttention
+        from stages.runtime.attention.triton_paged import TritonPagedAttention
     except ImportError:
         if name == "auto":
             return PaddedBatchAttention()

@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from stages.sampling import SamplingParams
+from stages.runtime.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 

@@ -1,0 +1,1 @@
+"""What every model shares: scheduling, KV cache, attention, sampling, graphs, chunking, loading."""
