@@ -5,7 +5,7 @@ under ``api.allowed_local_paths``), or an http(s) URL (only when ``api.allow_rem
 Any common format decodes (libsndfile first, then PyAV/FFmpeg). The clip must last between
 ``api.min_ref_seconds`` and ``api.max_ref_seconds``; errors carry the measured duration. The
 decoded samples are then fixed to the codec's channel count and rate and loudness-normalised by
-``stages.audio_prep.prepare_reference`` (the model's processor rules).
+``stages.models.codec.audio_prep.prepare_reference`` (the model's processor rules).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import soundfile
 
 from api.errors import ApiError, bad_request
-from stages.audio_prep import prepare_reference
+from stages.models.codec.audio_prep import prepare_reference
 
 
 class PreparedReference:

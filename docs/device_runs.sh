@@ -73,11 +73,11 @@ delay)
   mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
   el "checkpoint written"
   args="--model /tmp/d8 --batch 1 16 64 --frames 24 --attention auto"
-  timeout 200 python3 -m stages.delay.bench_tp $args --tp 1 2 2>&1 | grep '^{' | tee "$R/delay_tp.jsonl"
+  timeout 200 python3 -m stages.models.delay.bench_tp $args --tp 1 2 2>&1 | grep '^{' | tee "$R/delay_tp.jsonl"
   el "TP=1 (graphs) and TP=2"
-  timeout 120 python3 -m stages.delay.bench_tp $args --tp 1 --no-graphs 2>&1 | grep '^{' | tee "$R/delay_eager.jsonl"
+  timeout 120 python3 -m stages.models.delay.bench_tp $args --tp 1 --no-graphs 2>&1 | grep '^{' | tee "$R/delay_eager.jsonl"
   el "TP=1 eager"
-  [ "$(left)" -gt 150 ] && timeout 120 python3 -m stages.codec.bench --version v2 --size full --batches 1,8 \
+  [ "$(left)" -gt 150 ] && timeout 120 python3 -m stages.models.codec.bench --version v2 --size full --batches 1,8 \
     --iters 3 --encode 2>&1 | grep -E "^batch|codec" | tee "$R/codec_encode.txt"
   el "codec encode: eager vs graphs"
   [ "$(left)" -gt 40 ] && timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages 2>&1 | tail -12 | tee "$R/gpu_tests.txt"

@@ -38,38 +38,38 @@ class VariantWriter:
 
 
 def _v2_codec(size: Size) -> dict:
-    from stages.codec.config import full_size_v2_config, tiny_v2_config
+    from stages.models.codec.config import full_size_v2_config, tiny_v2_config
 
     return full_size_v2_config() if size == "full" else tiny_v2_config()
 
 
 def _v1_codec(size: Size) -> dict:
-    from stages.codec.config import full_size_v1_config, tiny_v1_config
+    from stages.models.codec.config import full_size_v1_config, tiny_v1_config
 
     return full_size_v1_config() if size == "full" else tiny_v1_config()
 
 
 def _local_v15_config(size: Size) -> dict:
-    from stages.local_v15.config import full_size_config, tiny_config
+    from stages.models.local_v15.config import full_size_config, tiny_config
 
     return full_size_config() if size == "full" else tiny_config()
 
 
 def _local_v15_module(config: dict) -> nn.Module:
-    from stages.local_v15.loader import build_talker_module
+    from stages.models.local_v15.loader import build_talker_module
 
     return build_talker_module(config)
 
 
 def _local_v15_finish(config: dict) -> dict:
-    from stages.hf_config_keys import with_local_v15_hub_keys
+    from stages.models.local_v15.hub_keys import with_local_v15_hub_keys
 
     return with_local_v15_hub_keys(config)
 
 
 def _delay_config(name: str) -> Callable[[Size], dict]:
     def config(size: Size) -> dict:
-        from stages.delay.config import VARIANT_N_VQ, full_size_config, tiny_config
+        from stages.models.delay.config import VARIANT_N_VQ, full_size_config, tiny_config
 
         return full_size_config(name) if size == "full" else tiny_config(n_vq=VARIANT_N_VQ[name])
 
@@ -78,26 +78,26 @@ def _delay_config(name: str) -> Callable[[Size], dict]:
 
 def _delay_finish(name: str) -> Callable[[dict], dict]:
     """Record which Delay variant this is: 16-codebook configs cannot tell TTSD, SoundEffect and
-    VoiceGenerator apart (read by `stages.delay.variant`)."""
+    VoiceGenerator apart (read by `stages.models.delay.variant`)."""
     return lambda config: {**config, "mossvox_variant": name}
 
 
 def _delay_module(config: dict) -> nn.Module:
-    from stages.delay.config import DelayConfig
-    from stages.delay.model import DelayModel
+    from stages.models.delay.config import DelayConfig
+    from stages.models.delay.model import DelayModel
 
     return DelayModel(DelayConfig.from_dict(config))
 
 
 def _realtime_config(size: Size) -> dict:
-    from stages.realtime.config import full_size_config, tiny_config
+    from stages.models.realtime.config import full_size_config, tiny_config
 
     return full_size_config() if size == "full" else tiny_config()
 
 
 def _realtime_module(config: dict) -> nn.Module:
-    from stages.realtime.config import RealtimeConfig
-    from stages.realtime.model import RealtimeModel
+    from stages.models.realtime.config import RealtimeConfig
+    from stages.models.realtime.model import RealtimeModel
 
     return RealtimeModel(RealtimeConfig.from_dict(config))
 

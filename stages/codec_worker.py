@@ -29,7 +29,7 @@ from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, 
                           EncodeRequest, EncodeResult, PcmChunk, Ready, Shutdown, Slots,
                           StageError)
 from stages.runtime.coalescer import Coalescer
-from stages.codec_setup import chunk_lengths
+from stages.models.codec.serving import chunk_lengths
 from stages.worker_common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
 
 log = logging.getLogger(__name__)

@@ -60,8 +60,8 @@ def codec_config(size: Size, variant: str = "local-v1.5") -> dict:
 
 
 def _meta_codec(config: dict) -> nn.Module:
-    from stages.codec.config import CodecConfig
-    from stages.codec.model import CodecModel
+    from stages.models.codec.config import CodecConfig
+    from stages.models.codec.model import CodecModel
 
     with torch.device("meta"):
         return CodecModel(CodecConfig.from_json(config))

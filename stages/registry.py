@@ -81,18 +81,18 @@ def load_variant(model_dir: str | Path, profile: Profile) -> Variant:
         raise UnknownModel(f"talker.tensor_parallel {profile.talker.tensor_parallel} splits Delay-family talkers "
                            f"only, but {model_dir}/config.json has model_type {model_type!r}")
     if model_type == "moss_tts_local":
-        from stages.local_v15.variant import LocalV15Variant
+        from stages.models.local_v15.variant import LocalV15Variant
 
         return LocalV15Variant(Path(model_dir), profile, config)
     if model_type == "moss_tts_delay" and "local_num_layers" in config:
         raise UnknownModel(f"{model_dir}/config.json is MOSS-TTS-Local-Transformer v1 (moss_tts_delay "
                            f"with local_num_layers), which is not served; v1.5 (moss_tts_local) is")
     if model_type == "moss_tts_delay":
-        from stages.delay.variant import DelayVariant
+        from stages.models.delay.variant import DelayVariant
 
         return DelayVariant(Path(model_dir), profile, config)
     if model_type == "moss_tts_realtime":
-        from stages.realtime.variant import RealtimeVariant
+        from stages.models.realtime.variant import RealtimeVariant
 
         return RealtimeVariant(Path(model_dir), profile, config)
     raise UnknownModel(

@@ -4,7 +4,7 @@ processor -> talker runner -> chunk policy -> codec runner streaming decode, one
 time. It is `mossvox synth` until the engine routes that through the worker processes, and the
 single-request baseline of `mossvox bench engine`.
 
-Reference audio: decoded with soundfile, prepared for the codec (`stages.audio_prep`), encoded
+Reference audio: decoded with soundfile, prepared for the codec (`stages.models.codec.audio_prep`), encoded
 with the codec runner; it becomes a voice-clone prompt, or a continuation prompt when its
 transcript (`ref_text`) is given. In continuation the generated frames continue the reference's
 audio block, so the codec slot is first fed the reference codes (their audio is dropped): the
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from profiles import Profile
-from stages.audio_prep import prepare_reference, read_audio
+from stages.models.codec.audio_prep import prepare_reference, read_audio
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.registry import from_wire, load_variant
 

@@ -5,7 +5,7 @@ The talker worker process is rank 0. `start_delay_tp` starts ranks 1..n-1 as chi
 a daemonic multiprocessing child, which multiprocessing forbids to have children of its own. Each
 child gets the NVLink-multicast-off variables in its environment, dies with its parent
 (`PR_SET_PDEATHSIG`), joins the group at a loopback port chosen at start, loads its shard and
-follows rank 0 (`stages.delay.tp_runner.follow`) until the runner closes. `TPDelayRunner.close()`
+follows rank 0 (`stages.models.delay.tp_runner.follow`) until the runner closes. `TPDelayRunner.close()`
 then waits for every child (killing one that hangs) and leaves the group.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from stages.runtime.attention.backends import make_attention
-from stages.delay.model import DelayModel
-from stages.delay.tp_runner import TPDelayRunner, follow
+from stages.models.delay.model import DelayModel
+from stages.models.delay.tp_runner import TPDelayRunner, follow
 from stages.runtime.tensor_parallel import MULTICAST_OFF, destroy_tp, free_port, init_tp
 
 log = logging.getLogger(__name__)

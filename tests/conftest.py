@@ -27,7 +27,7 @@ def golden_case(folder: Path, name: str) -> dict[str, np.ndarray]:
 
 def golden_codec(folder: Path):
     """The golden tiny codec in `folder` and its `cases.npz` arrays."""
-    from stages.codec import load_codec
+    from stages.models.codec import load_codec
 
     return load_codec(folder), dict(np.load(folder / "cases.npz"))
 

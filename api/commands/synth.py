@@ -110,7 +110,7 @@ def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
 
     from engine.client import SpeechJob
     from engine.engine import Engine
-    from stages.audio_prep import prepare_reference, read_audio
+    from stages.models.codec.audio_prep import prepare_reference, read_audio
 
     clips = []
     for ref in args.ref_audio or []:  # decode before starting the engine: a bad file fails fast

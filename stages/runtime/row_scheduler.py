@@ -26,7 +26,7 @@ import torch
 
 from stages.runtime.attention.backends import AttentionMetadata, build_attention_metadata
 from stages.runtime.kv_cache import KVCacheExhausted, PagedKVCache
-from stages.qwen3 import Qwen3Config
+from stages.models.qwen3 import Qwen3Config
 
 DEFAULT_CPU_TOKENS_PER_REQUEST = 2048  # KV sizing on CPU when no block count is given
 

@@ -24,7 +24,7 @@ from stages.runtime.attention.backends import AttentionBackend, PaddedBatchAtten
 from stages.runtime.backbone_graphs import BackboneGraphs
 from stages.runtime.graph_capture import GRAPH_PATHS
 from stages.runtime.kv_cache import PagedKVCache
-from stages.qwen3 import Qwen3Config
+from stages.models.qwen3 import Qwen3Config
 from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
 
 

@@ -5,7 +5,7 @@ A column-parallel linear splits the *output* features: rank r of n holds rows
 with no communication. A row-parallel linear splits the *input* features (columns of the weight):
 each rank multiplies its slice of the input, and one all-reduce sums the partial outputs. A
 column layer feeding a row layer therefore costs one all-reduce. The Qwen3 backbone
-(`stages.qwen3`, `tp=` argument) puts q/k/v and gate/up in columns, so attention heads, KV heads
+(`stages.models.qwen3`, `tp=` argument) puts q/k/v and gate/up in columns, so attention heads, KV heads
 (and with them the KV cache) and FFN channels are split across ranks, and o_proj / down_proj in
 rows: two all-reduces per decoder layer, one after attention and one after the MLP. Embeddings,
 norms and output heads are replicated (see `docs/interfaces.md`, "Tensor parallelism").

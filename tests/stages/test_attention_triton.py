@@ -104,7 +104,7 @@ def test_prefill_only_single_token_prompts_and_splits_pick_from_shapes():
 
 
 def graph_style_meta(cache, seqs: list[int], batch: int, width: int, scratch_block: int) -> AttentionMetadata:
-    """Decode metadata as stages/local_v15/graphs.py builds it: `batch` rows (padding rows point at
+    """Decode metadata as stages/models/local_v15/graphs.py builds it: `batch` rows (padding rows point at
     the scratch block with seq_len 1), tables padded to `width` with the scratch block, seq_lens
     and tables as strided views of one packed int64 tensor, host lengths as upper bounds."""
     packed = torch.full((batch, 1 + width), scratch_block, dtype=torch.int64)
@@ -164,7 +164,7 @@ def test_make_attention(monkeypatch):
 
 @torch.no_grad()
 def test_qwen3_paged_forward_with_triton_equals_reference():
-    from stages.qwen3 import Qwen3Config, Qwen3Model
+    from stages.models.qwen3 import Qwen3Config, Qwen3Model
 
     cfg = Qwen3Config(hidden_size=64, num_layers=2, num_heads=HQ, num_kv_heads=HKV, head_dim=16,
                       intermediate_size=128, vocab_size=97, rope_theta=1e4)

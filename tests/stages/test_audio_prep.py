@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from stages.audio_prep import (
+from stages.models.codec.audio_prep import (
     loudness_gain_db,
     normalize_loudness,
     prepare_reference,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
-from stages.delay.runner import DelayRunner
-from stages.realtime.processor import RealtimeProcessor
-from stages.realtime.runner import RealtimeRunner
+from stages.models.delay.runner import DelayRunner
+from stages.models.realtime.processor import RealtimeProcessor
+from stages.models.realtime.runner import RealtimeRunner
 from stages.runtime.sampling import SamplingParams
 from tests.stages.runner_drive import drive
 

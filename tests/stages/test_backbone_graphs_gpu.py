@@ -8,12 +8,12 @@ import torch
 
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.checkpoint import read_config
-from stages.delay.config import DelayConfig
-from stages.delay.processor import DelayProcessor
-from stages.delay.runner import DelayRunner
+from stages.models.delay.config import DelayConfig
+from stages.models.delay.processor import DelayProcessor
+from stages.models.delay.runner import DelayRunner
 from stages.make_checkpoint import make_checkpoint
-from stages.realtime.processor import RealtimeProcessor
-from stages.realtime.runner import RealtimeRunner
+from stages.models.realtime.processor import RealtimeProcessor
+from stages.models.realtime.runner import RealtimeRunner
 from stages.runtime.sampling import SamplingParams
 from stages.runtime.tokenizer import TextTokenizer
 from tests.stages.runner_drive import drive

@@ -1,4 +1,4 @@
-"""Reference-encode graphs (`stages.codec.encode_graphs`): waveforms padded to a length bucket and
+"""Reference-encode graphs (`stages.models.codec.encode_graphs`): waveforms padded to a length bucket and
 batches to a batch bucket give the codes of the plain encode; on CUDA, captured replays equal the
 padded eager path."""
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.codec.bench import random_codec
-from stages.codec.config import CodecConfig, tiny_v2_config
-from stages.codec_runner import CodecRunner
+from stages.models.codec.bench import random_codec
+from stages.models.codec.config import CodecConfig, tiny_v2_config
+from stages.models.codec.runner import CodecRunner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 N_VQ = 12

@@ -1,4 +1,4 @@
-"""Decode graphs (`stages.codec.graphs`): bucketed, padded decode with a scratch slot gives the same
+"""Decode graphs (`stages.models.codec.graphs`): bucketed, padded decode with a scratch slot gives the same
 PCM as the plain runner for every request, whatever joins or leaves; on CUDA real graph replay
 equals eager decode."""
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from stages.codec.bench import random_codec
-from stages.codec.config import CodecConfig, tiny_v2_config
-from stages.codec.graphs import bucket
-from stages.codec_runner import CodecRunner
+from stages.models.codec.bench import random_codec
+from stages.models.codec.config import CodecConfig, tiny_v2_config
+from stages.models.codec.graphs import bucket
+from stages.models.codec.runner import CodecRunner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -8,7 +8,7 @@ context-sized rings drift (golden README: max error 2.8 for v2, 3.1 for v1).
 import pytest
 import torch
 
-from stages.codec.streaming import StreamingDecoder, slot_state_bytes
+from stages.models.codec.streaming import StreamingDecoder, slot_state_bytes
 from tests.conftest import golden_codec, golden_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -86,7 +86,7 @@ def test_slot_state_bytes_matches_the_allocated_pool(case):
 @pytest.mark.parametrize("version", ["v2", "v1"])
 def test_streaming_equals_whole_on_cuda(version):
     """Same property on the GPU kernels (fp32, TF32 off), on a seeded random tiny codec."""
-    from stages.codec.bench import check_exact
+    from stages.models.codec.bench import check_exact
 
     err, rms = check_exact("cuda", version)
     print(f"{version} cuda streaming 1/15/15/9: max abs error {err:.3g} (output RMS {rms:.3g})")
@@ -95,7 +95,7 @@ def test_streaming_equals_whole_on_cuda(version):
 
 def test_blocked_whole_attention_equals_the_full_mask(case):
     """Long whole decodes/encodes attend in query blocks (memory linear in T); same result."""
-    from stages.codec.transformer import WindowPlan
+    from stages.models.codec.transformer import WindowPlan
 
     _, model, _, _ = case
     stage_module = model.decoder[-2]  # the fastest stage, the longest sequences

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.codec import CodecConfig, count_parameters, full_size_v1_config, load_codec
+from stages.models.codec import CodecConfig, count_parameters, full_size_v1_config, load_codec
 from tests.conftest import GOLDEN_ROOT, golden_error
 
 GOLDEN = GOLDEN_ROOT / "moss_audio_tokenizer_v1"

@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.delay.adapters import (SAMPLING_DEFAULTS, AdapterError, DelayRequest, build_request,
+from stages.models.delay.adapters import (SAMPLING_DEFAULTS, AdapterError, DelayRequest, build_request,
                                    variant_for_config)
-from stages.delay.processor import DelayProcessor
+from stages.models.delay.processor import DelayProcessor
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.delay.runner import DelayRunner
+from stages.models.delay.runner import DelayRunner
 from stages.runtime.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"

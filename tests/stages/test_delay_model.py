@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
-from stages.delay.config import DelayConfig, full_size_config, tiny_config
-from stages.delay.model import DelayModel
+from stages.models.delay.config import DelayConfig, full_size_config, tiny_config
+from stages.models.delay.model import DelayModel
 from tests.conftest import GOLDEN_ROOT, golden_case
 
 GOLDEN = GOLDEN_ROOT / "moss_tts_delay"
@@ -74,7 +74,7 @@ def test_full_size_parameter_counts():
 
 def test_fused_sglang_names_load(model):
     """`MossTTSDelayWithCodec` checkpoints call the backbone `model.` and carry `codec_model.*`."""
-    from stages.delay.model import CHECKPOINT_IGNORED, CHECKPOINT_RENAMES
+    from stages.models.delay.model import CHECKPOINT_IGNORED, CHECKPOINT_RENAMES
 
     state = {k.replace("language_model.", "model.", 1): v for k, v in read_state_dict(GOLDEN).items()}
     state["codec_model.decoder.0.weight"] = torch.zeros(2)

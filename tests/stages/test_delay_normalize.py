@@ -2,7 +2,7 @@
 
 import pytest
 
-from stages.delay.normalize import normalize_tts_text
+from stages.models.delay.normalize import normalize_tts_text
 
 CASES = [
     ("Hello world, this is a tiny golden test.", "Hello world, this is a tiny golden test."),

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.delay.delay_pattern import IncrementalDeDelayer, apply_delay_pattern, de_delay, is_pad_frame
+from stages.models.delay.delay_pattern import IncrementalDeDelayer, apply_delay_pattern, de_delay, is_pad_frame
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
 CASES = ["plain", "voice_clone", "continuation"]

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from stages.delay.processor import DelayProcessor
+from stages.models.delay.processor import DelayProcessor
 from tests.conftest import GOLDEN_ROOT, golden_case
 
 GOLDEN = GOLDEN_ROOT / "moss_tts_delay"

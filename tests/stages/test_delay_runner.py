@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.delay.delay_pattern import de_delay, is_pad_frame
-from stages.delay.model import DelayModel
-from stages.delay.runner import DelayRunner
+from stages.models.delay.delay_pattern import de_delay, is_pad_frame
+from stages.models.delay.model import DelayModel
+from stages.models.delay.runner import DelayRunner
 from stages.runtime.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
@@ -115,8 +115,8 @@ def test_sixteen_codebook_variant_streams_after_n_vq_plus_one_steps():
     """TTSD / SoundEffect / VoiceGenerator shape (n_vq 16), tiny random weights, forced length."""
     import torch
 
-    from stages.delay.config import DelayConfig, tiny_config
-    from stages.delay.processor import DelayProcessor
+    from stages.models.delay.config import DelayConfig, tiny_config
+    from stages.models.delay.processor import DelayProcessor
     from stages.runtime.tokenizer import TextTokenizer
 
     torch.manual_seed(0)

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.delay.config import DelayConfig
-from stages.delay.state import INSIDE_AUDIO, OUTSIDE_AUDIO, DelayState
+from stages.models.delay.config import DelayConfig
+from stages.models.delay.state import INSIDE_AUDIO, OUTSIDE_AUDIO, DelayState
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
 if not GOLDEN.is_dir():

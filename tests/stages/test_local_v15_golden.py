@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.local_v15.config import LocalV15Config
-from stages.local_v15.loader import load_talker
-from stages.local_v15.model import GreedyFrameSampler
+from stages.models.local_v15.config import LocalV15Config
+from stages.models.local_v15.loader import load_talker
+from stages.models.local_v15.model import GreedyFrameSampler
 from tests.conftest import golden_dir
 
 CASES = ("plain", "voice_clone", "continuation")
@@ -86,8 +86,8 @@ def test_teacher_forced_hidden_and_logits(model, golden, name):
 
 def test_full_size_parameter_count():
     """The released shapes (Qwen3-4B + one 2560-wide gpt2 block, tied heads): about 4.13 B."""
-    from stages.local_v15.config import full_size_config
-    from stages.local_v15.loader import build_talker_module
+    from stages.models.local_v15.config import full_size_config
+    from stages.models.local_v15.loader import build_talker_module
 
     with torch.device("meta"):
         model = build_talker_module(full_size_config())
@@ -98,9 +98,9 @@ def test_full_size_parameter_count():
 
 
 def test_tiny_config_builds_and_generates():
-    from stages.local_v15.config import tiny_config
-    from stages.local_v15.loader import build_talker_module
-    from stages.local_v15.runner import LocalV15Runner
+    from stages.models.local_v15.config import tiny_config
+    from stages.models.local_v15.loader import build_talker_module
+    from stages.models.local_v15.runner import LocalV15Runner
     from stages.runtime.sampling import SamplingParams
 
     torch.manual_seed(0)

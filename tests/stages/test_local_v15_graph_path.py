@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.local_v15.config import tiny_config
-from stages.local_v15.loader import build_talker_module
-from stages.local_v15.runner import LocalV15Runner
+from stages.models.local_v15.config import tiny_config
+from stages.models.local_v15.loader import build_talker_module
+from stages.models.local_v15.runner import LocalV15Runner
 from stages.runtime.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -221,7 +221,7 @@ def test_graph_path_selection(model):
 
 
 def test_sampler_mode_picks_the_cheap_paths_only_when_every_request_allows_them():
-    from stages.local_v15.runner import SamplerMode
+    from stages.models.local_v15.runner import SamplerMode
     from stages.runtime.sampling import K_CAP
 
     assert SamplerMode.of([SamplingParams(), SamplingParams(greedy=True, top_k=0)]) == SamplerMode(

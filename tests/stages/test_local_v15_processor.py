@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from stages.local_v15.processor import LocalV15Processor, PromptIds
+from stages.models.local_v15.processor import LocalV15Processor, PromptIds
 from tests.conftest import GOLDEN_ROOT, golden_case
 
 GOLDEN = GOLDEN_ROOT / "moss_tts_local_v1_5"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
-from stages.local_v15.loader import load_talker
-from stages.local_v15.runner import LocalV15Runner
+from stages.models.local_v15.loader import load_talker
+from stages.models.local_v15.runner import LocalV15Runner
 from stages.runtime.sampling import SamplingParams
 from tests.conftest import golden_dir
 
@@ -155,7 +155,7 @@ def test_rejects_bad_requests(model, golden):
 
 def test_runner_from_profile(golden):
     from profiles.loader import load_profile
-    from stages.local_v15.loader import load_talker_runner
+    from stages.models.local_v15.loader import load_talker_runner
 
     profile = load_profile("cpu")
     runner = load_talker_runner(golden, profile, "cpu")
@@ -172,8 +172,8 @@ def test_runner_from_profile(golden):
 def test_cuda_graph_decode_equals_eager_decode():
     """Decode steps replayed from per-bucket CUDA graphs give the eager step's codes (tiny, fp32),
     also in steps that prefill next to them and with prefill_interval 3."""
-    from stages.local_v15.config import tiny_config
-    from stages.local_v15.loader import build_talker_module
+    from stages.models.local_v15.config import tiny_config
+    from stages.models.local_v15.loader import build_talker_module
 
     torch.manual_seed(0)
     model = build_talker_module(tiny_config()).cuda().eval()

@@ -13,10 +13,10 @@ from safetensors import safe_open
 from api.cli import main as cli_main
 from stages import demo_model
 from stages.runtime.checkpoint import INDEX_FILE, read_state_dict
-from stages.codec.loader import load_codec
+from stages.models.codec.loader import load_codec
 from stages.demo_model import demo_key, ensure_demo_model
-from stages.local_v15.loader import load_talker
-from stages.local_v15.processor import LocalV15Processor
+from stages.models.local_v15.loader import load_talker
+from stages.models.local_v15.processor import LocalV15Processor
 from stages.make_checkpoint import (
     CODEC_DIR,
     DEFAULT_SHARD_BYTES,
@@ -208,9 +208,9 @@ def test_cli_writes_a_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize("variant", ["delay", "voice-generator", "realtime"])
 def test_other_variants_load_through_their_own_loaders(variant, tmp_path):
-    from stages.codec.config import CodecConfig
-    from stages.delay.model import DelayModel
-    from stages.realtime.model import RealtimeModel
+    from stages.models.codec.config import CodecConfig
+    from stages.models.delay.model import DelayModel
+    from stages.models.realtime.model import RealtimeModel
 
     summary = make_checkpoint(tmp_path, variant=variant, size="tiny", seed=2)
     model = (RealtimeModel if variant == "realtime" else DelayModel).from_dir(tmp_path)

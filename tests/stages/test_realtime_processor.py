@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from stages.realtime.processor import RealtimeProcessor, split_prompt
+from stages.models.realtime.processor import RealtimeProcessor, split_prompt
 from tests.conftest import GOLDEN_ROOT, golden_case
 
 GOLDEN = GOLDEN_ROOT / "moss_tts_realtime"

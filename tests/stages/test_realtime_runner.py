@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.realtime.processor import RealtimeProcessor
-from stages.realtime.runner import RealtimeRunner
+from stages.models.realtime.processor import RealtimeProcessor
+from stages.models.realtime.runner import RealtimeRunner
 from stages.runtime.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"

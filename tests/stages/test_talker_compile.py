@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.local_v15.config import tiny_config
-from stages.local_v15.loader import build_talker_module
-from stages.local_v15.runner import LocalV15Runner
+from stages.models.local_v15.config import tiny_config
+from stages.models.local_v15.loader import build_talker_module
+from stages.models.local_v15.runner import LocalV15Runner
 from stages.runtime.sampling import SamplingParams
 
 
@@ -52,7 +52,7 @@ def test_inductor_compiled_talker_matches_eager_on_cuda():
     compiled.compile_hot_paths()
     h = torch.randn(4, eager.config.hidden_size, device="cuda")
     with torch.inference_mode():
-        from stages.local_v15.model import GreedyFrameSampler
+        from stages.models.local_v15.model import GreedyFrameSampler
         stop_e, codes_e = eager.decode_frame(h, GreedyFrameSampler())
         stop_c, codes_c = compiled.decode_frame(h, GreedyFrameSampler())
     assert torch.equal(stop_e, stop_c) and torch.equal(codes_e, codes_c)

@@ -21,12 +21,12 @@ from torch.utils._pytree import tree_map
 
 from profiles import load_profile
 from stages.runtime.attention.backends import build_attention_metadata
-from stages.delay.model import DelayModel
-from stages.delay.runner import DelayRunner
-from stages.delay.tp_runner import from_step_wire, step_wire
+from stages.models.delay.model import DelayModel
+from stages.models.delay.runner import DelayRunner
+from stages.models.delay.tp_runner import from_step_wire, step_wire
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
 from stages.make_checkpoint import make_checkpoint
-from stages.qwen3 import Qwen3Config
+from stages.models.qwen3 import Qwen3Config
 from stages.registry import UnknownModel, from_wire, load_variant
 from stages.runtime.sampling import SamplingParams
 from stages.runtime.tensor_parallel import (MULTICAST_OFF, ColumnParallelLinear, RowParallelLinear, TPGroup, destroy_tp,

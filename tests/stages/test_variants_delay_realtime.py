@@ -18,8 +18,8 @@ from ipc.channel import Channel
 from ipc.messages import CodecInbox, CoordinatorInbox, Submit, TalkerInbox
 from ipc.shm import new_instance_id
 from profiles import load_profile
-from stages.delay.adapters import AdapterError
-from stages.delay.variant import split_transcripts
+from stages.models.delay.adapters import AdapterError
+from stages.models.delay.variant import split_transcripts
 from stages.make_checkpoint import make_checkpoint
 from stages.registry import UnknownModel, load_variant
 from stages.talker_worker import TalkerLoop
@@ -278,7 +278,7 @@ def test_talker_runner_takes_the_profiles_attention_and_prefill_interval(checkpo
 
 
 def test_backbone_graphs_need_both_profile_switches_and_cuda() -> None:
-    from stages.delay.variant import talker_runner_options
+    from stages.models.delay.variant import talker_runner_options
 
     def graphs(device, *overrides):
         return talker_runner_options(load_profile("default", list(overrides)), device)["cuda_graphs"]

@@ -23,7 +23,7 @@ Graph capture: the launch grids and every constexpr depend only on tensor shapes
 group, width of `prefill_rows`, KV heads, head dim, block size, block-table width), never on tensor
 values; lengths and block ids are read by the kernel from device tensors. The only host values
 read from `meta` are shapes, so a decode-only step launches identically inside a CUDA graph
-(`stages/local_v15/graphs.py`), and no call synchronises with the device.
+(`stages/models/local_v15/graphs.py`), and no call synchronises with the device.
 """
 
 from __future__ import annotations

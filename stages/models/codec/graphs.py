@@ -1,0 +1,155 @@
+"""CUDA graphs of the codec's streaming decode, keyed by (batch bucket B, chunk length T frames).
+
+`StreamingDecoder.decode(codes [n_vq, B, T], slots [B])` has fixed shapes for a given (B, T), and
+everything it reads or updates is a device tensor indexed by slot: the ring KV caches
+`[S, C, H, Dh]` and the per-slot frame counters `frames [S]` (positions, ring rows and the
+visibility mask are computed on the device from `frames[slots]`; the only host-side values are
+shapes). So a recorded call replays exactly what an eager call of the same shapes does, including
+the state updates (`index_copy_` into the rings, `frames[slots] = start + T`).
+
+Keys: B = the smallest power of two >= n requests (capped at `max_batch`), T <= `max_frames` (the
+decoder's ring headroom; longer chunks are decoded eagerly in pieces by the caller). One graph per
+key is captured on first use (or ahead of time through `capture`), all in one memory pool.
+
+Padding is safe: rows n..B-1 carry slot `scratch_slot`, an extra decoder slot that no request ever
+leases. They read and write only that slot's rings and counter (several padding rows race on the
+same rows; the values are garbage nobody reads), and every op of the decode is row-wise (linears,
+LayerNorm, per-row attention over the row's own slot, embedding lookups), so a padding row cannot
+change a real row's output. The padding slots are rewritten before every call: a row that held a
+real slot in a larger earlier call never replays it. Warm-up and capture run with every row on the
+scratch slot (a decode advances `frames`, so it must not run on real slots twice), then the real
+inputs are copied in and the graph replayed.
+
+Eager mode (`use_cuda_graphs=False`) runs the same padded static inputs and scratch slot through
+the decoder without recording, so CPU tests cover the bucket/padding/scratch logic.
+
+Reference encoding never runs inside a capture, so its allocations stay in the default pool, not
+the graphs' private one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from stages.models.codec.streaming import StreamingDecoder
+
+WARMUP_CALLS = 2  # eager calls on a side stream before recording (kernels, cuBLAS workspaces, allocator)
+
+
+def bucket(n: int, cap: int) -> int:
+    """Smallest power of two >= n, at most cap (1 <= n <= cap)."""
+    if not 1 <= n <= cap:
+        raise ValueError(f"batch of {n} outside 1..{cap}")
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
+@dataclass
+class _Entry:
+    codes: torch.Tensor  # [n_vq, B, T] int64 static input: a permuted view of a contiguous [B, T, n_vq]
+    slots: torch.Tensor  # [B] int64 static input; rows past the real requests hold the scratch slot
+    out: torch.Tensor  # [B, channels, T * hop] fp32 static output: a view of the shared output buffer
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+class DecodeGraphs:
+    """Bucketed, padded replays of one `StreamingDecoder`'s `decode` (see the module docstring)."""
+
+    def __init__(self, decoder: StreamingDecoder, *, n_vq: int, scratch_slot: int, max_batch: int,
+                 use_cuda_graphs: bool, max_frames: int | None = None) -> None:
+        if not 0 <= scratch_slot < decoder.num_slots:
+            raise ValueError(f"scratch slot {scratch_slot} outside the decoder's {decoder.num_slots} slots")
+        self.decoder = decoder
+        self.n_vq, self.scratch_slot, self.max_batch = n_vq, scratch_slot, max_batch
+        self.max_frames = decoder.max_chunk_frames if max_frames is None else min(max_frames, decoder.max_chunk_frames)
+        self.device = decoder.frames.device
+        if use_cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, the decoder is on {self.device}")
+        self.use_cuda_graphs = use_cuda_graphs
+        self.pool = torch.cuda.graph_pool_handle() if use_cuda_graphs else None
+        cfg = decoder.model.cfg
+        self.channels, self.hop = cfg.channels, cfg.downsample_rate
+        self._out: torch.Tensor | None = None  # flat fp32, max_batch * channels * max_frames * hop, shared by all keys
+        self._entries: dict[tuple[int, int], _Entry] = {}
+
+    @property
+    def keys(self) -> list[tuple[int, int]]:
+        """(B, T) of the graphs captured (or, in eager mode, the static inputs made) so far."""
+        return list(self._entries)
+
+    def fits(self, n: int, frames: int) -> bool:
+        """Whether a batch of n chunks of `frames` frames runs here (else: eager decode by the caller)."""
+        return 1 <= n <= self.max_batch and 1 <= frames <= self.max_frames
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The next codes [n_vq, n, T] (host or device) of distinct leased slots [n] -> audio
+        [n, channels, T * hop] on the device: a view of the static output, valid until the next call."""
+        nq, n, T = codes.shape
+        if nq != self.n_vq or len(slots) != n or not self.fits(n, T):
+            raise ValueError(f"codes {tuple(codes.shape)} / {len(slots)} slots do not fit the graphs "
+                             f"(n_vq {self.n_vq}, batch <= {self.max_batch}, 1 <= T <= {self.max_frames})")
+        B = bucket(n, self.max_batch)
+        entry = self._entries.get((B, T)) or self._make(B, T)
+        padded = torch.full((B,), self.scratch_slot, dtype=torch.long)  # [B] host
+        padded[:n] = slots.to("cpu", torch.long)
+        entry.slots.copy_(padded, non_blocking=True)
+        entry.codes[:, :n].copy_(codes, non_blocking=True)  # padding rows keep earlier valid codes
+        if entry.graph is not None:
+            entry.graph.replay()
+        else:
+            self._body(entry)
+        return entry.out[:n]
+
+    def capture(self, batches: Iterable[int], chunk_lengths: Iterable[int], budget_s: float | None = None) -> int:
+        """Make the entries (record the graphs) of every (bucket(b), T) not made yet, largest first
+        (later, smaller captures reuse the pool); stops after `budget_s`. Returns how many were made.
+        Safe while requests hold slots: only the scratch slot is touched."""
+        keys = {(bucket(min(b, self.max_batch), self.max_batch), T) for b in batches for T in chunk_lengths
+                if self.fits(min(b, self.max_batch), T)}
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        made = 0
+        for key in sorted(keys - set(self._entries), reverse=True):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            self._make(*key)
+            made += 1
+        return made
+
+    def _body(self, entry: _Entry) -> None:
+        entry.out.copy_(self.decoder.decode(entry.codes, entry.slots))
+
+    def _make(self, B: int, T: int) -> _Entry:
+        """Static inputs (all rows on the scratch slot, code 0) and, with CUDA graphs, the recording."""
+        dev = self.device
+        if self._out is None:
+            self._out = torch.zeros(self.max_batch * self.channels * self.max_frames * self.hop,
+                                    dtype=torch.float32, device=dev)
+        codes = torch.zeros(B, T, self.n_vq, dtype=torch.long, device=dev).permute(2, 0, 1)  # [n_vq, B, T]
+        slots = torch.full((B,), self.scratch_slot, dtype=torch.long, device=dev)
+        out = self._out[: B * self.channels * T * self.hop].view(B, self.channels, T * self.hop)
+        entry = _Entry(codes, slots, out)
+        if self.use_cuda_graphs:
+            entry.graph = self._record(entry)
+        self._entries[(B, T)] = entry
+        return entry
+
+    def _record(self, entry: _Entry) -> torch.cuda.CUDAGraph:
+        """Warm up on a side stream, then record into the shared pool (all rows on the scratch slot)."""
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                self._body(entry)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._body(entry)
+        return graph

@@ -1,0 +1,97 @@
+"""Residual LFQ quantizer (models.md §6.1), always fp32, conv layout `[B, D, T]` as upstream.
+
+Encode: `res = input_proj(z)`; per stage `z_e = in_proj(res)`, L2-normalise z_e and the codebook,
+take the nearest code, `z_q = out_proj(codebook[idx])` (the *un-normalised* row), `res -= z_q`;
+frames at or beyond a row's length are quantized from a zeroed residual and leave it unchanged.
+Decode: `output_proj(sum_q out_proj_q(codebook_q[code_q]))` over the first nq stages.
+
+Projections are 1x1 weight-normed convs in the checkpoint; `stages.runtime.checkpoint` folds them into a
+plain `weight` [out, in, 1] + `bias`, which is what `PointwiseConv` holds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.models.codec.config import QuantizerConfig
+
+
+class PointwiseConv(nn.Module):
+    """A kernel-1 Conv1d with bias: weight [out, in, 1], applied to x [B, in, T]."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_dim, in_dim, 1))
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv1d(x, self.weight, self.bias)
+
+
+def _proj(in_dim: int, out_dim: int) -> nn.Module:
+    return PointwiseConv(in_dim, out_dim) if in_dim != out_dim else nn.Identity()
+
+
+class LFQStage(nn.Module):
+    """One residual stage: in_proj (rvq -> codebook_dim), codebook [K, codebook_dim], out_proj back."""
+
+    def __init__(self, rvq_dim: int, codebook_size: int, codebook_dim: int):
+        super().__init__()
+        self.in_proj = _proj(rvq_dim, codebook_dim)
+        self.out_proj = _proj(codebook_dim, rvq_dim)
+        self.codebook = nn.Embedding(codebook_size, codebook_dim)
+
+    def quantize(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """residual [B, rvq, T] -> (z_q [B, rvq, T], codes [B, T])."""
+        z_e = self.in_proj(residual)  # [B, cd, T]
+        enc = F.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]))  # [B*T, cd]
+        book = F.normalize(self.codebook.weight.float())  # [K, cd]
+        dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ book.t() + book.pow(2).sum(1, keepdim=True).t()
+        codes = (-dist).max(1)[1].view(residual.shape[0], -1)  # [B, T]
+        chosen = self.codebook(codes).transpose(1, 2).float()  # [B, cd, T]
+        # upstream's straight-through form z_e + (z_q - z_e): not bit-equal to z_q, and later stages see it
+        return self.out_proj(z_e + (chosen - z_e)), codes
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T] -> [B, rvq, T]."""
+        return self.out_proj(self.codebook(codes).transpose(1, 2).float())
+
+
+class ResidualLFQ(nn.Module):
+    """`quantizer.*` of the checkpoint: input_proj, quantizers.{i}, output_proj."""
+
+    def __init__(self, cfg: QuantizerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.input_proj = _proj(cfg.input_dim, cfg.rvq_dim)
+        self.output_proj = _proj(cfg.rvq_dim, cfg.output_dim)
+        self.quantizers = nn.ModuleList(
+            LFQStage(cfg.rvq_dim, cfg.codebook_size, cfg.codebook_dim) for _ in range(cfg.num_quantizers)
+        )
+
+    @torch.no_grad()
+    def encode(self, z: torch.Tensor, lengths: torch.Tensor, num_quantizers: int | None = None) -> torch.Tensor:
+        """z [B, input_dim, T], lengths [B] -> codes [nq, B, T] int64."""
+        nq = num_quantizers or self.cfg.num_quantizers
+        residual = self.input_proj(z.float()).float()  # [B, rvq, T]
+        B, _, T = residual.shape
+        valid = (torch.arange(T, device=z.device)[None, :] < lengths[:, None])[:, None]  # [B, 1, T]
+        all_codes = []
+        for stage in self.quantizers[:nq]:
+            z_q, codes = stage.quantize(residual * valid)
+            residual = residual - z_q * valid
+            all_codes.append(codes)
+        return torch.stack(all_codes)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [nq, B, T] (a prefix of the stages) -> [B, output_dim, T] fp32."""
+        nq, B, T = codes.shape
+        if nq > self.cfg.num_quantizers:
+            raise ValueError(f"{nq} codebooks given, the quantizer has {self.cfg.num_quantizers}")
+        emb = torch.zeros(B, self.cfg.rvq_dim, T, device=codes.device, dtype=torch.float32)
+        for i in range(nq):
+            emb = emb + self.quantizers[i].decode(codes[i])
+        return self.output_proj(emb)

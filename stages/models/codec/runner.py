@@ -1,0 +1,187 @@
+"""`CodecRunner` (docs/interfaces.md): streaming decode slots and batched reference encoding.
+
+The codec worker owns one runner. A request leases a slot with `open(rid)`, feeds its code chunks
+through `decode` in order, and frees the slot with `close(rid)`. Decoding a request's chunks one
+after another equals decoding their concatenation at once (`stages.models.codec.streaming`). Items of one
+`decode` call that have the same number of frames run as one batched model call over their slots.
+
+With `cuda_graphs` (CUDA only) such a batch of n chunks of T <= `max_chunk_frames` frames replays a
+graph of the bucket (next power of two >= n, T) from `stages.models.codec.graphs`, captured on first use
+or ahead through `capture`; padding rows decode on a scratch slot (slot `max_slots`, never leased).
+Longer chunks (reference priming) replay in graph-sized pieces; final chunks are padded to the
+longest graph chunk and trimmed (`decode(last=...)`); batches past the buckets decode eagerly.
+`graphs_eager` runs the same buckets, padding and scratch slot without recording (CPU tests of
+that logic). With `encode_graphs` (CUDA only; `encode_graphs_eager` for CPU tests) reference
+encoding replays graphs per (batch bucket, length bucket) from `stages.models.codec.encode_graphs`;
+longer clips or larger batches encode eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+import torch
+
+from stages.models.codec.encode_graphs import EncodeGraphs
+from stages.models.codec.graphs import DecodeGraphs
+from stages.models.codec.model import CodecModel
+from stages.models.codec.streaming import StreamingDecoder
+
+
+class SlotsExhausted(RuntimeError):
+    """`open` found every streaming-decode slot leased."""
+
+
+class CodecRunner:
+    """Streaming decode and reference encoding with one MOSS-Audio-Tokenizer (v1 or v2).
+
+    sample_rate, channels: of the PCM it returns; samples_per_frame: per channel (3840 for v2,
+    1920 for v1); n_vq: codebooks per frame in and out (a prefix of the codec's quantizers).
+    """
+
+    def __init__(self, model: CodecModel, n_vq: int, max_slots: int,
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 max_chunk_frames: int = 15, cuda_graphs: bool = False, graphs_eager: bool = False,
+                 encode_graphs: bool = False, encode_graphs_eager: bool = False, encode_batch: int = 8):
+        cfg = model.cfg
+        if not 1 <= n_vq <= cfg.quantizer.num_quantizers:
+            raise ValueError(f"n_vq {n_vq} outside 1..{cfg.quantizer.num_quantizers} (the codec's quantizers)")
+        if device is not None or dtype is not None:
+            model = model.to(device=device, dtype=dtype)
+            model.quantizer.float()
+        self.model = model
+        self.device = next(model.decoder.parameters()).device
+        self.sample_rate = cfg.sampling_rate
+        self.channels = cfg.channels
+        self.samples_per_frame = cfg.downsample_rate
+        self.n_vq = n_vq
+        self.codebook_size = cfg.quantizer.codebook_size
+        self.max_slots = max_slots
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA device, the codec is on {self.device}")
+        padded = cuda_graphs or graphs_eager
+        # one extra slot, `max_slots`, is the graphs' scratch slot for padding rows: never leased
+        self._decoder = StreamingDecoder(model, max_slots + 1 if padded else max_slots, max_chunk_frames)
+        self.graphs = DecodeGraphs(self._decoder, n_vq=n_vq, scratch_slot=max_slots, max_batch=max_slots,
+                                   use_cuda_graphs=cuda_graphs) if padded else None
+        if encode_graphs and self.device.type != "cuda":
+            raise ValueError(f"encode_graphs needs a CUDA device, the codec is on {self.device}")
+        self.encode_graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=encode_batch, capture=encode_graphs) \
+            if encode_graphs or encode_graphs_eager else None
+        self._slot_of: dict[int, int] = {}
+        self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
+
+    def num_open(self) -> int:
+        return len(self._slot_of)
+
+    def open(self, rid: int) -> None:
+        """Lease a fresh streaming-decode slot for request `rid`."""
+        if rid in self._slot_of:
+            raise ValueError(f"request {rid} already holds codec slot {self._slot_of[rid]}")
+        if not self._free:
+            raise SlotsExhausted(f"all {self.max_slots} codec slots are in use")
+        slot = self._free.pop()
+        self._decoder.reset(torch.tensor([slot]))
+        self._slot_of[rid] = slot
+
+    def close(self, rid: int) -> None:
+        """Free `rid`'s slot; a no-op for a request without one (abort may race finish)."""
+        slot = self._slot_of.pop(rid, None)
+        if slot is not None:
+            self._decoder.reset(torch.tensor([slot]))
+            self._free.append(slot)
+
+    def decode(self, items: list[tuple[int, np.ndarray]], last: Collection[int] = ()) -> list[np.ndarray]:
+        """Next chunk of each request: (rid, codes [T, n_vq] int64) -> PCM float32 [channels, T * samples_per_frame].
+
+        `last`: rids whose chunk is their final one. With graphs such a chunk is padded to the
+        graphs' longest chunk and its audio trimmed: the decoder is causal, so the real frames'
+        audio is unchanged, the stream's state afterwards is never used, and final chunks of any
+        length share the steady chunks' graph and batch instead of each length needing its own."""
+        items = list(items)  # final chunks are replaced by padded copies below
+        rids = [rid for rid, _ in items]
+        if len(set(rids)) != len(rids):
+            raise ValueError(f"one decode call holds several chunks of one request: {rids}")
+        groups: dict[int, list[int]] = {}
+        lengths = [codes.shape[0] for _, codes in items]
+        for index, (rid, codes) in enumerate(items):
+            self._check_codes(rid, codes)
+            frames = codes.shape[0]
+            if self.graphs is not None and rid in last and 0 < frames < self.graphs.max_frames:
+                pad = np.zeros((self.graphs.max_frames - frames, codes.shape[1]), dtype=codes.dtype)
+                items[index] = (rid, np.concatenate([codes, pad]))  # [max_frames, n_vq]
+                frames = self.graphs.max_frames
+            groups.setdefault(frames, []).append(index)
+        out: list[np.ndarray | None] = [None] * len(items)
+        for frames, indices in groups.items():
+            slots = torch.tensor([self._slot_of[items[i][0]] for i in indices])
+            codes = torch.from_numpy(np.stack([items[i][1] for i in indices]))  # [B, T, n_vq]
+            if self.graphs is not None and self.graphs.fits(len(indices), min(frames, self.graphs.max_frames)):
+                audio = self._replay(codes, slots)
+            else:
+                codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
+                audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]
+            for row, i in enumerate(indices):
+                out[i] = audio[row, :, : lengths[i] * self.samples_per_frame]
+        return out  # type: ignore[return-value]
+
+    def _replay(self, codes: torch.Tensor, slots: torch.Tensor) -> np.ndarray:
+        """codes [n, T, n_vq] through the graphs, in pieces of at most their longest chunk (a stream's
+        chunks decoded in turn equal their concatenation) -> PCM [n, channels, T * hop] on the host."""
+        step = self.graphs.max_frames
+        pieces = []
+        for start in range(0, codes.shape[1], step):
+            audio = self.graphs.decode(codes[:, start:start + step].permute(2, 0, 1), slots)  # a static view
+            pieces.append(audio.to("cpu", copy=True).numpy())  # one copy of the real rows (also on CPU)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
+
+    def capture(self, batches: list[int] | tuple[int, ...], chunk_lengths: list[int] | tuple[int, ...],
+                budget_s: float | None = None) -> int:
+        """Capture ahead the graphs of these batch sizes (their buckets) and chunk lengths, within
+        `budget_s`; returns how many were captured (0 without graphs). Open requests are untouched."""
+        if self.graphs is None:
+            return 0
+        return self.graphs.capture(batches, chunk_lengths, budget_s)
+
+    def capture_encode(self, budget_s: float | None = None) -> int:
+        """Capture ahead the reference-encoding graphs of every batch and length bucket, within
+        `budget_s`; returns how many were made (0 without encode graphs)."""
+        if self.encode_graphs is None:
+            return 0
+        return self.encode_graphs.capture_ahead(range(1, self.encode_graphs.max_batch + 1), budget_s)
+
+    def _check_codes(self, rid: int, codes: np.ndarray) -> None:
+        if rid not in self._slot_of:
+            raise KeyError(f"request {rid} has no codec slot (open it first)")
+        if codes.ndim != 2 or codes.shape[1] != self.n_vq:
+            raise ValueError(f"request {rid}: codes of shape {codes.shape}, expected [T, {self.n_vq}]")
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
+            raise ValueError(f"request {rid}: codes outside [0, {self.codebook_size})")
+
+    def encode(self, wavs: list[np.ndarray]) -> list[np.ndarray]:
+        """Reference waveforms float32 [channels, samples] at sample_rate -> codes [T, n_vq] int64,
+        T = samples // samples_per_frame (a trailing partial frame is dropped)."""
+        for i, wav in enumerate(wavs):
+            if wav.ndim != 2 or wav.shape[0] != self.channels:
+                raise ValueError(f"waveform {i}: shape {wav.shape}, expected [{self.channels}, samples]")
+        if not wavs:
+            return []
+        # eager, outside any graph capture: its allocations stay in the default pool, not the graphs'
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("encode called during a CUDA graph capture")
+        longest = max(w.shape[1] for w in wavs)
+        if longest < self.samples_per_frame:
+            return [np.zeros((0, self.n_vq), dtype=np.int64) for _ in wavs]
+        if self.encode_graphs is not None and self.encode_graphs.fits(len(wavs), longest):
+            codes_dev, frames_dev = self.encode_graphs.encode([torch.from_numpy(w) for w in wavs])
+            codes, frames = codes_dev.cpu().numpy(), frames_dev.cpu().numpy()  # [n_vq, B, T], [B]
+            return [np.ascontiguousarray(codes[:, i, : frames[i]].T, dtype=np.int64) for i in range(len(wavs))]
+        batch = np.zeros((len(wavs), self.channels, longest), dtype=np.float32)
+        for i, wav in enumerate(wavs):
+            batch[i, :, : wav.shape[1]] = wav
+        lengths = torch.tensor([w.shape[1] for w in wavs], device=self.device)
+        result = self.model.encode(torch.from_numpy(batch).to(self.device), lengths, self.n_vq)
+        codes = result.codes.cpu().numpy()  # [n_vq, B, T]
+        frames = result.lengths.cpu().numpy()
+        return [np.ascontiguousarray(codes[:, i, : frames[i]].T, dtype=np.int64) for i in range(len(wavs))]

@@ -1,0 +1,59 @@
+"""A variant's audio tokenizer: where it lives, its output shape, and its `CodecRunner`.
+
+Every checkpoint keeps its codec in `<model>/audio_tokenizer/` unless the profile names
+`model.codec_path`. Reading the shape needs only `config.json`; loading the runner needs the
+weights (worker processes only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from profiles import Profile
+from stages.runtime.checkpoint import read_config
+from stages.models.codec.config import CodecConfig
+
+CODEC_SUBDIR = "audio_tokenizer"
+
+
+@dataclass(frozen=True)
+class CodecShape:
+    """What the API and engine need to know about the codec's PCM (no weights read)."""
+
+    codec_dir: Path
+    sample_rate: int
+    channels: int
+    frame_rate: float
+    samples_per_frame: int  # per channel
+
+    @classmethod
+    def of(cls, model_dir: Path, profile: Profile) -> CodecShape:
+        codec_dir = Path(profile.model.codec_path or Path(model_dir) / CODEC_SUBDIR)
+        cfg = CodecConfig.from_json(read_config(codec_dir))
+        return cls(codec_dir, cfg.sampling_rate, cfg.channels, cfg.frame_rate, cfg.downsample_rate)
+
+
+def chunk_lengths(profile: Profile) -> tuple[int, ...]:
+    """The chunk sizes of the profile's schedule, in frames: initial, ramp, steady (distinct, in order)."""
+    c = profile.chunking
+    return tuple(dict.fromkeys((c.initial_chunk_frames, *c.ramp, c.chunk_frames)))
+
+
+def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int, dtype: Any = None) -> Any:
+    """The `CodecRunner` over the first `n_vq` quantizers: slots, ring headroom (the longest chunk of
+    the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
+    in pieces) and CUDA graphs (`codec.cuda_graphs` for decode, `codec.encode_graphs` for reference
+    encoding; CUDA devices only) from the profile.
+    dtype: None = `model.dtype` resolved for the device."""
+    from stages.models.codec.loader import load_codec
+    from stages.models.codec.runner import CodecRunner
+    from stages.models.local_v15.loader import resolve_dtype
+
+    dtype = resolve_dtype(profile.model.dtype, device) if dtype is None else dtype
+    return CodecRunner(load_codec(codec_dir, device, dtype), n_vq=n_vq,
+                       max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
+                       cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),
+                       encode_graphs=profile.codec.encode_graphs and str(device).startswith("cuda"),
+                       encode_batch=profile.codec.encode_batch)

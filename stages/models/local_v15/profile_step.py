@@ -1,0 +1,120 @@
+"""Where the time of one steady-state Local-v1.5 decode step goes (full size, random bf16 weights).
+
+    python -m stages.models.local_v15.profile_step --batch 1 128 [--context 300] [--eager]
+        [--attention padded triton] [--compile]
+
+For each batch B: B requests with `--context`-row prompts are prefilled, then decode steps are
+replayed from the runner's CUDA graphs; it prints the median step, the local loop + sampling
+alone (the runner's frame graph on the same hidden states) and, from `torch.profiler` over a few
+replays, the kernels grouped by name: time per step, share, launches per step. The weights are
+random: the figures measure the machinery, not speech.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from stages.models.local_v15.config import full_size_config
+from stages.models.local_v15.loader import build_talker_module
+from stages.models.local_v15.runner import LocalV15Runner
+from stages.runtime.sampling import SamplingParams
+
+
+def _median_ms(fn, iters: int) -> float:
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
+def kernel_table(fn, steps: int, top: int = 25) -> str:
+    """Kernels of `steps` calls of fn grouped by name: ms per step, share, launches per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    total, count = defaultdict(float), defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            total[ev.name] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+            count[ev.name] += 1
+    all_us = sum(total.values())
+    lines = [f"  kernel time per step {all_us / steps / 1e3:.2f} ms, launches per step {sum(count.values()) / steps:.0f}"]
+    for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {us / steps / 1e3:8.3f} ms {100 * us / all_us:5.1f}% x{count[name] / steps:5.0f}  {name[:110]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 128])
+    ap.add_argument("--context", type=int, default=300, help="prompt rows per request")
+    ap.add_argument("--steps", type=int, default=3, help="graph replays profiled")
+    ap.add_argument("--eager", action="store_true", help="also time the eager (no graphs) step")
+    ap.add_argument("--attention", nargs="+", default=["padded", "triton"],
+                    help="attention backends to compare (stages.runtime.attention.backends.make_attention names)")
+    ap.add_argument("--compile", action="store_true", help="last, also with the talker's torch.compile hot paths")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = build_talker_module(full_size_config()).to(torch.bfloat16).eval()
+    rng = np.random.default_rng(0)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
+    variants = [(name, False) for name in args.attention] + ([(args.attention[-1], True)] if args.compile else [])
+    for name, compiled in variants:
+        if compiled:
+            t0 = time.perf_counter()
+            model.compile_hot_paths()
+        for B in args.batch:
+            for graphs in ([True, False] if args.eager and not compiled else [True]):
+                run_one(model, B, args, name, compiled, graphs, rng)
+        if compiled:
+            print(f"(compiled variant, including compilation on first use: {time.perf_counter() - t0:.0f} s)")
+
+
+def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, rng) -> None:
+    from stages.runtime.attention.backends import make_attention
+
+    cfg = model.config
+    r = LocalV15Runner(model, max_running=B, num_kv_blocks=B * (args.context // 16 + 8),
+                       prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
+                       cuda_graphs=graphs, attention=make_attention(attention, "cuda"))
+    for i in range(B):
+        p = np.full((args.context, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
+        p[:, 0] = rng.integers(0, 150000, args.context)
+        r.add(i, p, SamplingParams(seed=i, forced_frames=10_000, max_new_frames=10_000))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    r.step()  # prefill of every prompt (B x context rows) + first frames
+    torch.cuda.synchronize()
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+    for _ in range(3):
+        r.step()  # capture
+    step_ms = _median_ms(r.step, 10)
+    tag = f"B={B:4d} attention={attention:7s} compile={compiled!s:5} graphs={graphs!s:5}"
+    print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "
+          f"{B * 0.08 / step_ms * 1e3:7.1f} audio-s/s", flush=True)
+    if graphs and r.frame_graphs is not None:
+        h = torch.randn(B, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        slots, frames = list(range(B)), [5] * B
+        r.frame_graphs.run(h, slots, frames)
+        local_ms = _median_ms(lambda: r.frame_graphs.run(h, slots, frames), 10)
+        print(f"{tag} local loop + sampling alone (frame graph) {local_ms:7.2f} ms", flush=True)
+        print(kernel_table(r.step, args.steps, top=12), flush=True)
+    r = None  # frees the runner's KV pool and graphs before the next variant
+    torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

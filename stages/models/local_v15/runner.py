@@ -1,0 +1,301 @@
+"""Continuous-batching talker runner of Local-v1.5 (`TalkerRunner`, docs/interfaces.md).
+
+One `step()`:
+1. schedule (`stages.runtime.row_scheduler.RowScheduler`): every decoding request feeds its last frame's
+   row (1 token); requests still in their prompt get prefill chunks (at most `prefill_chunk_tokens`
+   each, `max_prefill_tokens_per_step` in all, admission order first) as far as free KV blocks
+   allow, and while requests decode only on every `prefill_interval`-th step;
+2. the backbone over the packed tokens and the paged KV cache;
+3. the local loop (stop head + 12 codebooks) batched over every request whose prompt is now
+   complete, sampled per request slot (`stages.runtime.sampling`: own seed, own frame counter, own
+   repetition history);
+4. one device-to-host copy of (stop, codes) of all those requests to build the `FrameEvent`s
+   (in schedule order).
+
+Without graphs (`graph_path="off"`), steps 2-3 are ONE backbone call over every scheduled token,
+then one local loop. With graphs, a step is split in two parts whose results are concatenated
+before step 4: the decoding requests (their row is the last frame's, held on the device in
+`next_row`) replay the decode graph of their (batch, KV-blocks) bucket (backbone token + local
+loop + sampling, `stages.models.local_v15.graphs.DecodeGraphs`); the prefill chunks (and any other row,
+e.g. a prompt's last one) run one eager backbone call over their own rows only, and the requests
+they complete replay the local loop from a graph per batch bucket (`FrameGraphs`). Decode rows
+reserve their KV slots first, as in the one-call path. `graph_path="cuda"` captures CUDA graphs
+(`cuda_graphs=True` on a CUDA device); `"eager"` runs the same bodies on the same padded static
+inputs without capture (what the CPU tests exercise; also the fallback of "cuda" off CUDA).
+
+Request state that the model path reads (sampling settings, repetition history, the next input
+row for graph replay) lives in slot-indexed device tensors; the host keeps the rows (prompt, then
+one per frame), lengths and counters, so scheduling never waits on the device. When decoding
+requests need KV blocks the pool does not have, the newest block holders (decoding or half
+prefilled) are preempted: their blocks are freed and their prompt plus generated rows are
+prefilled again later (recompute), which continues them exactly where they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stages.runtime.attention.backends import AttentionBackend, PaddedBatchAttention
+from stages.runtime.graph_capture import resolve_graph_path
+from stages.models.local_v15.graphs import DecodeGraphs, FrameGraphs
+from stages.models.local_v15.loader import load_talker
+from stages.models.local_v15.model import LocalV15Talker
+from stages.runtime.row_scheduler import RowRequest
+from stages.runtime.talker_runner import FrameEvent
+from stages.runtime.sampling import K_CAP, SamplingParams, SamplingSlots, noise_key, sample_tokens
+from stages.runtime.scheduled_runner import ScheduledRunner
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    sched: RowRequest  # rows: prompt, then [gen_slot, codes] per emitted frame
+    params: SamplingParams
+    frames: int = 0  # frames emitted
+
+    @property
+    def rid(self) -> int:
+        return self.sched.rid
+
+    @property
+    def slot(self) -> int:
+        return self.sched.slot
+
+    @property
+    def graph_decodable(self) -> bool:
+        """Feeds one row that `next_row` holds: its last frame's (not a prompt row)."""
+        return self.frames > 0 and self.sched.pending == 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerMode:
+    """Host-known facts about a step's requests that pick cheaper, exact sampling code (and so a
+    graph of their own): `candidates` = every request keeps at most K_CAP tokens (1 <= top_k <=
+    K_CAP, or greedy), so only its K_CAP best scores are ranked and hashed; `penalty` = some
+    request has a repetition penalty != 1 (else the repetition history is not read)."""
+
+    candidates: bool = False
+    penalty: bool = True
+
+    @classmethod
+    def of(cls, params: list[SamplingParams]) -> SamplerMode:
+        return cls(candidates=all(p.greedy or p.temperature <= 0 or 1 <= p.top_k <= K_CAP for p in params),
+                   penalty=any(p.repetition_penalty != 1.0 for p in params))
+
+
+class _SlotSampler:
+    """`FrameSampler` over request slots: settings, repetition history and noise per request."""
+
+    def __init__(self, runner: LocalV15Runner, slots: torch.Tensor, frames: torch.Tensor, mode: SamplerMode) -> None:
+        self.slots, self.frames, self.n_vq, self.mode = slots, frames, runner.n_vq, mode
+        self.seen = runner.seen
+        self.audio = runner.sampling.rows(slots)
+        self.text = runner.sampling.rows(slots, text=True)  # same seed as audio
+        streams = torch.arange(runner.n_vq + 1, device=frames.device)
+        self.keys = noise_key(self.audio.seed, frames, streams)  # [B, n_vq + 1]: every head's noise key
+
+    def stop(self, logits: torch.Tensor) -> torch.Tensor:  # [B, 2] -> [B] bool
+        return sample_tokens(logits, self.text, self.frames, stream=self.n_vq, candidates=True,
+                             key=self.keys[:, self.n_vq]) == 1
+
+    def code(self, codebook: int, logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
+        seen = self.seen[self.slots, codebook] if self.mode.penalty else None  # [B, V] bool
+        return sample_tokens(logits, self.audio, self.frames, codebook, seen, candidates=self.mode.candidates,
+                             key=self.keys[:, codebook])
+
+
+class LocalV15Runner(ScheduledRunner):
+    """The v1.5 talker with a paged KV cache, serving many requests at once."""
+
+    def __init__(self, model: LocalV15Talker, *, cuda_graphs: bool = False, graph_path: str | None = None,
+                 attention: AttentionBackend | None = None, **capacity) -> None:
+        """`graph_path`: "off" | "eager" | "cuda" (module docstring); None = "cuda" with
+        `cuda_graphs` on a CUDA device, else "off". `capacity`: `ScheduledRunner`'s KV and
+        batching settings (`prefill_interval` among them)."""
+        cfg = model.config
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        self.graph_path = graph_path = resolve_graph_path(graph_path, cuda_graphs, on_cuda)
+        use_graphs = graph_path != "off"
+        if use_graphs:
+            attention = attention or PaddedBatchAttention()  # reads tensors only: graph-capturable
+        # with graphs, one extra slot and one extra block take the padding rows of a bucket
+        extra = 1 if use_graphs else 0
+        super().__init__(model, cfg.backbone, attention=attention, spare_kv_blocks=extra, **capacity)
+        self.n_vq = cfg.n_vq
+        max_running = self.max_running
+        self.sampling = SamplingSlots(max_running + extra, self.device)
+        self.seen = torch.zeros(max_running + extra, cfg.n_vq, cfg.codebook_size, dtype=torch.bool,
+                                device=self.device)  # [slots, n_vq, codebook_size]: codes emitted so far
+        self.next_row = torch.full((max_running + extra, 1 + cfg.n_vq), cfg.audio_pad_code, dtype=torch.long,
+                                   device=self.device)  # [slots, 1 + n_vq]: the row each request feeds next
+        self.mode = SamplerMode()  # this step's (set in step())
+        self._graph_sets: dict[SamplerMode, tuple[DecodeGraphs, FrameGraphs]] = {}
+        if use_graphs:
+            # slot max_running and this block take the padding rows; every set shares one pool
+            (self._scratch_block,) = self.cache.allocator.allocate(1)
+            self.next_row[max_running, 0] = cfg.gen_slot
+            self._capture = graph_path == "cuda"
+            self._pool = torch.cuda.graph_pool_handle() if self._capture else None
+        self._codebooks = torch.arange(cfg.n_vq, device=self.device)  # [n_vq]
+        self._requests: dict[int, _Request] = {}
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 **capacity) -> LocalV15Runner:
+        return cls(load_talker(model_dir, device=device, dtype=dtype), **capacity)
+
+    # ---- admission -----------------------------------------------------------------------------
+
+    def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
+        if rid in self._requests:
+            raise ValueError(f"request {rid} is already running")
+        prompt = np.asarray(prompt, dtype=np.int64)
+        if prompt.ndim != 2 or prompt.shape[1] != 1 + self.n_vq or len(prompt) == 0:
+            raise ValueError(f"request {rid}: prompt shape {prompt.shape}, expected [S >= 1, {1 + self.n_vq}]")
+        if params.max_new_frames < 1:
+            raise ValueError(f"request {rid}: max_new_frames {params.max_new_frames} < 1")
+        sched = self.scheduler.add(rid, prompt)
+        self._requests[rid] = _Request(sched, params)
+        self.sampling.write(sched.slot, params)
+        self.seen[sched.slot] = False
+        self.next_row[sched.slot, 0] = self.model.config.gen_slot
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def step(self) -> list[FrameEvent]:
+        if not self._requests:
+            return []
+        scheduled = self.scheduler.schedule()
+        self.mode = SamplerMode.of([self._requests[r.rid].params for r, _ in scheduled])
+        if self.graph_path == "off":
+            parts = [self._eager_part(scheduled)]
+        else:
+            graph_rows = [self._requests[r.rid].graph_decodable for r, _ in scheduled]  # before any pack
+            decode = [self._requests[r.rid] for (r, _), g in zip(scheduled, graph_rows) if g]
+            chunks = [item for item, g in zip(scheduled, graph_rows) if not g]
+            parts = [self._graph_decode(decode) if decode else None, self._eager_part(chunks) if chunks else None]
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return []
+        ready = [r for p in parts for r in p[0]]
+        if len(parts) == 1:
+            stop, codes = parts[0][1:]
+        else:
+            stop, codes = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])  # [B], [B, n_vq]
+        position = {r.rid: i for i, (r, _) in enumerate(scheduled)}
+        order = sorted(range(len(ready)), key=lambda i: position[ready[i].rid])  # events in schedule order
+        return self._finish_frames(ready, stop, codes, order)
+
+    def _eager_part(self, chunks: list[tuple[RowRequest, int]]):
+        """One eager backbone call over `chunks`, then the local loop of the requests it completes:
+        (ready, stop [B], codes [B, n_vq]), or None when none completes."""
+        batch = self.scheduler.pack(chunks, self.device)
+        with torch.inference_mode():
+            hidden = self.model.transformer(self.model.embed_rows(batch.ids), batch.meta, self.cache,
+                                            self.attention)  # [N, H]
+        if not batch.ready:
+            return None
+        ready = [self._requests[r.rid] for r in batch.ready]
+        h = hidden[batch.ready_rows]  # [B, H]
+        if self.frame_graphs is not None:
+            stop, codes = self.frame_graphs.run(h, [r.slot for r in ready], [r.frames for r in ready])
+            return ready, stop, codes
+        dev = self.device
+        slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)  # [B]
+        frames = torch.tensor([r.frames for r in ready]).to(dev, non_blocking=True)  # [B]
+        with torch.inference_mode():
+            stop, codes = self._frame_body(h, slots, frames, self.mode)  # [B], [B, n_vq]
+        return ready, stop, codes
+
+    # ---- graphs, one set per sampler mode ------------------------------------------------------
+
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        """The decode graphs of this step's sampler mode (None without graphs)."""
+        return self._graph_set()[0] if self.graph_path != "off" else None
+
+    @property
+    def frame_graphs(self) -> FrameGraphs | None:
+        """The local-loop graphs of this step's sampler mode (None without graphs)."""
+        return self._graph_set()[1] if self.graph_path != "off" else None
+
+    def _graph_set(self) -> tuple[DecodeGraphs, FrameGraphs]:
+        mode = self.mode
+        found = self._graph_sets.get(mode)
+        if found is None:
+            n_vq, scratch = self.model.config.n_vq, self.max_running  # the padding rows' slot
+            decode = DecodeGraphs(lambda slots, frames, meta: self._decode_body(slots, frames, meta, mode),
+                                  max_batch=scratch, max_blocks=self.cache.spec.num_blocks - 1,
+                                  scratch_slot=scratch, scratch_block=self._scratch_block,
+                                  block_size=self.cache.spec.block_size, n_vq=n_vq, device=self.device,
+                                  capture=self._capture, pool=self._pool)
+            frame = FrameGraphs(lambda h, slots, frames: self._frame_body(h, slots, frames, mode),
+                                max_batch=scratch, hidden_size=self.model.config.hidden_size, dtype=self.dtype,
+                                scratch_slot=scratch, n_vq=n_vq, pool=self._pool, device=self.device,
+                                capture=self._capture)
+            found = self._graph_sets[mode] = (decode, frame)
+        return found
+
+    def _frame_body(self, h: torch.Tensor, slots: torch.Tensor, frames: torch.Tensor, mode: SamplerMode):
+        """The local loop + sampling of a frame (what `FrameGraphs` records)."""
+        return self.model.decode_frame(h, _SlotSampler(self, slots, frames, mode))
+
+    def _decode_body(self, slots: torch.Tensor, frames: torch.Tensor, meta,
+                     mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode-only step as pure device work (what `DecodeGraphs` records)."""
+        hidden = self.model.transformer(self.model.embed_rows(self.next_row[slots]), meta, self.cache,
+                                        self.attention)  # [B, H]: one new token per request
+        return self.model.decode_frame(hidden, _SlotSampler(self, slots, frames, mode))
+
+    def _graph_decode(self, decode: list[_Request]):
+        """Reserve one KV slot per decoding request and replay its bucket's decode graph:
+        (decode, stop [B], codes [B, n_vq])."""
+        cache = self.cache
+        positions, kv_slots = [], []
+        for r in decode:
+            start, (slot,) = cache.append_slots(r.rid, 1)
+            r.sched.prefilled += 1
+            positions.append(start)
+            kv_slots.append(slot)
+        packed, key = self.graphs.pack([r.slot for r in decode], [r.frames for r in decode], positions, kv_slots,
+                                       [p + 1 for p in positions], [cache.block_table(r.rid) for r in decode])
+        stop, codes = self.graphs.run(packed, key, len(decode))
+        return decode, stop, codes
+
+    def _finish_frames(self, ready: list[_Request], stop: torch.Tensor, codes: torch.Tensor,
+                       order: list[int]) -> list[FrameEvent]:
+        """Apply forced lengths, record the frame in the request's state, build the events (in
+        `order` of `ready`); stop [B], codes [B, n_vq] are `ready`'s."""
+        dev = self.device
+        slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)  # [B]
+        forced = [r.params.forced_frames for r in ready]
+        model_decides = torch.tensor([f is None for f in forced]).to(dev, non_blocking=True)  # [B]
+        forced_stop = torch.tensor([f is not None and r.frames >= f for f, r in zip(forced, ready)]).to(dev)  # [B]
+        with torch.inference_mode():
+            stop = torch.where(model_decides, stop, forced_stop)
+            self.seen[slots[:, None], self._codebooks[None, :], codes] = True
+            self.next_row[slots, 1:] = codes
+            out = torch.cat([stop[:, None].long(), codes], dim=1).cpu().numpy()  # the step's one host copy
+        events = []
+        for i in order:
+            r, row = ready[i], out[i]
+            if row[0]:
+                events.append(FrameEvent(r.rid, None, finished=True, reason="stop"))
+                self.remove(r.rid)
+                continue
+            codes_r = row[1:].copy()
+            r.frames += 1
+            row[0] = self.model.config.gen_slot
+            r.sched.rows.append(row)  # the row it feeds next
+            reason = None
+            if r.params.forced_frames is not None and r.frames >= r.params.forced_frames:
+                reason = "stop"
+            elif r.frames >= r.params.max_new_frames:
+                reason = "length"
+            events.append(FrameEvent(r.rid, codes_r, finished=reason is not None, reason=reason))
+            if reason is not None:
+                self.remove(r.rid)
+        return events
