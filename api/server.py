@@ -45,7 +45,7 @@ def resolve_model_dir(profile, model_dir: str | None) -> Path:
     chosen = model_dir or profile.model.path
     if chosen:
         return Path(chosen).expanduser().resolve()
-    from stages.demo_model import ensure_demo_model
+    from stages.tools.demo_model import ensure_demo_model
 
     return ensure_demo_model(profile.model.demo_cache_dir)
 

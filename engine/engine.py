@@ -31,7 +31,7 @@ def resolve_model_dir(profile: Profile, model_dir: str | Path | None) -> Path:
         return Path(model_dir)
     if profile.model.path is not None:
         return Path(profile.model.path).expanduser()
-    from stages.demo_model import ensure_demo_model
+    from stages.tools.demo_model import ensure_demo_model
 
     path = ensure_demo_model(profile.model.demo_cache_dir)
     log.warning("no model given: serving the demo model %s, whose weights are RANDOM", path)

@@ -38,7 +38,7 @@ from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segmen
 from profiles import Profile
 from stages.registry import (codec_worker_main, load_variant, replica_devices, talker_worker_main,
                              worker_environment)
-from stages.worker_common import WorkerSpec
+from stages.workers.common import WorkerSpec
 
 log = logging.getLogger(__name__)
 

@@ -151,13 +151,13 @@ def worker_environment() -> dict[str, str]:
 
 def talker_worker_main(spec: Any) -> None:
     """Entry point of the talker process (spawn target), reached through the registry."""
-    from stages.talker_worker import main
+    from stages.workers.talker import main
 
     main(spec)
 
 
 def codec_worker_main(spec: Any) -> None:
     """Entry point of the codec process (spawn target), reached through the registry."""
-    from stages.codec_worker import main
+    from stages.workers.codec import main
 
     main(spec)

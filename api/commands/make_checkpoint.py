@@ -19,7 +19,7 @@ DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "fp32": "float32", "bf16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from stages.checkpoint_variants import VARIANTS
+    from stages.tools.checkpoint_variants import VARIANTS
 
     parser.add_argument("--variant", default="local-v1.5", choices=list(VARIANTS),
                         help="model variant (talker + its codec)")
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from stages.make_checkpoint import make_checkpoint
+    from stages.tools.make_checkpoint import make_checkpoint
 
     out: Path = args.out
     if out.exists() and any(out.iterdir()):

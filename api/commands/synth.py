@@ -49,7 +49,7 @@ def model_dir_for(args: argparse.Namespace, profile) -> Path:
         return args.model
     if profile.model.path:
         return Path(profile.model.path).expanduser()
-    from stages.demo_model import ensure_demo_model
+    from stages.tools.demo_model import ensure_demo_model
 
     return ensure_demo_model(profile.model.demo_cache_dir)
 

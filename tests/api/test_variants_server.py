@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from stages.make_checkpoint import make_checkpoint
+from stages.tools.make_checkpoint import make_checkpoint
 from tests.api.helpers import assert_error, data_url, metric, tone_wav
 from tests.api.server_process import REPO, ServerProcess
 

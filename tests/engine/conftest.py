@@ -14,7 +14,7 @@ from engine.counters import LEAK_GAUGES
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory):
     """The tiny random-weight Local-v1.5 demo checkpoint (written once per session)."""
-    from stages.demo_model import ensure_demo_model
+    from stages.tools.demo_model import ensure_demo_model
 
     return ensure_demo_model(tmp_path_factory.mktemp("demo-cache"))
 

@@ -15,7 +15,7 @@ from ipc.messages import (Abort, ChunkDone, ClientInbox, CodecInbox, CodeChunk, 
 from ipc.shm import new_instance_id
 from profiles import load_profile
 from stages.runtime.coalescer import Coalescer
-from stages.codec_worker import CodecLoop
+from stages.workers.codec import CodecLoop
 from stages.registry import load_variant
 
 

@@ -16,7 +16,7 @@ import pytest_asyncio
 from engine.client import SpeechJob
 from engine.launcher import launch
 from profiles import load_profile
-from stages.make_checkpoint import make_checkpoint
+from stages.tools.make_checkpoint import make_checkpoint
 from stages.runtime.tensor_parallel import MULTICAST_OFF
 from tests.engine.conftest import collect, joined
 
@@ -34,7 +34,7 @@ def delay_dir(tmp_path_factory) -> Path:
 
 
 def follower_pids(parent: int) -> list[int]:
-    """Running `stages.tp_worker` processes whose parent is `parent`."""
+    """Running `stages.workers.tp_ranks` processes whose parent is `parent`."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -44,7 +44,7 @@ def follower_pids(parent: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if b"stages.tp_worker" in cmdline and int(fields[1]) == parent and fields[0] != "Z":
+        if b"stages.workers.tp_ranks" in cmdline and int(fields[1]) == parent and fields[0] != "Z":
             found.append(int(entry.name))
     return found
 

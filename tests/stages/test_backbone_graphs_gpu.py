@@ -11,7 +11,7 @@ from stages.runtime.checkpoint import read_config
 from stages.models.delay.config import DelayConfig
 from stages.models.delay.processor import DelayProcessor
 from stages.models.delay.runner import DelayRunner
-from stages.make_checkpoint import make_checkpoint
+from stages.tools.make_checkpoint import make_checkpoint
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
 from stages.runtime.sampling import SamplingParams

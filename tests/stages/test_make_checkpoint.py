@@ -11,13 +11,13 @@ import torch
 from safetensors import safe_open
 
 from api.cli import main as cli_main
-from stages import demo_model
+from stages.tools import demo_model
 from stages.runtime.checkpoint import INDEX_FILE, read_state_dict
 from stages.models.codec.loader import load_codec
-from stages.demo_model import demo_key, ensure_demo_model
+from stages.tools.demo_model import demo_key, ensure_demo_model
 from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.processor import LocalV15Processor
-from stages.make_checkpoint import (
+from stages.tools.make_checkpoint import (
     CODEC_DIR,
     DEFAULT_SHARD_BYTES,
     _meta_talker,
@@ -27,9 +27,9 @@ from stages.make_checkpoint import (
     write_codec,
     write_talker,
 )
-from stages.random_weights import TensorSpec, module_specs, plan_shards, random_tensor, tensor_seed
+from stages.tools.random_weights import TensorSpec, module_specs, plan_shards, random_tensor, tensor_seed
 from stages.runtime.tokenizer import TextTokenizer
-from stages.tokenizer_builder import build_tokenizer, write_tokenizer_files
+from stages.tools.tokenizer_builder import build_tokenizer, write_tokenizer_files
 
 GOLDEN_V15 = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"
 QWEN_IDS = dict(
@@ -231,7 +231,7 @@ def test_full_size_moss_tts_8b_counts_8_49_b_parameters():
 
 
 def test_demo_model_is_created_once_atomically_and_warns(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="stages.demo_model"):
+    with caplog.at_level(logging.WARNING, logger="stages.tools.demo_model"):
         first = ensure_demo_model(tmp_path / "cache")
     assert "RANDOM weights" in caplog.text
     assert first.parent == tmp_path / "cache" and demo_key() in first.name
@@ -250,7 +250,7 @@ def test_demo_key_follows_the_generator_version(monkeypatch):
 
 def test_demo_model_creation_race_keeps_one_complete_copy(tmp_path, monkeypatch):
     """Another process renames its copy into place while this one is writing: ours is dropped."""
-    import stages.make_checkpoint as mc
+    import stages.tools.make_checkpoint as mc
 
     real = mc.make_checkpoint
     target = tmp_path / f"demo-local-v1.5-{demo_key()}"

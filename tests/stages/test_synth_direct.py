@@ -9,7 +9,7 @@ import soundfile as sf
 
 from api.cli import main as cli_main
 from profiles import load_profile
-from stages.demo_model import ensure_demo_model
+from stages.tools.demo_model import ensure_demo_model
 from stages.synth_direct import DirectSynthesizer, synthesize
 
 SAMPLES_PER_FRAME = 3840  # v2 codec, per channel, 80 ms at 48 kHz

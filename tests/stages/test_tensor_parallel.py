@@ -25,13 +25,13 @@ from stages.models.delay.model import DelayModel
 from stages.models.delay.runner import DelayRunner
 from stages.models.delay.tp_runner import from_step_wire, step_wire
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
-from stages.make_checkpoint import make_checkpoint
+from stages.tools.make_checkpoint import make_checkpoint
 from stages.models.qwen3 import Qwen3Config
 from stages.registry import UnknownModel, from_wire, load_variant
 from stages.runtime.sampling import SamplingParams
 from stages.runtime.tensor_parallel import (MULTICAST_OFF, ColumnParallelLinear, RowParallelLinear, TPGroup, destroy_tp,
                                     free_port, init_tp)
-from stages.tp_worker import LaunchedTPDelayRunner, start_delay_tp, tp_devices
+from stages.workers.tp_ranks import LaunchedTPDelayRunner, start_delay_tp, tp_devices
 from tests.conftest import Job, golden_dir
 
 ATOL = 1e-5
@@ -266,7 +266,7 @@ def test_tensor_parallel_is_refused_for_other_families(tmp_path):
 
 ORPHAN_SCRIPT = textwrap.dedent("""
     import os, sys
-    from stages.tp_worker import LaunchedTPDelayRunner, start_delay_tp, tp_devices
+    from stages.workers.tp_ranks import LaunchedTPDelayRunner, start_delay_tp, tp_devices
     runner = start_delay_tp(sys.argv[1], devices=["cpu", "cpu"], num_kv_blocks=8, max_running=1, torch_threads=1)
     print(runner.ranks.processes[0].pid, flush=True)
     os._exit(0)  # rank 0 dies without closing

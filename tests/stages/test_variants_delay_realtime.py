@@ -20,10 +20,10 @@ from ipc.shm import new_instance_id
 from profiles import load_profile
 from stages.models.delay.adapters import AdapterError
 from stages.models.delay.variant import split_transcripts
-from stages.make_checkpoint import make_checkpoint
+from stages.tools.make_checkpoint import make_checkpoint
 from stages.registry import UnknownModel, load_variant
-from stages.talker_worker import TalkerLoop
-from stages.worker_common import payload_array, schedule_from
+from stages.workers.talker import TalkerLoop
+from stages.workers.common import payload_array, schedule_from
 from tests.conftest import Job
 
 VARIANTS = ("delay", "ttsd", "sound-effect", "voice-generator", "realtime")

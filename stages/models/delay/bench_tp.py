@@ -25,7 +25,7 @@ from stages.models.delay.config import DelayConfig
 from stages.models.delay.processor import DelayProcessor
 from stages.models.delay.runner import DelayRunner
 from stages.runtime.tokenizer import TextTokenizer
-from stages.tp_worker import start_delay_tp, tp_devices
+from stages.workers.tp_ranks import start_delay_tp, tp_devices
 
 
 def make_runner(model_dir: str, tp: int, device: str, dtype: torch.dtype, max_running: int, blocks: int,

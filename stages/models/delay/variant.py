@@ -143,7 +143,7 @@ class DelayVariant:
 
     def warm_up_job(self) -> SpeechJobLike:
         """A short job this variant's adapter accepts (the talker worker's warm-up request)."""
-        from stages.talker_worker import WarmUpJob
+        from stages.workers.talker import WarmUpJob
 
         fields = {"ttsd": {"text": "[S1] warm up"},
                   "voice-generator": {"instructions": "a calm, clear voice"}}.get(self.variant, {})
@@ -173,7 +173,7 @@ class DelayVariant:
         dtype = resolve_dtype(self.profile.model.dtype, device)
         tp = self.profile.talker.tensor_parallel
         if tp > 1:  # this process becomes rank 0 of tp ranks on consecutive GPUs
-            from stages.tp_worker import start_delay_tp, tp_devices
+            from stages.workers.tp_ranks import start_delay_tp, tp_devices
 
             return start_delay_tp(self.model_dir, devices=tp_devices(device, tp), dtype=dtype,
                                   torch_threads=self.profile.talker.torch_threads,

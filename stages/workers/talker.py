@@ -25,7 +25,7 @@ from ipc.messages import (Abort, CodeChunk, Ready, Shutdown, Slots, StageError, 
                           TalkerStep)
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.registry import from_wire
-from stages.worker_common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
+from stages.workers.common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
                                   schedule_from)
 
 log = logging.getLogger(__name__)

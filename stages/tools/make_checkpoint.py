@@ -1,6 +1,6 @@
 """Random-weight checkpoints of a variant, in the real directory layout (`mossvox make-checkpoint`).
 
-A checkpoint directory (the variants are listed in `stages.checkpoint_variants`):
+A checkpoint directory (the variants are listed in `stages.tools.checkpoint_variants`):
 
     DIR/config.json                          talker config
     DIR/generation_config.json
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stages.checkpoint_variants import VARIANTS, Size, VariantWriter
-from stages.random_weights import WrittenWeights, module_specs, write_weights
+from stages.tools.checkpoint_variants import VARIANTS, Size, VariantWriter
+from stages.tools.random_weights import WrittenWeights, module_specs, write_weights
 
 CODEC_DIR = "audio_tokenizer"
 GIB = 1 << 30
@@ -100,7 +100,7 @@ def write_codec(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, m
 def write_talker(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, max_shard_bytes: int,
                  variant: str = "local-v1.5", on_file: Callable[[Path], None] | None = None) -> WrittenWeights:
     """The talker: config.json, generation_config.json, tokenizer files and seeded weights."""
-    from stages.tokenizer_builder import write_tokenizer_files
+    from stages.tools.tokenizer_builder import write_tokenizer_files
 
     writer = variant_writer(variant)
     out_dir.mkdir(parents=True, exist_ok=True)

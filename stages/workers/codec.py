@@ -30,7 +30,7 @@ from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, 
                           StageError)
 from stages.runtime.coalescer import Coalescer
 from stages.models.codec.serving import chunk_lengths
-from stages.worker_common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
+from stages.workers.common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ RANDOM_WEIGHTS_WARNING = (
 
 def demo_key() -> str:
     """12 hex digits identifying what `make_checkpoint` would write for the demo model."""
-    from stages.make_checkpoint import codec_config, talker_config
+    from stages.tools.make_checkpoint import codec_config, talker_config
 
     blob = json.dumps(
         {"version": GENERATOR_VERSION, "seed": DEMO_SEED,
@@ -42,7 +42,7 @@ def demo_key() -> str:
 
 def ensure_demo_model(cache_dir: str | Path) -> Path:
     """The demo checkpoint directory under `cache_dir` (`~` expanded), created if missing."""
-    from stages.make_checkpoint import make_checkpoint
+    from stages.tools.make_checkpoint import make_checkpoint
 
     cache = Path(cache_dir).expanduser()
     target = cache / f"demo-local-v1.5-{demo_key()}"

@@ -1,7 +1,7 @@
 """Starting and stopping the ranks of a tensor-parallel Delay talker.
 
 The talker worker process is rank 0. `start_delay_tp` starts ranks 1..n-1 as child processes
-(`python -m stages.tp_worker SPEC RANK`): plain subprocesses, because the engine's talker worker is
+(`python -m stages.workers.tp_ranks SPEC RANK`): plain subprocesses, because the engine's talker worker is
 a daemonic multiprocessing child, which multiprocessing forbids to have children of its own. Each
 child gets the NVLink-multicast-off variables in its environment, dies with its parent
 (`PR_SET_PDEATHSIG`), joins the group at a loopback port chosen at start, loads its shard and
@@ -29,7 +29,7 @@ from stages.models.delay.tp_runner import TPDelayRunner, follow
 from stages.runtime.tensor_parallel import MULTICAST_OFF, destroy_tp, free_port, init_tp
 
 log = logging.getLogger(__name__)
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 STOP_TIMEOUT_S = 30.0
 _PR_SET_PDEATHSIG = 1
 
@@ -66,7 +66,7 @@ class FollowerRanks:
         env = {**os.environ, **MULTICAST_OFF}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), env.get("PYTHONPATH"))))
         payload = json.dumps(asdict(spec))
-        self.processes = [subprocess.Popen([sys.executable, "-m", "stages.tp_worker", payload, str(rank)], env=env)
+        self.processes = [subprocess.Popen([sys.executable, "-m", "stages.workers.tp_ranks", payload, str(rank)], env=env)
                           for rank in range(1, spec.size)]
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[int]:

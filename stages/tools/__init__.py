@@ -1,0 +1,1 @@
+"""Developer tools apart from the runtime: random-weight checkpoints and the embedded demo model."""

@@ -1,0 +1,1 @@
+"""The worker processes: talker, codec, tensor-parallel ranks, and their common start-up."""
