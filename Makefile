@@ -34,4 +34,4 @@ chromium:
 	  echo "chromium not installed: the demo-page browser test will be skipped"
 
 bench-ipc: $(STAMP)
-	$(PY) -m ipc.bench $(ARGS)
+	$(PY) -m bench.ipc $(ARGS)

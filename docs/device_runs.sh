@@ -20,7 +20,7 @@ PHASE=${1:?usage: device_runs.sh serve|delay}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
-mossvox() { python3 -c "import sys; from api.cli import main; sys.argv[0] = 'mossvox'; sys.exit(main())" "$@"; }
+mossvox() { python3 -c "import sys; from cli.main import main; sys.argv[0] = 'mossvox'; sys.exit(main())" "$@"; }
 R=$OUT/r; mkdir -p "$R"
 T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( ${BUDGET:-540} - ($(date +%s) - T0) )); }
@@ -73,11 +73,11 @@ delay)
   mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
   el "checkpoint written"
   args="--model /tmp/d8 --batch 1 16 64 --frames 24 --attention auto"
-  timeout 200 python3 -m stages.models.delay.bench_tp $args --tp 1 2 2>&1 | grep '^{' | tee "$R/delay_tp.jsonl"
+  timeout 200 python3 -m bench.tensor_parallel $args --tp 1 2 2>&1 | grep '^{' | tee "$R/delay_tp.jsonl"
   el "TP=1 (graphs) and TP=2"
-  timeout 120 python3 -m stages.models.delay.bench_tp $args --tp 1 --no-graphs 2>&1 | grep '^{' | tee "$R/delay_eager.jsonl"
+  timeout 120 python3 -m bench.tensor_parallel $args --tp 1 --no-graphs 2>&1 | grep '^{' | tee "$R/delay_eager.jsonl"
   el "TP=1 eager"
-  [ "$(left)" -gt 150 ] && timeout 120 python3 -m stages.models.codec.bench --version v2 --size full --batches 1,8 \
+  [ "$(left)" -gt 150 ] && timeout 120 python3 -m bench.codec --version v2 --size full --batches 1,8 \
     --iters 3 --encode 2>&1 | grep -E "^batch|codec" | tee "$R/codec_encode.txt"
   el "codec encode: eager vs graphs"
   [ "$(left)" -gt 40 ] && timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages 2>&1 | tail -12 | tee "$R/gpu_tests.txt"

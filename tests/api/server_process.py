@@ -33,7 +33,7 @@ class ServerProcess:
         self.log: list[str] = []
 
     def start(self) -> "ServerProcess":
-        cmd = [sys.executable, "-c", "import sys; from api.cli import main; sys.exit(main())", "serve",
+        cmd = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())", "serve",
                "--profile", "cpu", "--port", "0", *self.args,
                "--set", f"api.data_dir={self.data_dir}"]
         for item in self.sets:

@@ -139,7 +139,7 @@ def test_ttsd_takes_one_clip_per_speaker_and_a_tagged_transcript(servers):
 def test_synth_cli_repeats_ref_audio_for_ttsd(checkpoints, tmp_path):
     (tmp_path / "a.wav").write_bytes(tone_wav(1.5))
     (tmp_path / "b.wav").write_bytes(tone_wav(1.5, hz=330.0))
-    cmd = [sys.executable, "-c", "import sys; from api.cli import main; sys.exit(main())", "synth",
+    cmd = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())", "synth",
            "[S1] Hi there. [S2] Hello.", "--model", str(checkpoints / "ttsd"), "-o", str(tmp_path / "out.wav"),
            "--ref-audio", str(tmp_path / "a.wav"), "--ref-audio", str(tmp_path / "b.wav"),
            "--ref-text", "[S1] first clip [S2] second clip", "--seed", "1"]

@@ -237,7 +237,7 @@ async def test_synth_command_goes_through_the_engine(engine, direct, tmp_path, c
     import soundfile as sf
 
     caplog.set_level(logging.INFO, logger="mossvox.synth")
-    from api.cli import main as cli
+    from cli.main import main as cli
 
     out = tmp_path / "out.wav"
     text = "the synth command through the engine"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ipc.bench import LATENCY_TRANSPORTS, TRANSPORTS, measure_latency, measure_throughput, report
+from bench.ipc import LATENCY_TRANSPORTS, TRANSPORTS, measure_latency, measure_throughput, report
 
 pytestmark = pytest.mark.timeout(60)  # a lost wake-up must fail fast, not hang
 

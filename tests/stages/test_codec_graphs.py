@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.models.codec.bench import random_codec
+from bench.codec import random_codec
 from stages.models.codec.config import CodecConfig, tiny_v2_config
 from stages.models.codec.graphs import bucket
 from stages.models.codec.runner import CodecRunner

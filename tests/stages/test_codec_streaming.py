@@ -86,7 +86,7 @@ def test_slot_state_bytes_matches_the_allocated_pool(case):
 @pytest.mark.parametrize("version", ["v2", "v1"])
 def test_streaming_equals_whole_on_cuda(version):
     """Same property on the GPU kernels (fp32, TF32 off), on a seeded random tiny codec."""
-    from stages.models.codec.bench import check_exact
+    from bench.codec import check_exact
 
     err, rms = check_exact("cuda", version)
     print(f"{version} cuda streaming 1/15/15/9: max abs error {err:.3g} (output RMS {rms:.3g})")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from api.cli import main as cli_main
+from cli.main import main as cli_main
 from stages.tools import demo_model
 from stages.runtime.checkpoint import INDEX_FILE, read_state_dict
 from stages.models.codec.loader import load_codec

@@ -6,7 +6,7 @@ import msgspec
 import torch
 
 from stages.runtime.sampling import RowSampling, SamplingParams, SamplingSlots, exponential_noise, sample_tokens
-from stages.sampling_bench import top_k_filter, top_p_filter
+from bench.sampling import top_k_filter, top_p_filter
 
 
 def upstream_filtered_scores(logits, temperature, top_k, top_p, previous, penalty):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from api.cli import main as cli_main
+from cli.main import main as cli_main
 from profiles import load_profile
 from stages.tools.demo_model import ensure_demo_model
 from stages.synth_direct import DirectSynthesizer, synthesize

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import msgspec
 
-    from api.commands import profile_from_args
+    from profiles.arguments import profile_from_args
     from api.server import serve
 
     default = "default" if args.model_dir else "cpu"

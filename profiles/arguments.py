@@ -1,14 +1,5 @@
-"""The `mossvox` subcommands, one module each, imported only when that command runs.
-
-A command module (registered in `api/cli.py`'s COMMANDS table) provides:
-
-    def add_arguments(parser: argparse.ArgumentParser) -> None   # its options
-    def run(args: argparse.Namespace) -> int                     # exit status
-
-Commands registered with `takes_profile=True` get `--profile` and `--set` added for them;
-`profile_from_args(args)` turns those into the resolved `Profile`. A ProfileError raised from
-`run` is reported as a one-line error with exit status 2.
-"""
+"""`--profile NAME|PATH` and repeated `--set key.path=value`: the options of every command that
+takes a profile, and the resolved `Profile` they name (base < file < `--set`)."""
 
 from __future__ import annotations
 

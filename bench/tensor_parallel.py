@@ -1,7 +1,7 @@
 """Delay talker timing at several tensor-parallel sizes, from a checkpoint directory (no codec).
 
     mossvox make-checkpoint --variant delay --size full --out /tmp/moss-tts-8b
-    python -m stages.models.delay.bench_tp --model /tmp/moss-tts-8b --tp 1 2 --batch 1 16 64 --frames 50 \
+    python -m bench.tensor_parallel --model /tmp/moss-tts-8b --tp 1 2 --batch 1 16 64 --frames 50 \
         [--attention auto|padded|triton] [--no-graphs]
 
 For each TP size the talker is loaded once (TP=1: `DelayRunner`, decode rows from backbone CUDA
@@ -20,7 +20,7 @@ import torch
 
 from stages.runtime.attention.backends import make_attention
 from stages.runtime.checkpoint import read_config
-from stages.models.delay.bench_runner import SENTENCE, run_batch
+from bench.talker_runners import SENTENCE, run_batch
 from stages.models.delay.config import DelayConfig
 from stages.models.delay.processor import DelayProcessor
 from stages.models.delay.runner import DelayRunner

@@ -1,6 +1,6 @@
 """Where the time of one steady-state Local-v1.5 decode step goes (full size, random bf16 weights).
 
-    python -m stages.models.local_v15.profile_step --batch 1 128 [--context 300] [--eager]
+    python -m bench.local_v15_profile_step --batch 1 128 [--context 300] [--eager]
         [--attention padded triton] [--compile]
 
 For each batch B: B requests with `--context`-row prompts are prefilled, then decode steps are

@@ -7,7 +7,7 @@ reference clip as a ``data:audio/wav;base64,...`` URL in ``ref_audio`` and its t
 ``ref_text``, and (for random weights, which never stop by themselves) a forced length
 ``forced_frames = min(cap, max(1, round(frames_per_char * len(input))))`` with
 ``max_new_tokens = cap``. Every body chunk's arrival time and size is recorded
-(`api.bench_report.RequestResult`); a request succeeds only with HTTP 200, a complete body and
+(`bench.report.RequestResult`); a request succeeds only with HTTP 200, a complete body and
 non-empty whole-sample PCM.
 
 At high concurrency one Python process cannot keep up with the streams (it measured its own
@@ -47,8 +47,8 @@ from typing import Callable, TextIO
 import httpx
 import msgspec
 
-from api.bench_dataset import Prompt
-from api.bench_report import ProgressLine, RequestResult, summarize
+from bench.dataset import Prompt
+from bench.report import ProgressLine, RequestResult, summarize
 
 
 @dataclass(frozen=True)
@@ -391,7 +391,7 @@ async def run_sweep(prompts: list[Prompt], config: ClientConfig, concurrencies: 
                     warmup: bool = True, progress: TextIO | None = sys.stderr,
                     info: ServerInfo | None = None, stop_on_failure: bool = True,
                     client_procs: int | None = None) -> list[dict]:
-    """One run per concurrency (`api.bench_report.summarize` dicts): a full warm-up pass that is
+    """One run per concurrency (`bench.report.summarize` dicts): a full warm-up pass that is
     discarded (when ``warmup``), then the measured pass, both through the same number of client
     processes (``client_procs``; None: `auto_client_procs` of each concurrency). Stops after a
     failed run unless told not to."""

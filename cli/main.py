@@ -3,7 +3,7 @@
 `mossvox --help` imports nothing but argparse and this file (no torch). A command whose module
 does not exist yet is listed with "(not available yet)" and exits 2 with a message that says
 which issue brings it. To add a command, add one line to COMMANDS and write its module (see
-`api/commands/__init__.py` for the module contract).
+`cli/commands/__init__.py` for the module contract).
 """
 
 from __future__ import annotations
@@ -51,21 +51,21 @@ Entry = Union[Command, Passthrough, Group]
 
 COMMANDS: tuple[Entry, ...] = (
     Command("serve", "run the OpenAI-compatible /v1/audio/speech server",
-            "api.commands.serve", issue=5),
+            "cli.commands.serve", issue=5),
     Command("synth", "synthesise text to an audio file without a server",
-            "api.commands.synth", issue=3),
+            "cli.commands.synth", issue=3),
     Group("bench", "benchmarks (not timed tests)", (
         Passthrough("ipc", "ring throughput and wake-up latency vs multiprocessing Queue/Pipe",
-                    "ipc.bench", issue=2),
+                    "bench.ipc", issue=2),
         Command("engine", "offline engine throughput and first-chunk time (no HTTP)",
-                "api.commands.bench_engine", issue=4),
+                "cli.commands.bench_engine", issue=4),
         Command("serve", "closed-loop streaming clients against a running server",
-                "api.commands.bench_serve", takes_profile=False, issue=7),
+                "cli.commands.bench_serve", takes_profile=False, issue=7),
     )),
     Command("make-checkpoint", "write a random-weight checkpoint directory of a variant",
-            "api.commands.make_checkpoint", takes_profile=False, issue=3),
+            "cli.commands.make_checkpoint", takes_profile=False, issue=3),
     Command("profile", "deploy profiles: show the resolved one, list the shipped ones, list the settings",
-            "api.commands.profile", takes_profile=False),
+            "cli.commands.profile", takes_profile=False),
 )
 
 
@@ -115,7 +115,7 @@ def _selected(argv: list[str], entries: tuple[Entry, ...]) -> tuple[list[Entry],
 
 def _available(entry: Command | Passthrough) -> bool:
     """Whether the entry's module exists, found on disk without importing any package
-    (`find_spec("ipc.bench")` would import `ipc` and, through it, numpy)."""
+    (`find_spec("bench.ipc")` would import `ipc` and, through it, numpy)."""
     top, *rest = entry.module.split(".")
     spec = importlib.util.find_spec(top)  # a top-level lookup imports nothing
     if spec is None or not rest:
@@ -161,7 +161,7 @@ def _add_entries(parser: argparse.ArgumentParser, entries: tuple[Entry, ...],
 def _add_command_arguments(parser: argparse.ArgumentParser, entry: Command) -> None:
     module = importlib.import_module(entry.module)
     if entry.takes_profile:
-        from api.commands import add_profile_options
+        from profiles.arguments import add_profile_options
 
         add_profile_options(parser)
     module.add_arguments(parser)

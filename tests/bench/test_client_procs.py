@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from api.bench_client import (ClientConfig, ForcedLength, _run_pass, auto_client_procs, run_pass,
+from bench.client import (ClientConfig, ForcedLength, _run_pass, auto_client_procs, run_pass,
                               server_info)
-from api.bench_dataset import Prompt, read_seed_tts
-from api.bench_report import format_table, summarize
-from api.cli import main
-from api.commands.bench_serve import _client_procs
+from bench.dataset import Prompt, read_seed_tts
+from bench.report import format_table, summarize
+from cli.main import main
+from cli.commands.bench_serve import _client_procs
 from tests.api.helpers import tone_wav
 from tests.api.server_process import stub_speech_server
 

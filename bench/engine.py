@@ -1,6 +1,6 @@
 """Offline engine benchmark: audio-s/s and time to first chunk, engine vs. the models directly.
 
-    python -m engine.bench [--profile cpu] [--set k=v ...] [--model DIR]
+    python -m bench.engine [--profile cpu] [--set k=v ...] [--model DIR]
                            [--concurrency 1,4,16] [--frames 40] [--requests-per-client 2]
     (also: mossvox bench engine)
 
@@ -202,7 +202,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests run one after another directly (the baseline)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     if not any(a.dest == "profile" for a in parser._actions):
-        from api.commands import add_profile_options
+        from profiles.arguments import add_profile_options
 
         add_profile_options(parser)
 

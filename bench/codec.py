@@ -1,4 +1,4 @@
-"""Streaming-decode throughput of a random-weight codec: `python -m stages.models.codec.bench [--size full]`.
+"""Streaming-decode throughput of a random-weight codec: `python -m bench.codec [--size full]`.
 
 Builds the codec from `full_size_v2_config()` (or v1 / tiny) with random weights (no real
 checkpoint is reachable, and speed does not depend on the values), then for each batch of slots

@@ -55,7 +55,7 @@ def model_dir_for(args: argparse.Namespace, profile) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from api.commands import profile_from_args
+    from profiles.arguments import profile_from_args
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -13,12 +13,12 @@ import wave
 
 import pytest
 
-from api.bench_client import ClientConfig, ForcedLength, run_pass, server_info
-from api.bench_dataset import (DatasetError, SyntheticEn1088, digest, load_dataset, read_seed_tts,
+from bench.client import ClientConfig, ForcedLength, run_pass, server_info
+from bench.dataset import (DatasetError, SyntheticEn1088, digest, load_dataset, read_seed_tts,
                                select_prompts)
-from api.bench_report import simulate_player, summarize
-from api.cli import main
-from api.commands.bench_serve import _concurrencies
+from bench.report import simulate_player, summarize
+from cli.main import main
+from cli.commands.bench_serve import _concurrencies
 from tests.api.helpers import tone_wav
 from tests.api.server_process import ServerProcess, stub_speech_server
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from api.commands import add_profile_options, profile_from_args
+from profiles.arguments import add_profile_options, profile_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

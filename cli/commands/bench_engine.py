@@ -1,4 +1,4 @@
-"""`mossvox bench engine`: the offline engine benchmark (`engine.bench`), no HTTP."""
+"""`mossvox bench engine`: the offline engine benchmark (`bench.engine`), no HTTP."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from engine.bench import add_arguments as add
+    from bench.engine import add_arguments as add
 
     add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.bench import run as run_bench
+    from bench.engine import run as run_bench
 
     return run_bench(args)

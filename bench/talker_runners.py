@@ -1,6 +1,6 @@
 """Talker-runner timing for the Delay variants and Realtime with random weights (no codec).
 
-    python -m stages.models.delay.bench_runner --variant moss-tts --size full --batch 1 16 64 --frames 50
+    python -m bench.talker_runners --variant moss-tts --size full --batch 1 16 64 --frames 50
 
 Builds the talker at tiny or full size on the device with seeded N(0, 0.02) weights (norm weights
 1), admits `batch` identical requests with `forced_frames` (random weights never stop), and steps

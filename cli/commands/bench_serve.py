@@ -6,7 +6,7 @@
 
 Prints the forcing rule and a table of runs (one per concurrency); exit status 1 when any
 request of any run (warm-up included) failed, 2 when the dataset or server cannot be used.
-Clients: `api.bench_client`; prompt sets: `api.bench_dataset`; figures: `api.bench_report`.
+Clients: `bench.client`; prompt sets: `bench.dataset`; figures: `bench.report`.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
 
     import httpx
 
-    from api.bench_client import ClientConfig, ForcedLength, run_sweep, server_info
-    from api.bench_dataset import DatasetError, describe, digest, load_dataset, select_prompts
-    from api.bench_report import format_table, write_json
+    from bench.client import ClientConfig, ForcedLength, run_sweep, server_info
+    from bench.dataset import DatasetError, describe, digest, load_dataset, select_prompts
+    from bench.report import format_table, write_json
 
     try:
         concurrencies = _concurrencies(args.concurrency)

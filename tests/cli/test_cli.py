@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from api.cli import COMMANDS, Command, Group, Passthrough, _available, main
+from cli.main import COMMANDS, Command, Group, Passthrough, _available, main
 from profiles import load_profile
 
 MOSSVOX = Path(sys.executable).parent / "mossvox"
@@ -31,9 +31,9 @@ def test_help_lists_every_registered_command():
 def test_help_imports_neither_torch_nor_any_command_module():
     code = textwrap.dedent("""
         import sys
-        from api.cli import main
+        from cli.main import main
         assert main(["--help"]) == 0
-        heavy = [m for m in sys.modules if m == "torch" or m.startswith("api.commands.")
+        heavy = [m for m in sys.modules if m == "torch" or m.startswith("cli.commands.")
                  or m in ("msgspec", "yaml", "numpy")]
         print("HEAVY", heavy)
         """)
@@ -78,7 +78,7 @@ def test_usage_errors_exit_2(capsys):
 
 
 def test_unbuilt_command_says_not_available_with_its_issue(capsys):
-    table = (Command("later", "arrives later", "api.commands.no_such_module", issue=42),)
+    table = (Command("later", "arrives later", "cli.commands.no_such_module", issue=42),)
     assert main(["later", "--anything"], commands=table) == 2
     assert "'later' is not available yet (it arrives with issue 42)" in capsys.readouterr().err
     assert main(["--help"], commands=table) == 0
@@ -87,7 +87,7 @@ def test_unbuilt_command_says_not_available_with_its_issue(capsys):
 
 def test_command_module_gets_profile_options(tmp_path, monkeypatch, capsys):
     (tmp_path / "probe_cmd.py").write_text(textwrap.dedent("""
-        from api.commands import profile_from_args
+        from profiles.arguments import profile_from_args
         def add_arguments(parser):
             parser.add_argument("--times", type=int, default=1)
         def run(args):
@@ -123,9 +123,9 @@ def test_availability_is_found_on_disk():
     def available(module):
         return _available(Command("x", "x", module))
 
-    assert available("api.commands.profile") and available("profiles.schema")
-    assert available("api.commands")  # a package counts too
-    assert not available("api.commands.no_such_module")
+    assert available("cli.commands.profile") and available("profiles.schema")
+    assert available("cli.commands")  # a package counts too
+    assert not available("cli.commands.no_such_module")
     assert not available("no_such_package.cmd") and not available("api.no_such_pkg.cmd")
 
 

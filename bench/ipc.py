@@ -1,6 +1,6 @@
 """ipc benchmark: ring and channel against multiprocessing.Queue and Pipe, in one run.
 
-    python -m ipc.bench [--quick] [--json PATH]      (also: mossvox bench ipc)
+    python -m bench.ipc [--quick] [--json PATH]      (also: mossvox bench ipc)
 
 Throughput: a spawned writer sends N records of 64 B, 4 KiB, 64 KiB and 1 MiB to the reader
 (this process) as fast as it can; the clock runs from the start signal to the last record read.
@@ -237,7 +237,7 @@ def report(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ipc.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.ipc", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer records (under 30 s)")
     parser.add_argument("--json", metavar="PATH", help="also write the raw figures as JSON")
     args = parser.parse_args(argv)
