@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.runtime.attention.backends import AttentionBackend, AttentionMetadata, ReferenceAttention
+from stages.runtime.attention.backends import ReferenceAttention
+from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
 from stages.runtime.tensor_parallel import TPGroup, column_linear, row_linear
 

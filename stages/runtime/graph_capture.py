@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.runtime.attention.backends import AttentionMetadata
+from stages.runtime.attention.metadata import AttentionMetadata
 
 GRAPH_PATHS = ("off", "eager", "cuda")
 

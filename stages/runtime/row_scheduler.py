@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.runtime.attention.backends import AttentionMetadata, build_attention_metadata
+from stages.runtime.attention.metadata import AttentionMetadata, build_attention_metadata
 from stages.runtime.kv_cache import KVCacheExhausted, PagedKVCache
 from stages.models.qwen3 import Qwen3Config
 

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.runtime.attention.backends import AttentionBackend, PaddedBatchAttention, ReferenceAttention
+from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
+from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.backbone_graphs import BackboneGraphs
 from stages.runtime.graph_capture import GRAPH_PATHS
 from stages.runtime.kv_cache import PagedKVCache

@@ -23,13 +23,8 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from stages.runtime.attention.backends import (  # noqa: E402
-    AttentionMetadata,
-    PaddedBatchAttention,
-    ReferenceAttention,
-    build_attention_metadata,
-    make_attention,
-)
+from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention, make_attention  # noqa: E402
+from stages.runtime.attention.metadata import AttentionMetadata, build_attention_metadata  # noqa: E402
 from stages.runtime.attention.triton_paged import TritonPagedAttention  # noqa: E402
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache  # noqa: E402
 

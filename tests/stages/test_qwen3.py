@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from stages.runtime.attention.backends import build_attention_metadata
+from stages.runtime.attention.metadata import build_attention_metadata
 from stages.runtime.kv_cache import PagedKVCache
 from stages.models.qwen3 import Qwen3Config, Qwen3Model
 

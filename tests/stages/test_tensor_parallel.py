@@ -20,7 +20,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from profiles import load_profile
-from stages.runtime.attention.backends import build_attention_metadata
+from stages.runtime.attention.metadata import build_attention_metadata
 from stages.models.delay.model import DelayModel
 from stages.models.delay.runner import DelayRunner
 from stages.models.delay.tp_runner import from_step_wire, step_wire

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stages.runtime.attention.backends import AttentionBackend, AttentionMetadata
+from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
 from stages.runtime.checkpoint import load_weights, read_config, read_state_dict, safetensors_files
 from stages.models.delay.config import DelayConfig
 from stages.runtime.kv_cache import PagedKVCache

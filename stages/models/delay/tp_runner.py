@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.runtime.attention.backends import AttentionBackend, AttentionMetadata, ReferenceAttention
+from stages.runtime.attention.backends import ReferenceAttention
+from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
 from stages.models.delay.model import DelayModel
 from stages.runtime.row_scheduler import ScheduledBatch, default_num_blocks, make_paged_cache
 from stages.models.delay.runner import DelayRunner

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.runtime.attention.backends import AttentionMetadata
+from stages.runtime.attention.metadata import AttentionMetadata
 from stages.runtime.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
 
 

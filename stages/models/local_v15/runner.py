@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.runtime.attention.backends import AttentionBackend, PaddedBatchAttention
+from stages.runtime.attention.backends import PaddedBatchAttention
+from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.graph_capture import resolve_graph_path
 from stages.models.local_v15.graphs import DecodeGraphs, FrameGraphs
 from stages.models.local_v15.loader import load_talker

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.runtime.attention.backends import AttentionBackend, AttentionMetadata
+from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
 from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
 from stages.runtime.kv_cache import PagedKVCache
 from stages.models.qwen3 import Qwen3Config, Qwen3DecoderLayer, Qwen3Model, RMSNorm, rope_cos_sin

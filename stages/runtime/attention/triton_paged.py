@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.runtime.attention.backends import AttentionMetadata
+from stages.runtime.attention.metadata import AttentionMetadata
 
 
 @triton.jit
