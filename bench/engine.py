@@ -84,7 +84,7 @@ def run_direct(model_dir: Path, profile, n: int, frames: int) -> Row:
 
 async def run_engine(handle, concurrency: int, n: int, frames: int) -> Row:
     """`n` requests through the engine by `concurrency` closed-loop clients."""
-    from engine.client import SpeechJob
+    from speech.job import SpeechJob
 
     client = handle.client(0)
     texts = _texts(n)
@@ -156,13 +156,13 @@ def machine_info(profile, model_dir: Path) -> str:
 
     import torch
 
-    from stages.registry import resolve_device
+    from stages.workers.placement import resolve_device
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (f"{platform.machine()} {os.cpu_count()} cores{gpu}, load {load:.2f}; torch "
             f"{torch.__version__}, python {platform.python_version()}; device "
-            f"{resolve_device(profile)}, talker/codec torch threads "
+            f"{resolve_device(profile.model.device)}, talker/codec torch threads "
             f"{profile.talker.torch_threads}/{profile.codec.torch_threads}; model {model_dir.name}")
 
 

@@ -17,7 +17,7 @@ from stages.models.local_v15.config import full_size_config, tiny_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.model import GreedyFrameSampler
 from stages.models.local_v15.runner import LocalV15Runner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import torch
 from stages.models.local_v15.config import full_size_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 
 
 def _median_ms(fn, iters: int) -> float:

@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from stages.runtime.sampling import K_CAP, RowSampling, SamplingParams, SamplingSlots, sample_tokens
+from stages.runtime.sampling import K_CAP, RowSampling, SamplingSlots, sample_tokens
+from speech.sampling import SamplingParams
 
 # ---------------------------------------------------------------- the legacy sampler, verbatim
 

@@ -27,7 +27,7 @@ from stages.models.realtime.config import tiny_config as realtime_tiny
 from stages.models.realtime.model import RealtimeModel
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 from stages.runtime.tokenizer import TextTokenizer
 
 SENTENCE = "Hello world, this is a tiny golden test. " * 3

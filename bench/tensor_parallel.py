@@ -25,7 +25,8 @@ from stages.models.delay.config import DelayConfig
 from stages.models.delay.processor import DelayProcessor
 from stages.models.delay.runner import DelayRunner
 from stages.runtime.tokenizer import TextTokenizer
-from stages.workers.tp_ranks import start_delay_tp, tp_devices
+from stages.workers.tp_ranks import tp_devices
+from stages.models.delay.tp_runner import start_delay_tp
 
 
 def make_runner(model_dir: str, tp: int, device: str, dtype: torch.dtype, max_running: int, blocks: int,

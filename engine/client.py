@@ -1,8 +1,8 @@
 """`EngineClient`: the engine as seen from one API process (or the offline API).
 
-`generate(job)` builds the prompt here, in the caller's process (the variant's request adapter),
-submits it with the prompt as raw payload, and yields `AudioChunk`s as the codec worker's PCM
-records arrive on this client's own ring. Closing or cancelling the iterator before its final
+`generate(job)` builds the request here, in the caller's process (the variant's request adapter:
+prompt, sampling, priming), submits it with its rows as raw payload, and yields `AudioChunk`s as
+the codec worker's PCM records arrive on this client's own ring. Closing or cancelling the iterator before its final
 chunk sends `Abort`, which the coordinator forwards to both workers.
 
 Reader tasks (coordinator → client control, and one per replica for codec → client data) route
@@ -20,7 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,27 +32,12 @@ from ipc.errors import EndOfStream, PeerGone, RingClosed
 from ipc.peer import Peer
 from ipc.messages import Abort, EncodeRequest, EncodeResult, Failed, PcmChunk, Rejected, Submit
 from profiles import Profile
+from speech.job import SpeechJob
+from stages.variant import Variant
 
 log = logging.getLogger(__name__)
 
 ID_SHIFT = 40  # request ids: client_index << 40 | counter
-
-
-@dataclass
-class SpeechJob:
-    """An engine-level speech request, built by the API from the HTTP body (or by a caller)."""
-
-    text: str
-    language: str | None = None
-    instructions: str | None = None
-    ref_codes: np.ndarray | None = None   # [T, n_vq] int64, from the reference-code cache
-    ref_text: str | None = None            # continuation mode when set with ref_codes
-    extra_ref_codes: list = field(default_factory=list)  # further references [T, n_vq] int64
-    #   each, after ref_codes (TTSD: speakers S2, S3, ...)
-    sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k,
-    #   repetition_penalty, seed, max_new_frames, greedy
-    initial_chunk_frames: int | None = None
-    forced_frames: int | None = None       # benchmark / random-weights forced length
 
 
 @dataclass
@@ -84,6 +69,7 @@ class ClientSpec:
     """Picklable: what a spawned API process needs to build its `EngineClient` (`connect`)."""
 
     index: int
+    variant: type[Variant]       # pickled by reference: its module is imported in the API process
     model_dir: str
     profile: Profile
     to_coord: ChannelSpec
@@ -116,7 +102,7 @@ class _Mailbox:
 class EngineClient:
     """One per API process; see the module docstring. Use `connect(spec)` or the engine handle."""
 
-    def __init__(self, index: int, variant: Any, to_coord: Channel, from_coord: Channel,
+    def __init__(self, index: int, variant: Variant, to_coord: Channel, from_coord: Channel,
                  from_codecs: list[Channel], counters: CounterBlock,
                  watch_pids: tuple[int, ...] = ()) -> None:
         self.index = index
@@ -140,9 +126,7 @@ class EngineClient:
     @classmethod
     def connect(cls, spec: ClientSpec) -> EngineClient:
         """Open this API process's channels and counters (call once, in the API process)."""
-        from stages.registry import load_variant
-
-        variant = load_variant(spec.model_dir, spec.profile)
+        variant = spec.variant(spec.model_dir, spec.profile)
         return cls(spec.index, variant, spec.to_coord.open(), spec.from_coord.open(),
                    [codec.open() for codec in spec.from_codecs],
                    CounterBlock.attach(spec.counters_name, spec.counters_hist,
@@ -153,18 +137,12 @@ class EngineClient:
     async def generate(self, job: SpeechJob) -> AsyncIterator[AudioChunk]:
         """Stream `job`'s audio. Raises `EngineRejected`, `EngineFailed`, or `ValueError` (bad
         job fields, before anything is submitted)."""
-        prompt, sampling = self.variant.build_request(job)  # [S, 1 + n_vq] int64
-        prime, appended = self.variant.prime_frames(job), False
-        context = self.variant.prime_codes(job) if hasattr(self.variant, "prime_codes") else None
-        if context is not None:  # left context the prompt does not hold as codec input
-            rows = np.zeros((len(context), prompt.shape[1]), dtype=np.int64)  # [T, 1 + n_vq]
-            rows[:, 1:] = context
-            prompt, prime, appended = np.concatenate([prompt, rows]), len(context), True
+        request = self.variant.build_request(job)  # prompt [S, 1 + n_vq], sampling, priming
         self._check_alive()
         rid, box = self._open_mailbox()
-        self._send(Submit(rid=rid, client=self.index, sampling=sampling,
+        self._send(Submit(rid=rid, client=self.index, sampling=request.sampling,
                           initial_chunk_frames=job.initial_chunk_frames,
-                          prime_frames=prime, prime_appended=appended), prompt)
+                          prime_frames=request.prime_frames), request.payload())
         finished = False
         try:
             while True:

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.client import AudioChunk, EngineClient, SpeechJob
+from engine.client import AudioChunk, EngineClient
+from speech.job import SpeechJob
 from engine.launcher import EngineHandle, launch
 from profiles import Profile, load_profile
 

@@ -3,10 +3,10 @@
 `await launch(profile, model_dir, clients=N)` returns an `EngineHandle` once every worker has
 loaded, warmed up and sent Ready (or raises naming the stage that did not come up, after
 cleaning up). With `engine.replicas: R` it starts R talker+codec pairs, replica k on
-`engine.devices[k]` (or the derived device, `stages.registry.replica_devices`), its rings named
+`engine.devices[k]` (or the derived device, `stages.workers.placement.replica_devices`), its rings named
 `r{k}-...` under the instance id; each codec owns one PCM ring per client, so every client reads
 one SPSC ring per replica. Every worker inherits the NVLink-multicast-off variables
-(`stages.registry.worker_environment`), set in this process's environment before spawning.
+(`stages.workers.placement.worker_environment`), set in this process's environment before spawning.
 The coordinator runs as tasks on the caller's loop, in the caller's process.
 `handle.client(i)` is an in-process `EngineClient`; `handle.client_spec(i)` is the picklable spec
 a spawned API process passes to `EngineClient.connect`. `await handle.stop()` shuts down (drain or
@@ -36,9 +36,11 @@ from ipc.channel import Channel, ChannelSpec
 from ipc.messages import ClientInbox, CodecInbox, CoordinatorInbox, TalkerInbox
 from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segment
 from profiles import Profile
-from stages.registry import (codec_worker_main, load_variant, replica_devices, talker_worker_main,
-                             worker_environment)
+from stages.registry import load_variant
+from stages.variant import Variant
+from stages.workers import codec, talker
 from stages.workers.common import WorkerSpec
+from stages.workers.placement import replica_devices, worker_environment
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,7 @@ class _Wiring:
         return [c for r in self.replicas for c in r.all()] + [*self.to_clients, *self.from_clients]
 
 
-def reference_ring_bytes(profile: Profile, variant: Any) -> int:
+def reference_ring_bytes(profile: Profile, variant: Variant) -> int:
     """Capacity of the rings that carry reference waveforms or prompts (client → coordinator →
     codec or talker): the longest accepted reference (`api.max_ref_seconds`, float32 at the
     codec rate) must fit in one record, which is at most half a ring; a prompt of that many bytes
@@ -93,7 +95,7 @@ def _create_wiring(profile: Profile, instance: str, clients: int, ref_bytes: int
 class EngineHandle:
     """A running engine: its workers, coordinator and client endpoints."""
 
-    def __init__(self, profile: Profile, model_dir: Path, variant: Any, instance: str,
+    def __init__(self, profile: Profile, model_dir: Path, variant: Variant, instance: str,
                  wiring: _Wiring, coordinator: Coordinator, counters: CounterBlock,
                  procs: dict[str, Any], mps: MpsDaemon | None = None) -> None:
         self.mps = mps
@@ -127,7 +129,8 @@ class EngineHandle:
     def client_spec(self, index: int) -> ClientSpec:
         """Picklable spec for the API process that owns client slot `index`."""
         w = self._wiring
-        return ClientSpec(index=index, model_dir=str(self.model_dir), profile=self.profile,
+        return ClientSpec(index=index, variant=type(self.variant), model_dir=str(self.model_dir),
+                          profile=self.profile,
                           to_coord=w.from_clients[index].spec(),
                           from_coord=w.to_clients[index].spec(),
                           from_codecs=tuple(pcm[index] for pcm in w.client_pcm),
@@ -192,11 +195,11 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     try:
         for k, (device, ch) in enumerate(zip(devices, wiring.replicas)):
             for stage, inbox, outbox, target in (
-                    ("codec", ch.to_codec, ch.from_codec, codec_worker_main),
-                    ("talker", ch.to_talker, ch.from_talker, talker_worker_main)):
+                    ("codec", ch.to_codec, ch.from_codec, codec.main),
+                    ("talker", ch.to_talker, ch.from_talker, talker.main)):
                 mine, theirs = ctx.Pipe()
-                spec = WorkerSpec(stage=stage, model_dir=str(model_dir), profile=profile,
-                                  device=device, instance=instance, inbox=inbox.spec(),
+                spec = WorkerSpec(stage=stage, variant=type(variant), model_dir=str(model_dir),
+                                  profile=profile, device=device, instance=instance, inbox=inbox.spec(),
                                   to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
                                   num_clients=clients if stage == "codec" else 0, env=env,
                                   replica=k)

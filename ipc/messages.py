@@ -30,45 +30,30 @@ from typing import Literal
 
 import msgspec
 
+from speech.sampling import SamplingParams
+
 StageName = Literal["talker", "codec"]
 FinishReason = Literal["stop", "length", "abort", "error"]
-
-
-class Sampling(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """Per-request sampling settings; field for field `stages.runtime.sampling.SamplingParams`."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-    repetition_penalty: float
-    text_temperature: float
-    text_top_p: float
-    text_top_k: int
-    greedy: bool
-    seed: int
-    max_new_frames: int
-    forced_frames: int | None = None
 
 
 # --------------------------------------------------------------------------------------- requests
 
 
 class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
-    """A speech request. Payload: the prompt `[S, 1 + n_vq]` int64 built by the variant's adapter.
+    """A speech request. Payload: the prompt `[S, 1 + n_vq]` int64 built by the variant, then its
+    prime rows (`prime_frames`).
 
     Sent client → coordinator, then forwarded unchanged coordinator → talker.
     """
 
     rid: int
     client: int                    # index of the API process whose ring receives the PCM
-    sampling: Sampling
+    sampling: SamplingParams
     initial_chunk_frames: int | None = None   # None: the profile's chunking.initial_frames
     timeout_s: float | None = None             # None: the profile's admission.request_timeout_s
-    prime_frames: int = 0   # continuation: the prompt's last rows hold audio codes the codec
-    #                         decodes first as left context (their audio is dropped)
-    prime_appended: bool = False  # the prime_frames context rows follow the prompt in the payload
-    #                         (column 0 unused) instead of being its last rows (Delay: the prompt
-    #                         holds the reference only in the delayed layout, not codec input)
+    prime_frames: int = 0   # the payload's last prime_frames rows are not prompt but left
+    #                         context: codes [T, n_vq] in columns 1.. (column 0 unused) that the
+    #                         codec decodes first, dropping their audio (continuation)
 
 
 class Abort(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

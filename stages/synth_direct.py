@@ -4,12 +4,11 @@ processor -> talker runner -> chunk policy -> codec runner streaming decode, one
 time. It is `mossvox synth` until the engine routes that through the worker processes, and the
 single-request baseline of `mossvox bench engine`.
 
-Reference audio: decoded with soundfile, prepared for the codec (`stages.models.codec.audio_prep`), encoded
-with the codec runner; it becomes a voice-clone prompt, or a continuation prompt when its
-transcript (`ref_text`) is given. In continuation the generated frames continue the reference's
-audio block, so the codec slot is first fed the reference codes (their audio is dropped): the
-decoder then starts the new audio with the reference as its left context, as upstream's decode of
-the whole block followed by trimming the prompt part does.
+Reference audio: decoded with soundfile, prepared for the codec (`stages.models.codec.audio_prep`),
+encoded with the codec runner; the variant makes it a voice-clone prompt, or a continuation prompt
+when its transcript (`ref_text`) is given. In continuation the variant's request carries prime
+codes: the codec slot is first fed them (their audio is dropped), so the decoder starts the new
+audio with the reference as its left context, as the engine's codec worker does.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,25 +25,14 @@ import numpy as np
 from profiles import Profile
 from stages.models.codec.audio_prep import prepare_reference, read_audio
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
-from stages.registry import from_wire, load_variant
+from speech.job import SpeechJob
+from stages.registry import load_variant
+from stages.workers.placement import resolve_device
 
 log = logging.getLogger(__name__)
 
 RID = 0
 AudioSource = str | Path | bytes | tuple[np.ndarray, int]  # file, its bytes, or (wav [C, N], rate)
-
-
-@dataclass
-class SynthJob:
-    """The fields the variant's request adapter reads (`stages.registry.SpeechJobLike`)."""
-
-    text: str
-    language: str | None = None
-    instructions: str | None = None
-    ref_codes: np.ndarray | None = None  # [T, n_vq] int64
-    ref_text: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
-    forced_frames: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,15 +44,6 @@ class SynthStats:
     prompt_rows: int
     first_chunk_s: float
     total_s: float
-
-
-def resolve_device(device: str) -> str:
-    """A profile's `model.device`: auto = cuda when available, else cpu."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def reference_codes(codec: Any, source: AudioSource) -> np.ndarray:
@@ -114,11 +93,10 @@ class DirectSynthesizer:
         overrides = dict(sampling or {})
         if seed is not None:
             overrides["seed"] = seed
-        job = SynthJob(text=text, language=language, instructions=instructions, ref_codes=codes,
-                       ref_text=ref_text or None,
-                       sampling=overrides, forced_frames=forced_frames)
-        prompt, wire_sampling = self.variant.build_request(job)
-        params = from_wire(wire_sampling)
+        job = SpeechJob(text=text, language=language, instructions=instructions, ref_codes=codes,
+                        ref_text=ref_text or None, sampling=overrides, forced_frames=forced_frames)
+        request = self.variant.build_request(job)
+        prompt, params = request.prompt, request.sampling
         chunks: list[np.ndarray] = []
         first_chunk_s = 0.0
 
@@ -137,8 +115,8 @@ class DirectSynthesizer:
         self.codec.open(RID)
         frames, reason = 0, None
         try:
-            if codes is not None and ref_text:
-                self.codec.decode([(RID, codes)])  # left context of the continuation; audio dropped
+            if request.prime_codes is not None:  # left context of the continuation; audio dropped
+                self.codec.decode([(RID, request.prime_codes)])
             accumulator = ChunkAccumulator(self.schedule, self.variant.n_vq)
             finished = False
             # every step prefills at least one prompt row or emits a frame: a bound, not a timeout

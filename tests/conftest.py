@@ -2,11 +2,12 @@
 loading a golden case or codec, one intra-op torch thread for modules of tiny tensors, and a
 speech job for request adapters."""
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from speech.job import SpeechJob
 
 GOLDEN_ROOT = Path(__file__).resolve().parents[2] / "shared" / "golden"
 
@@ -40,18 +41,9 @@ def golden_error(label: str, got: np.ndarray, want: np.ndarray) -> float:
     return err
 
 
-@dataclass
-class Job:
-    """A speech job in the engine's `SpeechJobLike` shape (plus TTSD's `extra_ref_codes`)."""
-
-    text: str = "hello world"
-    language: str | None = None
-    instructions: str | None = None
-    ref_codes: np.ndarray | None = None
-    ref_text: str | None = None
-    sampling: dict = field(default_factory=dict)
-    forced_frames: int | None = None
-    extra_ref_codes: list = field(default_factory=list)
+def speech_job(text: str = "hello world", **fields) -> SpeechJob:
+    """A speech job for request adapters, with a default text."""
+    return SpeechJob(text=text, **fields)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from api.errors import ApiError, bad_request
 from api.schemas import decode_speech_request
 from api.speech_job import check_request, output_plan, resolve_voice, sampling_overrides
 from api.streaming import AudioStreamResponse, ClientGone, run_until_disconnect
-from engine.client import EngineFailed, EngineRejected, SpeechJob
+from engine.client import EngineFailed, EngineRejected
+from speech.job import SpeechJob
 
 log = logging.getLogger("mossvox.api")
 

@@ -19,9 +19,9 @@ DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "fp32": "float32", "bf16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from stages.tools.checkpoint_variants import VARIANTS
+    from stages.tools.make_checkpoint import checkpoint_recipes
 
-    parser.add_argument("--variant", default="local-v1.5", choices=list(VARIANTS),
+    parser.add_argument("--variant", default="local-v1.5", choices=list(checkpoint_recipes()),
                         help="model variant (talker + its codec)")
     parser.add_argument("--size", default="tiny", choices=["tiny", "full"],
                         help="tiny (CPU tests) or full (the real shapes, for GPU benchmarks)")

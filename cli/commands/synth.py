@@ -108,7 +108,7 @@ def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
 
     import soundfile as sf
 
-    from engine.client import SpeechJob
+    from speech.job import SpeechJob
     from engine.engine import Engine
     from stages.models.codec.audio_prep import prepare_reference, read_audio
 

@@ -1,10 +1,9 @@
 """Resolving a request's sampling settings: variant defaults + the job's overrides + forced length.
 
-Shared by the Delay, Realtime and Local-v1.5 variants; the rules are the variant registry's
-(docs/interfaces.md): only `OVERRIDABLE` keys, each converted to its `Sampling` type (`ValueError`
-naming the key), `max_new_frames` capped by `model.max_new_frames`, a random seed when none is
-given, and the forced length (`job.forced_frames`, else the profile's `force_length_from_text`,
-logged once).
+Every variant resolves its requests' sampling here (`Variant.resolve_sampling`; docs/interfaces.md):
+only `OVERRIDABLE` keys, each converted to its `SamplingParams` type (`ValueError` naming the
+key), `max_new_frames` capped by `model.max_new_frames`, a random seed when none is given, and the
+forced length (`job.forced_frames`, else the profile's `force_length_from_text`, logged once).
 """
 
 from __future__ import annotations
@@ -15,19 +14,20 @@ from typing import Any
 
 import msgspec
 
-from ipc.messages import Sampling
 from profiles import Profile
+from speech.job import SpeechJob
+from speech.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
 # Keys a request may override in `SpeechJob.sampling` (the HTTP body's sampling fields).
 OVERRIDABLE = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_new_frames",
                "greedy")
-_FIELD_TYPES = {f.name: f.type for f in msgspec.structs.fields(Sampling)}
+_FIELD_TYPES = {f.name: f.type for f in msgspec.structs.fields(SamplingParams)}
 
 
 def _checked(key: str, value: Any) -> Any:
-    """`value` converted to the type of Sampling field `key`; ValueError naming the key."""
+    """`value` converted to the type of `SamplingParams` field `key`; ValueError naming the key."""
     try:
         return msgspec.convert(value, _FIELD_TYPES[key])
     except msgspec.ValidationError as e:
@@ -37,14 +37,14 @@ def _checked(key: str, value: Any) -> Any:
 class SamplingResolver:
     """One variant's defaults under one profile; `resolve(job)` per request (API process)."""
 
-    def __init__(self, defaults: Sampling, profile: Profile) -> None:
+    def __init__(self, defaults: SamplingParams, profile: Profile) -> None:
         cap = profile.model.max_new_frames
         self.defaults = msgspec.structs.replace(defaults, max_new_frames=min(defaults.max_new_frames, cap))
         self.profile = profile
         self._forced_logged = False
 
-    def resolve(self, job: Any) -> Sampling:
-        """The job's `Sampling`: defaults, overrides, seed, forced length (ValueError on a bad key)."""
+    def resolve(self, job: SpeechJob) -> SamplingParams:
+        """The job's `SamplingParams`: defaults, overrides, seed, forced length (ValueError on a bad key)."""
         overrides = dict(job.sampling or {})
         unknown = sorted(set(overrides) - set(OVERRIDABLE))
         if unknown:
@@ -58,7 +58,7 @@ class SamplingResolver:
         return msgspec.structs.replace(self.defaults, **overrides, seed=seed, max_new_frames=max_new,
                                        forced_frames=self._forced_frames(job, max_new))
 
-    def _forced_frames(self, job: Any, max_new: int) -> int | None:
+    def _forced_frames(self, job: SpeechJob, max_new: int) -> int | None:
         if job.forced_frames is not None:  # explicit: not capped, so the frame cap still ends
             return max(1, int(job.forced_frames))  # it, with finish_reason "length"
         model = self.profile.model

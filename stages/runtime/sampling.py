@@ -1,4 +1,4 @@
-"""Per-request sampling parameters and batched, batch-invariant token sampling.
+"""Batched, batch-invariant token sampling over per-request settings (`speech.sampling.SamplingParams`).
 
 The order of operations is upstream MOSS-TTS-Local v1.5 `_sample_next_token`: repetition penalty
 (over this request's own generated tokens of that codebook), then greedy argmax if asked, else
@@ -35,34 +35,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
 import torch
 import torch.nn.functional as F
 
+from speech.sampling import SamplingParams
+
 K_CAP = 64  # candidates of `sample_tokens(..., candidates=True)`; the full path splits its ranking here
-
-
-class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """How one request samples. Defaults: MOSS-TTS-Local-v1.5 model card (audio T 1.7, top-p 0.8,
-    top-k 25, repetition penalty 1.0; stop head T 1.0, top-k 50, top-p 1.0).
-
-    `greedy`: argmax everywhere (after the repetition penalty), as upstream `do_sample=False`.
-    `seed`: the request's random stream. `max_new_frames`: frame budget (finish reason "length").
-    `forced_frames`: stop after exactly this many frames regardless of the stop head (random
-    weights never stop by themselves); None leaves the decision to the model.
-    """
-
-    temperature: float = 1.7
-    top_p: float = 0.8
-    top_k: int = 25
-    repetition_penalty: float = 1.0
-    text_temperature: float = 1.0
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    greedy: bool = False
-    seed: int = 0
-    max_new_frames: int = 4096
-    forced_frames: int | None = None
 
 
 # ---------------------------------------------------------------- repetition penalty

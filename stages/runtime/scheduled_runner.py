@@ -101,6 +101,9 @@ class ScheduledRunner:
     def num_running(self) -> int:
         return len(self._requests)
 
+    def close(self) -> None:
+        """Nothing to release besides memory (a tensor-parallel runner stops its ranks here)."""
+
     def rows(self, rid: int) -> np.ndarray:
         """All backbone rows of a running request so far (prompt, then one per generated step)."""
         return self._requests[rid].sched.rows.view().copy()

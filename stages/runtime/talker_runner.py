@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 
@@ -28,8 +28,11 @@ class FrameEvent:
 
 
 class TalkerRunner(Protocol):
+    """What the talker worker (and direct synthesis) call on a family's runner."""
+
     n_vq: int  # codebooks per frame
     frame_rate: float  # frames per second (12.5)
+    max_running: int  # requests it holds at most
 
     def can_admit(self, prompt_len: int) -> bool:
         """Whether a request with a prompt of `prompt_len` rows fits now (slots and KV blocks)."""
@@ -46,3 +49,7 @@ class TalkerRunner(Protocol):
 
     def num_running(self) -> int:
         """Requests held (prefilling or decoding)."""
+
+    def close(self) -> None:
+        """Release what the runner holds besides memory (a tensor-parallel runner stops its follower
+        ranks); called once, when the worker stops."""

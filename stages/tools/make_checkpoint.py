@@ -1,6 +1,19 @@
 """Random-weight checkpoints of a variant, in the real directory layout (`mossvox make-checkpoint`).
 
-A checkpoint directory (the variants are listed in `stages.tools.checkpoint_variants`):
+Every registered family says what it can write (`Variant.checkpoints()`, a `CheckpointRecipe`
+each: sizes from the family's config helpers, the module whose parameters are the tensors):
+
+| name | talker | codec |
+|---|---|---|
+| local-v1.5 | MOSS-TTS-Local-Transformer-v1.5 (4B) | v2, 48 kHz stereo |
+| delay | MOSS-TTS (8B, n_vq 32) | v1, 24 kHz mono |
+| ttsd, sound-effect | MOSS-TTSD / MOSS-SoundEffect (8B, n_vq 16) | v1 |
+| voice-generator | MOSS-VoiceGenerator (1.7B, n_vq 16) | v1 |
+| realtime | MOSS-TTS-Realtime (1.7B, 16 codebooks) | v1 |
+
+Tiny Delay-family talkers keep the variant's real codebook count (the tiny v1 codec has 32).
+
+A checkpoint directory:
 
     DIR/config.json                          talker config
     DIR/generation_config.json
@@ -24,8 +37,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stages.tools.checkpoint_variants import VARIANTS, Size, VariantWriter
+from stages.registry import registered_variants
 from stages.tools.random_weights import WrittenWeights, module_specs, write_weights
+from stages.variant import CheckpointRecipe, Size
 
 CODEC_DIR = "audio_tokenizer"
 GIB = 1 << 30
@@ -45,18 +59,27 @@ class CheckpointSummary:
     codec: WrittenWeights
 
 
-def variant_writer(variant: str) -> VariantWriter:
-    if variant not in VARIANTS:
-        raise ValueError(f"variant {variant!r}: supported are {', '.join(VARIANTS)}")
-    return VARIANTS[variant]
+def checkpoint_recipes() -> dict[str, CheckpointRecipe]:
+    """Every checkpoint `make_checkpoint` can write, by name, from the registered families."""
+    recipes: dict[str, CheckpointRecipe] = {}
+    for cls in registered_variants():
+        recipes.update(cls.checkpoints())
+    return recipes
+
+
+def recipe(variant: str) -> CheckpointRecipe:
+    recipes = checkpoint_recipes()
+    if variant not in recipes:
+        raise ValueError(f"variant {variant!r}: supported are {', '.join(recipes)}")
+    return recipes[variant]
 
 
 def talker_config(size: Size, variant: str = "local-v1.5") -> dict:
-    return variant_writer(variant).talker_config(size)
+    return recipe(variant).talker_config(size)
 
 
 def codec_config(size: Size, variant: str = "local-v1.5") -> dict:
-    return variant_writer(variant).codec_config(size)
+    return recipe(variant).codec_config(size)
 
 
 def _meta_codec(config: dict) -> nn.Module:
@@ -69,7 +92,7 @@ def _meta_codec(config: dict) -> nn.Module:
 
 def _meta_talker(config: dict, variant: str = "local-v1.5") -> nn.Module:
     with torch.device("meta"):
-        return variant_writer(variant).talker_module(config)
+        return recipe(variant).talker_module(config)
 
 
 def _is_pointwise_conv(name: str, owner: nn.Module) -> bool:
@@ -102,7 +125,7 @@ def write_talker(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, 
     """The talker: config.json, generation_config.json, tokenizer files and seeded weights."""
     from stages.tools.tokenizer_builder import write_tokenizer_files
 
-    writer = variant_writer(variant)
+    writer = recipe(variant)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = writer.finish_config(dict(config, dtype=DTYPE_NAMES[dtype][0]))
     _write_json(out_dir / "config.json", config)
@@ -129,7 +152,7 @@ def make_checkpoint(
     tensors differ from the talker's even where names coincide. on_file: progress callback, called
     with each weight file written.
     """
-    writer = variant_writer(variant)
+    writer = recipe(variant)
     if size not in ("tiny", "full"):
         raise ValueError(f"size {size!r}: tiny or full")
     dtype = dtype or (torch.bfloat16 if size == "full" else torch.float32)

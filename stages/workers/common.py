@@ -1,4 +1,4 @@
-"""What the talker and codec worker processes share: their spawn spec, process set-up, inbox drain.
+"""What the worker processes share: their spawn spec, process set-up, inbox drain.
 
 Channel wiring at start-up (the launcher relays over each worker's set-up pipe):
 
@@ -28,6 +28,7 @@ from ipc.channel import Channel, ChannelSpec
 from ipc.messages import CodecInbox, ClientInbox
 from profiles import Profile
 from stages.runtime.chunk_policy import ChunkSchedule
+from stages.variant import Variant
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class WorkerSpec:
     """Everything a spawned worker needs; picklable (channel specs carry their doorbells)."""
 
     stage: str                      # "talker" | "codec"
+    variant: type[Variant]          # the checkpoint's variant (pickled by reference: its module is
+    #                                 imported in the worker, so a variant registers itself there too)
     model_dir: str
     profile: Profile
     device: str
@@ -57,9 +60,9 @@ class WorkerSpec:
         return f"r{self.replica}-"
 
 
-def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Any:
+def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Variant:
     """Die with the launcher, configure logging and torch threads; returns the `Variant`."""
-    _die_with_parent(spec.parent_pid)
+    die_with_parent(spec.parent_pid)
     os.environ.update(dict(spec.env))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the launcher, which stops us
     level = spec.profile.engine.log_level.upper()
@@ -74,12 +77,12 @@ def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Any:
         # the current device is what streams, graph captures and pools default to: a replica
         # on cuda:1 capturing on cuda:0's stream fails ("operation not permitted when capturing")
         torch.cuda.set_device(torch.device(spec.device))
-    from stages.registry import load_variant
-
-    return load_variant(spec.model_dir, spec.profile)
+    return spec.variant(spec.model_dir, spec.profile)
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux; elsewhere the parent's
+    stop reaps it); exit at once if the parent is already gone."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from ipc.errors import EndOfStream, PeerGone
 from ipc.messages import (Abort, CodeChunk, Ready, Shutdown, Slots, StageError, Submit, TalkerInbox,
                           TalkerStep)
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
-from stages.registry import from_wire
+from stages.variant import TalkerRequest, Variant
 from stages.workers.common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
                                   schedule_from)
 
@@ -54,7 +54,7 @@ class TalkerLoop:
         self.inbox, self.to_codec, self.to_coord = inbox, to_codec, to_coord
         self.schedule = schedule
         self.n_vq = n_vq
-        self.waiting: deque[tuple[Submit, np.ndarray]] = deque()  # not yet admitted to the runner
+        self.waiting: deque[tuple[Submit, TalkerRequest]] = deque()  # not yet admitted to the runner
         self.streams: dict[int, _Stream] = {}
         self.shutdown: Shutdown | None = None
         self._slots_reported = -1
@@ -89,8 +89,8 @@ class TalkerLoop:
     def _handle(self, msg: TalkerInbox, rec: Any) -> None:
         match msg:
             case Submit():
-                prompt = payload_array(rec, np.int64, 1 + self.n_vq)  # [S, 1 + n_vq], owned
-                self.waiting.append((msg, prompt))
+                rows = payload_array(rec, np.int64, 1 + self.n_vq)  # [S + T, 1 + n_vq], owned
+                self.waiting.append((msg, TalkerRequest.from_payload(rows, msg.sampling, msg.prime_frames)))
             case Abort(rid=rid):
                 self._abort(rid)
             case Shutdown(drain=drain_first):
@@ -115,24 +115,21 @@ class TalkerLoop:
     def _admit(self) -> None:
         # With nothing running, nothing will free up: try anyway, so a prompt too long for the
         # whole KV cache fails alone (the runner raises) instead of blocking the queue.
-        while self.waiting and (self.runner.can_admit(_prompt_rows(*self.waiting[0]))
+        while self.waiting and (self.runner.can_admit(len(self.waiting[0][1].prompt))
                                 or self.runner.num_running() == 0):
-            submit, rows = self.waiting.popleft()
-            prompt = rows[:_prompt_rows(submit, rows)]  # [S, 1 + n_vq]
-            params = from_wire(submit.sampling)
+            submit, request = self.waiting.popleft()
             try:
-                self.runner.add(submit.rid, prompt, params)
+                self.runner.add(submit.rid, request.prompt, request.sampling)
             except Exception as exc:  # a bad request must not take the worker down
                 log.exception("talker: request %d rejected by the runner", submit.rid)
                 self.to_coord.send(StageError(stage="talker", message=str(exc), rid=submit.rid))
                 self._send_final(submit.rid, submit.client, 0, None, "error")
                 continue
-            if submit.prime_frames:  # continuation: the codec decodes the reference first
-                context = rows[len(rows) - submit.prime_frames:, 1:]  # [T, n_vq]
+            if request.prime_codes is not None:  # continuation: the codec decodes these first
                 self.to_codec.send(CodeChunk(rid=submit.rid, client=submit.client, seq=-1,
-                                             final=False, prime=True), context)
+                                             final=False, prime=True), request.prime_codes)
             self.streams[submit.rid] = _Stream(
-                client=submit.client, max_frames=params.max_new_frames,
+                client=submit.client, max_frames=request.sampling.max_new_frames,
                 chunks=ChunkAccumulator(self.schedule.with_initial(submit.initial_chunk_frames),
                                         self.n_vq))
 
@@ -187,35 +184,15 @@ class TalkerLoop:
             self._slots_reported = in_use
 
 
-def _prompt_rows(submit: Submit, rows: np.ndarray) -> int:
-    """How many payload rows are the prompt (context rows appended after it excluded)."""
-    return len(rows) - submit.prime_frames if submit.prime_appended else len(rows)
-
-
-@dataclass
-class WarmUpJob:
-    """A short fixed request (the `SpeechJobLike` shape) used only to warm the runner up."""
-
-    text: str = "warm up"
-    language: str | None = None
-    instructions: str | None = None
-    ref_codes: np.ndarray | None = None
-    ref_text: str | None = None
-    sampling: dict = field(default_factory=lambda: {"seed": 0})
-    forced_frames: int | None = 2
-
-
-def warm_up(runner: Any, variant: Any) -> None:
+def warm_up(runner: Any, variant: Variant) -> None:
     """Run short requests through the runner so first requests do not pay for lazy set-up: one
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
-    what compiles the shape-generic code). A variant whose adapter needs other fields (TTSD:
-    speaker tags) offers `warm_up_job()`."""
-    job = variant.warm_up_job() if hasattr(variant, "warm_up_job") else WarmUpJob()
-    prompt, sampling = variant.build_request(job)
-    batches = [[-1], [-2, -3]] if getattr(runner, "max_running", 1) >= 2 else [[-1]]
+    what compiles the shape-generic code). The job is the variant's (`warm_up_job`)."""
+    request = variant.build_request(variant.warm_up_job())
+    batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
     for rids in batches:
         for rid in rids:
-            runner.add(rid, prompt, from_wire(sampling))
+            runner.add(rid, request.prompt, request.sampling)
         done: set[int] = set()
         for _ in range(8):
             done.update(ev.rid for ev in runner.step() if ev.finished)
@@ -242,7 +219,7 @@ def main(spec: WorkerSpec) -> None:
         to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
-        if hasattr(runner, "close"):  # a tensor-parallel runner stops its follower ranks
+        if runner is not None:  # a tensor-parallel runner stops its follower ranks
             runner.close()
         for ch in (inbox, to_codec, to_coord):
             ch.close()

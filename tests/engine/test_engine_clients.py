@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from engine.client import EngineClient, EngineFailed, SpeechJob
+from engine.client import EngineClient, EngineFailed
+from speech.job import SpeechJob
 from engine.launcher import launch
 from ipc.shm import list_segments
 from profiles import load_profile

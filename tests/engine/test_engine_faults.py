@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from engine.client import EngineFailed, SpeechJob
+from engine.client import EngineFailed
+from speech.job import SpeechJob
 from engine.coordinator import StageNotReady
 from engine.launcher import launch
 from ipc.shm import list_segments

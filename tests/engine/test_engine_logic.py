@@ -8,11 +8,12 @@ import pytest
 from engine.admission import Admission, Verdict
 from engine.request_table import Phase, Request, RequestTable
 from engine.shutdown import EngineState, Lifecycle
-from ipc.messages import Sampling, Submit
+from ipc.messages import Submit
+from speech.sampling import SamplingParams
 
-SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
-                    text_temperature=1.0, text_top_p=1.0, text_top_k=0, greedy=True, seed=0,
-                    max_new_frames=10)
+SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
+                          text_temperature=1.0, text_top_p=1.0, text_top_k=0, greedy=True, seed=0,
+                          max_new_frames=10)
 
 
 def req(rid: int) -> Request:

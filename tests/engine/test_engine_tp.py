@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from engine.client import SpeechJob
+from speech.job import SpeechJob
 from engine.launcher import launch
 from profiles import load_profile
 from stages.tools.make_checkpoint import make_checkpoint

@@ -1,25 +1,19 @@
 """`codec.prime_continuation`: a continuation request (reference codes + transcript) primes the
 codec with the reference codes unless the profile turns the prime off; other requests never do."""
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from profiles import load_profile
 from stages.registry import load_variant
-
-
-@dataclass
-class Job:
-    text: str = "Hello there."
-    ref_codes: np.ndarray | None = None
-    ref_text: str | None = None
+from tests.conftest import speech_job
 
 
 def test_prime_follows_the_profile(demo_model_dir) -> None:
-    codes = np.zeros((7, 12), dtype=np.int64)
+    codes = np.arange(7 * 12, dtype=np.int64).reshape(7, 12) % 1024
     on = load_variant(demo_model_dir, load_profile("cpu"))
     off = load_variant(demo_model_dir, load_profile("cpu", overrides=["codec.prime_continuation=false"]))
-    assert on.prime_frames(Job(ref_codes=codes, ref_text="the reference")) == 7
-    assert on.prime_frames(Job(ref_codes=codes)) == 0  # voice clone: no left context
-    assert off.prime_frames(Job(ref_codes=codes, ref_text="the reference")) == 0
+    continuation = on.build_request(speech_job("Hello there.", ref_codes=codes, ref_text="the reference"))
+    assert continuation.prime_frames == 7 and (continuation.prime_codes == codes).all()
+    assert (continuation.prompt[-7:, 1:] == codes).all()  # the prompt ends with the same rows
+    assert on.build_request(speech_job("Hello there.", ref_codes=codes)).prime_codes is None  # voice clone
+    assert off.build_request(speech_job("Hello there.", ref_codes=codes, ref_text="the reference")).prime_codes is None

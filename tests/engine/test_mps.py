@@ -37,7 +37,7 @@ def test_private_daemon_starts_and_stops() -> None:
 @pytest.mark.gpu
 @needs_mps
 async def test_engine_on_cuda_with_mps(demo_model_dir) -> None:
-    from engine.client import SpeechJob
+    from speech.job import SpeechJob
     from engine.launcher import launch
     from profiles import load_profile
     from tests.engine.conftest import collect

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from profiles import load_profile
-from stages.registry import UnknownModel, load_variant
-from tests.conftest import Job, golden_dir
+from stages.registry import load_variant
+from stages.variant import UnknownModel
+from tests.conftest import golden_dir, speech_job
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +22,10 @@ def test_shape_facts_come_from_the_configs(variant) -> None:
 
 
 def test_prompt_modes(variant) -> None:
-    plain, _ = variant.build_request(Job())
+    plain = variant.build_request(speech_job()).prompt
     codes = np.arange(5 * 12, dtype=np.int64).reshape(5, 12) % 7
-    clone, _ = variant.build_request(Job(ref_codes=codes))
-    cont, _ = variant.build_request(Job(ref_codes=codes, ref_text="before. "))
+    clone = variant.build_request(speech_job(ref_codes=codes)).prompt
+    cont = variant.build_request(speech_job(ref_codes=codes, ref_text="before. ")).prompt
     assert plain.shape[1] == clone.shape[1] == cont.shape[1] == 13
     assert plain.dtype == np.int64
     # the reference frames are in the clone and continuation prompts, verbatim
@@ -33,29 +34,29 @@ def test_prompt_modes(variant) -> None:
         hits = [i for i in range(len(rows) - 4) if (rows[i:i + 5] == codes).all()]
         assert len(hits) == 1
     with pytest.raises(ValueError, match="ref_text"):
-        variant.build_request(Job(ref_text="only text"))
+        variant.build_request(speech_job(ref_text="only text"))
 
 
 def test_sampling_overrides_and_caps(variant) -> None:
-    _, s = variant.build_request(Job(sampling={"seed": 7, "top_k": 5, "temperature": 1,
-                                               "max_new_frames": 10_000}))
+    s = variant.build_request(speech_job(sampling={"seed": 7, "top_k": 5, "temperature": 1,
+                                            "max_new_frames": 10_000})).sampling
     assert (s.seed, s.top_k, s.temperature, s.max_new_frames) == (7, 5, 1.0, 100)
     assert s.top_p == 0.8  # model-card default kept
     with pytest.raises(ValueError, match="top_k"):
-        variant.build_request(Job(sampling={"top_k": "many"}))
+        variant.build_request(speech_job(sampling={"top_k": "many"}))
     with pytest.raises(ValueError, match="unknown sampling fields"):
-        variant.build_request(Job(sampling={"beam": 4}))
+        variant.build_request(speech_job(sampling={"beam": 4}))
 
 
 def test_forced_length_from_text_and_per_job(variant) -> None:
     text = "x" * 40
-    _, s = variant.build_request(Job(text=text))
+    s = variant.build_request(speech_job(text=text)).sampling
     assert s.forced_frames == round(0.87 * 40)
-    _, s = variant.build_request(Job(text=text, forced_frames=3))
+    s = variant.build_request(speech_job(text=text, forced_frames=3)).sampling
     assert s.forced_frames == 3
-    _, s = variant.build_request(Job(text=text, forced_frames=500))
+    s = variant.build_request(speech_job(text=text, forced_frames=500)).sampling
     assert s.forced_frames == 500   # explicit: the frame cap ends it with "length"
-    _, s = variant.build_request(Job(text="y" * 1000))
+    s = variant.build_request(speech_job(text="y" * 1000)).sampling
     assert s.forced_frames == 100   # capped by max_new_frames
 
 

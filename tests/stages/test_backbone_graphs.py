@@ -13,7 +13,7 @@ from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAtt
 from stages.models.delay.runner import DelayRunner
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 from tests.stages.runner_drive import drive
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "golden"

@@ -14,7 +14,7 @@ from stages.models.delay.runner import DelayRunner
 from stages.tools.make_checkpoint import make_checkpoint
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 from stages.runtime.tokenizer import TextTokenizer
 from tests.stages.runner_drive import drive
 

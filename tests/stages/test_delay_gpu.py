@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stages.models.delay.runner import DelayRunner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
 pytestmark = [

@@ -10,7 +10,7 @@ import torch
 from stages.models.local_v15.config import tiny_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

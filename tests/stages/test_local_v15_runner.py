@@ -9,7 +9,7 @@ import torch
 from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.runner import LocalV15Runner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 from tests.conftest import golden_dir
 
 CASES = ("plain", "voice_clone", "continuation")
@@ -155,7 +155,7 @@ def test_rejects_bad_requests(model, golden):
 
 def test_runner_from_profile(golden):
     from profiles.loader import load_profile
-    from stages.models.local_v15.loader import load_talker_runner
+    from stages.models.local_v15.runner import load_talker_runner
 
     profile = load_profile("cpu")
     runner = load_talker_runner(golden, profile, "cpu")

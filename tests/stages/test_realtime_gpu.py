@@ -9,7 +9,7 @@ import torch
 
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
 pytestmark = [

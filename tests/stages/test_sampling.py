@@ -5,7 +5,8 @@ import math
 import msgspec
 import torch
 
-from stages.runtime.sampling import RowSampling, SamplingParams, SamplingSlots, exponential_noise, sample_tokens
+from stages.runtime.sampling import RowSampling, SamplingSlots, exponential_noise, sample_tokens
+from speech.sampling import SamplingParams
 from bench.sampling import top_k_filter, top_p_filter
 
 

@@ -8,7 +8,7 @@ import torch
 from stages.models.local_v15.config import tiny_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
-from stages.runtime.sampling import SamplingParams
+from speech.sampling import SamplingParams
 
 
 def _codes(model) -> dict[int, list[np.ndarray]]:

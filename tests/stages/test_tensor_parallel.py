@@ -27,12 +27,14 @@ from stages.models.delay.tp_runner import from_step_wire, step_wire
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
 from stages.tools.make_checkpoint import make_checkpoint
 from stages.models.qwen3 import Qwen3Config
-from stages.registry import UnknownModel, from_wire, load_variant
-from stages.runtime.sampling import SamplingParams
+from stages.registry import load_variant
+from stages.variant import UnknownModel
+from speech.sampling import SamplingParams
 from stages.runtime.tensor_parallel import (MULTICAST_OFF, ColumnParallelLinear, RowParallelLinear, TPGroup, destroy_tp,
                                     free_port, init_tp)
-from stages.workers.tp_ranks import LaunchedTPDelayRunner, start_delay_tp, tp_devices
-from tests.conftest import Job, golden_dir
+from stages.workers.tp_ranks import tp_devices
+from stages.models.delay.tp_runner import LaunchedTPDelayRunner, start_delay_tp
+from tests.conftest import golden_dir, speech_job
 
 ATOL = 1e-5
 GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=1000)
@@ -244,8 +246,9 @@ def test_profile_tensor_parallel_gives_the_talker_worker_a_tp_runner(tiny_delay)
         variant = load_variant(tiny_delay, load_profile("cpu", [f"talker.tensor_parallel={tp}"]))
         runner = variant.make_talker_runner("cpu")
         try:
-            prompt, sampling = variant.build_request(Job(text="hello tensor parallel world", sampling={"seed": 11}))
-            runner.add(5, prompt, from_wire(sampling))
+            request = variant.build_request(speech_job(text="hello tensor parallel world", sampling={"seed": 11}))
+            prompt, sampling = request.prompt, request.sampling
+            runner.add(5, prompt, sampling)
             for _ in range(12):
                 runner.step()
             rows[tp] = runner.rows(5)
@@ -266,7 +269,8 @@ def test_tensor_parallel_is_refused_for_other_families(tmp_path):
 
 ORPHAN_SCRIPT = textwrap.dedent("""
     import os, sys
-    from stages.workers.tp_ranks import LaunchedTPDelayRunner, start_delay_tp, tp_devices
+    from stages.workers.tp_ranks import tp_devices
+    from stages.models.delay.tp_runner import LaunchedTPDelayRunner, start_delay_tp
     runner = start_delay_tp(sys.argv[1], devices=["cpu", "cpu"], num_kv_blocks=8, max_running=1, torch_threads=1)
     print(runner.ranks.processes[0].pid, flush=True)
     os._exit(0)  # rank 0 dies without closing

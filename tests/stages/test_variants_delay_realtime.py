@@ -18,13 +18,13 @@ from ipc.channel import Channel
 from ipc.messages import CodecInbox, CoordinatorInbox, Submit, TalkerInbox
 from ipc.shm import new_instance_id
 from profiles import load_profile
-from stages.models.delay.adapters import AdapterError
 from stages.models.delay.variant import split_transcripts
+from stages.registry import load_variant
 from stages.tools.make_checkpoint import make_checkpoint
-from stages.registry import UnknownModel, load_variant
+from stages.variant import AdapterError, UnknownModel
 from stages.workers.talker import TalkerLoop
 from stages.workers.common import payload_array, schedule_from
-from tests.conftest import Job
+from tests.conftest import speech_job
 
 VARIANTS = ("delay", "ttsd", "sound-effect", "voice-generator", "realtime")
 # the text each variant's adapter accepts for a plain request
@@ -95,17 +95,17 @@ def test_local_v1_checkpoint_is_refused_by_name(checkpoints, profile, tmp_path) 
 
 
 @pytest.mark.parametrize("name, job, message", [
-    ("sound-effect", Job(text="thunder", ref_codes=codes(20, 16)), "takes no reference audio"),
-    ("voice-generator", Job(), "instructions"),
-    ("voice-generator", Job(instructions="warm", ref_codes=codes(20, 16)), "takes no reference audio"),
-    ("ttsd", Job(text="no tags here"), "speaker tags"),
-    ("ttsd", Job(text="[S1] a [S2] b", ref_codes=codes(20, 16), extra_ref_codes=[codes(20, 16, 1)],
+    ("sound-effect", speech_job(text="thunder", ref_codes=codes(20, 16)), "takes no reference audio"),
+    ("voice-generator", speech_job(), "instructions"),
+    ("voice-generator", speech_job(instructions="warm", ref_codes=codes(20, 16)), "takes no reference audio"),
+    ("ttsd", speech_job(text="no tags here"), "speaker tags"),
+    ("ttsd", speech_job(text="[S1] a [S2] b", ref_codes=codes(20, 16), extra_ref_codes=[codes(20, 16, 1)],
                  ref_text="both clips' words, untagged"), "tag ref_text by speaker"),
-    ("ttsd", Job(text="[S1] a [S2] b", ref_codes=codes(20, 16)), "go together"),
-    ("delay", Job(ref_codes=codes(20, 32), extra_ref_codes=[codes(20, 32, 1)]), "at most one reference"),
-    ("realtime", Job(instructions="whisper"), "does not take instructions"),
-    ("realtime", Job(ref_codes=codes(20, 16), ref_text="words"), "no continuation mode"),
-    ("realtime", Job(ref_codes=codes(20, 16), extra_ref_codes=[codes(20, 16, 1)]), "one reference clip"),
+    ("ttsd", speech_job(text="[S1] a [S2] b", ref_codes=codes(20, 16)), "go together"),
+    ("delay", speech_job(ref_codes=codes(20, 32), extra_ref_codes=[codes(20, 32, 1)]), "at most one reference"),
+    ("realtime", speech_job(instructions="whisper"), "does not take instructions"),
+    ("realtime", speech_job(ref_codes=codes(20, 16), ref_text="words"), "no continuation mode"),
+    ("realtime", speech_job(ref_codes=codes(20, 16), extra_ref_codes=[codes(20, 16, 1)]), "one reference clip"),
 ])
 def test_adapter_errors_say_what_to_change(checkpoints, profile, name, job, message) -> None:
     with pytest.raises(AdapterError, match=message):
@@ -115,9 +115,9 @@ def test_adapter_errors_say_what_to_change(checkpoints, profile, name, job, mess
 def test_ttsd_clones_several_speakers_by_continuation(checkpoints, profile) -> None:
     variant = variant_of(checkpoints, "ttsd", profile)
     s1, s2 = codes(6, 16, 1), codes(4, 16, 2)
-    job = Job(text="[S1] how are you [S2] fine", ref_codes=s1, extra_ref_codes=[s2],
+    job = speech_job(text="[S1] how are you [S2] fine", ref_codes=s1, extra_ref_codes=[s2],
               ref_text="[S1] first words [S2] second words")
-    prompt, _ = variant.build_request(job)
+    prompt = variant.build_request(job).prompt
     cfg = variant.processor.config
     # continuation: the prompt ends inside the assistant's audio block, on 10 gen-slot rows whose
     # codebook 0 is S1's frames then S2's (delayed layout: codebook 0 is not shifted)
@@ -139,7 +139,7 @@ def test_split_transcripts() -> None:
 
 def test_sound_effect_input_is_the_ambient_sound_field(checkpoints, profile) -> None:
     variant = variant_of(checkpoints, "sound-effect", profile)
-    prompt, _ = variant.build_request(Job(text="distant thunder"))
+    prompt = variant.build_request(speech_job(text="distant thunder")).prompt
     decoded = variant.processor.tokenizer.decode(prompt[:, 0].tolist())
     assert "- Ambient Sound:\ndistant thunder" in decoded
     assert "- Text:\nNone" in decoded
@@ -151,13 +151,13 @@ def test_sound_effect_input_is_the_ambient_sound_field(checkpoints, profile) -> 
 ])
 def test_sampling_defaults_overrides_and_caps(checkpoints, profile, name, expected) -> None:
     variant = variant_of(checkpoints, name, profile)
-    _, s = variant.build_request(Job(**ACCEPTED[name]))
+    s = variant.build_request(speech_job(**ACCEPTED[name])).sampling
     assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty) == expected
     assert s.max_new_frames == 200  # the model card's budget, capped by model.max_new_frames
-    _, s = variant.build_request(Job(**ACCEPTED[name], sampling={"top_k": 3, "seed": 9, "max_new_frames": 10**6}))
+    s = variant.build_request(speech_job(**ACCEPTED[name], sampling={"top_k": 3, "seed": 9, "max_new_frames": 10**6})).sampling
     assert (s.top_k, s.seed, s.max_new_frames) == (3, 9, 200)
     with pytest.raises(ValueError, match="unknown sampling fields"):
-        variant.build_request(Job(**ACCEPTED[name], sampling={"beams": 2}))
+        variant.build_request(speech_job(**ACCEPTED[name], sampling={"beams": 2}))
 
 
 # ---- first audio through the talker loop ---------------------------------------------------------
@@ -181,10 +181,11 @@ class LoopRig:
         for ch in [*self.ends, self.inbox, self.codes, self.coord]:
             ch.close()
 
-    def chunks_until_done(self, prompt, sampling, initial_frames: int, **submit):
-        """[(runner steps so far, still running?, CodeChunk, codes [T, n_vq])] of one request."""
-        self.inbox.send(Submit(rid=1, client=0, sampling=sampling, initial_chunk_frames=initial_frames, **submit),
-                        prompt)
+    def chunks_until_done(self, request, initial_frames: int):
+        """[(runner steps so far, still running?, CodeChunk, codes [T, n_vq])] of one request, sent
+        as `EngineClient` sends it."""
+        self.inbox.send(Submit(rid=1, client=0, sampling=request.sampling, initial_chunk_frames=initial_frames,
+                               prime_frames=request.prime_frames), request.payload())
         out, steps = [], 0
         while True:
             self.loop.step()
@@ -211,9 +212,10 @@ def test_first_audio_leaves_after_n_vq_steps_for_delay_and_at_once_for_realtime(
     variant = variant_of(checkpoints, name, profile)
     rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
     try:
-        prompt, sampling = variant.build_request(Job(**ACCEPTED[name], forced_frames=20, sampling={"seed": 1}))
+        request = variant.build_request(speech_job(**ACCEPTED[name], forced_frames=20, sampling={"seed": 1}))
+        prompt = request.prompt
         assert len(prompt) <= profile.talker.prefill_chunk_tokens  # the prefill is one step
-        chunks = rig.chunks_until_done(prompt, sampling, initial_frames)
+        chunks = rig.chunks_until_done(request, initial_frames)
     finally:
         rig.close()
     steps, running, first, first_codes = chunks[0]
@@ -234,9 +236,9 @@ def test_delay_continuation_emits_its_first_frame_one_step_sooner(checkpoints, p
     variant = variant_of(checkpoints, "delay", profile)
     rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
     try:
-        prompt, sampling = variant.build_request(Job(ref_codes=codes(8, 32), ref_text="the reference words",
-                                                     forced_frames=5))
-        chunks = rig.chunks_until_done(prompt, sampling, 1)
+        request = variant.build_request(speech_job(ref_codes=codes(8, 32), ref_text="the reference words",
+                                            forced_frames=5))
+        chunks = rig.chunks_until_done(request, 1)[1:]  # after the prime chunk
     finally:
         rig.close()
     assert chunks[0][0] == variant.n_vq  # no audio_start row to sample: one step less
@@ -246,14 +248,13 @@ def test_delay_continuation_emits_its_first_frame_one_step_sooner(checkpoints, p
 def test_delay_continuation_context_travels_after_the_prompt_to_the_codec(checkpoints, profile) -> None:
     variant = variant_of(checkpoints, "delay", profile)
     reference = codes(8, 32, 5)
-    job = Job(ref_codes=reference, ref_text="the reference words", forced_frames=5)
-    prompt, sampling = variant.build_request(job)
-    context = variant.prime_codes(job)
-    assert (context == reference).all() and variant.prime_frames(job) == 8
-    payload = np.concatenate([prompt, np.pad(context, ((0, 0), (1, 0)))])  # as EngineClient sends it
+    job = speech_job(ref_codes=reference, ref_text="the reference words", forced_frames=5)
+    request = variant.build_request(job)
+    assert (request.prime_codes == reference).all() and request.prime_frames == 8
+    assert len(request.payload()) == len(request.prompt) + 8  # the prompt holds them only delayed
     rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
     try:
-        chunks = rig.chunks_until_done(payload, sampling, 1, prime_frames=8, prime_appended=True)
+        chunks = rig.chunks_until_done(request, 1)
     finally:
         rig.close()
     prime = chunks[0]
@@ -278,10 +279,11 @@ def test_talker_runner_takes_the_profiles_attention_and_prefill_interval(checkpo
 
 
 def test_backbone_graphs_need_both_profile_switches_and_cuda() -> None:
-    from stages.models.delay.variant import talker_runner_options
+    from stages.runtime.runner_options import talker_runner_options
 
     def graphs(device, *overrides):
-        return talker_runner_options(load_profile("default", list(overrides)), device)["cuda_graphs"]
+        options = talker_runner_options(load_profile("default", list(overrides)), device, backbone_graphs=True)
+        return options["cuda_graphs"]
 
     assert not graphs("cuda")  # talker.backbone_graphs is off by default (not yet run on a GPU)
     assert graphs("cuda", "talker.backbone_graphs=true")

@@ -49,7 +49,7 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     dtype: None = `model.dtype` resolved for the device."""
     from stages.models.codec.loader import load_codec
     from stages.models.codec.runner import CodecRunner
-    from stages.models.local_v15.loader import resolve_dtype
+    from stages.runtime.runner_options import resolve_dtype
 
     dtype = resolve_dtype(profile.model.dtype, device) if dtype is None else dtype
     return CodecRunner(load_codec(codec_dir, device, dtype), n_vq=n_vq,

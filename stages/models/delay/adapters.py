@@ -22,15 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speech.sampling import SamplingParams
 from stages.models.delay.processor import DelayProcessor
-from stages.runtime.sampling import SamplingParams
+from stages.variant import AdapterError
 
 MAX_SPEAKERS = 5
 _SPEAKER_TAG = re.compile(r"\[S(\d+)\]")
-
-
-class AdapterError(ValueError):
-    """A request the variant cannot serve as asked (HTTP 400)."""
 
 
 @dataclass(frozen=True)

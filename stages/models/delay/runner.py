@@ -39,7 +39,8 @@ from stages.models.delay.state import INSIDE_AUDIO, DelayState, TextRule
 from stages.runtime.graph_capture import resolve_graph_path
 from stages.runtime.talker_runner import FrameEvent
 from stages.runtime.scheduled_runner import ScheduledRunner
-from stages.runtime.sampling import RowSampling, SamplingParams, sample_tokens
+from stages.runtime.sampling import RowSampling, sample_tokens
+from speech.sampling import SamplingParams
 
 
 @dataclass(eq=False)

@@ -11,24 +11,32 @@ samples: output equals TP=1.
 Every rank holds a KV pool of the same number of blocks (the smallest any rank can afford), with
 its own KV heads: rank 0's block tables address all of them. `close()` tells the followers to
 stop.
+
+`start_delay_tp` starts the group from the talker process (rank 0; the follower processes are
+`stages.workers.tp_ranks` shells running `follow_rank`); its runner's `close()` also reaps them.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from stages.runtime.attention.backends import make_attention
 from stages.runtime.attention.backends import ReferenceAttention
 from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
 from stages.models.delay.model import DelayModel
 from stages.runtime.row_scheduler import ScheduledBatch, default_num_blocks, make_paged_cache
 from stages.models.delay.runner import DelayRunner
-from stages.runtime.tensor_parallel import TPGroup
+from stages.runtime.tensor_parallel import TPGroup, destroy_tp
+from stages.workers.tp_ranks import FollowerRanks, TPSpec, new_spec, start_followers
 
 HOST = torch.device("cpu")
+log = logging.getLogger(__name__)
 
 
 def meta_to(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
@@ -118,3 +126,54 @@ def follow(model: DelayModel, tp: TPGroup, *, max_running: int = 64, kv_block_si
             model(ids, meta, cache, attention)
         steps += 1
     return steps
+
+
+def follow_rank(spec: TPSpec, rank: int, tp: TPGroup) -> int:
+    """A follower process's work (`TPSpec.follower`): load this rank's shard, follow rank 0."""
+    device = spec.devices[rank]
+    model = DelayModel.from_dir(spec.model_dir, device=device, dtype=spec.torch_dtype, tp=tp)
+    return follow(model, tp, attention=make_attention(spec.attention, device), **spec.options)
+
+
+class LaunchedTPDelayRunner(TPDelayRunner):
+    """Rank 0 of a group `start_delay_tp` started: `close()` also reaps the followers and leaves."""
+
+    def __init__(self, model: DelayModel, tp: TPGroup, ranks: FollowerRanks, **options) -> None:
+        super().__init__(model, tp, **options)
+        self.ranks = ranks
+        self.exit_codes: list[int] | None = None
+
+    def close(self) -> None:
+        if self.exit_codes is not None:
+            return
+        try:
+            super().close()
+        except RuntimeError as exc:  # a follower is already gone (gloo: connection closed by peer)
+            log.warning("tensor-parallel ranks could not be told to stop: %s", exc)
+        finally:
+            self.exit_codes = self.ranks.stop()
+            destroy_tp()
+
+
+def start_delay_tp(model_dir: str | Path, *, devices: list[str], dtype: torch.dtype = torch.float32,
+                   max_running: int = 64, kv_block_size: int = 16, num_kv_blocks: int | None = None,
+                   kv_memory_fraction: float = 0.5, torch_threads: int | None = None, attention: str = "auto",
+                   **runner_options) -> LaunchedTPDelayRunner:
+    """Rank 0's runner of a Delay talker split over `devices` (one rank each; this process is rank 0).
+
+    attention: the backend every rank uses (`make_attention` name); runner_options: the other
+    `DelayRunner` options (prefill sizes, finish rule). Steps run eagerly (no graphs under TP).
+    """
+    kv = dict(max_running=max_running, kv_block_size=kv_block_size, num_kv_blocks=num_kv_blocks,
+              kv_memory_fraction=kv_memory_fraction)
+    spec = new_spec(f"{__name__}:follow_rank", model_dir, devices, dtype, torch_threads=torch_threads,
+                    attention=attention, **kv)
+    ranks, tp = start_followers(spec)
+    try:
+        model = DelayModel.from_dir(model_dir, device=devices[0], dtype=dtype, tp=tp)
+        return LaunchedTPDelayRunner(model, tp, ranks, attention=make_attention(attention, devices[0]),
+                                     **kv, **runner_options)
+    except BaseException:
+        ranks.kill()
+        destroy_tp()
+        raise

@@ -15,26 +15,25 @@ single reference). A rule violation is an `AdapterError` (HTTP 400).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ipc.messages import Sampling
 from profiles import Profile
-from stages.runtime.checkpoint import read_config
-from stages.models.codec.serving import CodecShape, make_codec_runner
-from stages.models.delay.adapters import (SAMPLING_DEFAULTS, AdapterError, DelayRequest, build_request,
-                                   variant_for_config)
+from speech.job import SpeechJob
+from speech.sampling import SamplingParams
+from stages.models.delay.adapters import SAMPLING_DEFAULTS, DelayRequest, build_request, variant_for_config
 from stages.models.delay.processor import DelayProcessor
-from stages.registry import SpeechJobLike, to_wire
-from stages.runtime.request_sampling import SamplingResolver
+from stages.runtime.talker_runner import TalkerRunner
+from stages.variant import AdapterError, CheckpointRecipe, Size, TalkerRequest, UnknownModel, Variant
 
 CONFIG_VARIANT_KEY = "mossvox_variant"  # written by make-checkpoint into config.json
 DISPLAY_NAMES = {"moss-tts": "moss-tts-delay", "ttsd": "moss-ttsd", "sound-effect": "moss-sound-effect",
                  "voice-generator": "moss-voice-generator"}
+CHECKPOINT_NAMES = {"delay": "moss-tts", "ttsd": "ttsd", "sound-effect": "sound-effect",
+                    "voice-generator": "voice-generator"}  # make-checkpoint name -> variant
 _TAGGED = re.compile(r"\[S(\d+)\]")
 
 
@@ -46,26 +45,6 @@ def delay_variant_name(config: dict, profile: Profile) -> str:
     except ValueError as e:
         raise ValueError(f"{e}: set model.variant in the profile (--set model.variant=ttsd) or "
                          f"{CONFIG_VARIANT_KEY!r} in config.json") from None
-
-
-def talker_options(profile: Profile) -> dict[str, Any]:
-    """Runner capacity keywords from the profile's `talker` section (Delay and Realtime runners)."""
-    t = profile.talker
-    return dict(max_running=t.max_running, kv_block_size=t.kv_block_size, num_kv_blocks=t.kv_blocks,
-                kv_memory_fraction=t.kv_memory_fraction, prefill_chunk_tokens=t.prefill_chunk_tokens,
-                max_prefill_tokens_per_step=t.max_prefill_tokens_per_step, prefill_interval=t.prefill_interval)
-
-
-def talker_runner_options(profile: Profile, device: str) -> dict[str, Any]:
-    """`talker_options` plus the attention kernel and the backbone graphs (CUDA only) the profile
-    asks for (`talker.attention`; `talker.cuda_graphs` and `talker.backbone_graphs`). On CPU,
-    "auto" attention keeps the runner's default (the per-sequence reference)."""
-    from stages.runtime.attention.backends import make_attention
-
-    t = profile.talker
-    cuda = str(device).startswith("cuda")
-    attention = make_attention(t.attention, device) if cuda or t.attention != "auto" else None
-    return dict(talker_options(profile), attention=attention, cuda_graphs=t.cuda_graphs and t.backbone_graphs and cuda)
 
 
 def split_transcripts(ref_text: str | None, references: int) -> list[str | None]:
@@ -98,23 +77,30 @@ def split_transcripts(ref_text: str | None, references: int) -> list[str | None]
     return texts
 
 
-class DelayVariant:
+class DelayVariant(Variant):
     """One Delay-family checkpoint with the v1 codec; see the module docstring."""
 
-    def __init__(self, model_dir: Path, profile: Profile, config: dict | None = None) -> None:
-        self.model_dir = Path(model_dir)
-        self.profile = profile
-        self.config = config if config is not None else read_config(model_dir)
+    model_types = ("moss_tts_delay",)
+    description = "MOSS-TTS / TTSD / SoundEffect / VoiceGenerator"
+    tensor_parallel = True
+    named_variants = tuple(DISPLAY_NAMES)
+    _processor: DelayProcessor | None = None
+
+    def __init__(self, model_dir: str | Path, profile: Profile, config: dict | None = None) -> None:
+        super().__init__(model_dir, profile, config)
         self.variant = delay_variant_name(self.config, profile)
         self.name = DISPLAY_NAMES[self.variant]
-        self.n_vq = int(self.config.get("n_vq", 32))
-        codec = CodecShape.of(self.model_dir, profile)
-        self.codec_dir = codec.codec_dir
-        self.sample_rate, self.channels = codec.sample_rate, codec.channels
-        self.frame_rate, self.samples_per_frame = codec.frame_rate, codec.samples_per_frame
-        self.sampling_defaults = to_wire(SAMPLING_DEFAULTS[self.variant])
-        self._sampling = SamplingResolver(self.sampling_defaults, profile)
-        self._processor: DelayProcessor | None = None
+        self.sampling_defaults = SAMPLING_DEFAULTS[self.variant]
+
+    @classmethod
+    def check(cls, model_dir: Path, config: dict, profile: Profile) -> None:
+        super().check(model_dir, config, profile)
+        if "local_num_layers" in config:
+            raise UnknownModel(f"{model_dir}/config.json is MOSS-TTS-Local-Transformer v1 (moss_tts_delay "
+                               f"with local_num_layers), which is not served; v1.5 (moss_tts_local) is")
+
+    def codebooks(self) -> int:
+        return int(self.config.get("n_vq", 32))
 
     @property
     def processor(self) -> DelayProcessor:
@@ -124,14 +110,20 @@ class DelayVariant:
 
     # ---- the request adapter -------------------------------------------------------------------
 
-    def build_request(self, job: SpeechJobLike) -> tuple[np.ndarray, Sampling]:
-        """Prompt `[S, 1 + n_vq]` int64 (delayed layout) and sampling; AdapterError / ValueError."""
-        return build_request(self.processor, self.variant, self.delay_request(job)), self._sampling.resolve(job)
+    def build_request(self, job: SpeechJob) -> TalkerRequest:
+        """Prompt `[S, 1 + n_vq]` int64 (delayed layout), sampling and priming; AdapterError / ValueError.
 
-    def delay_request(self, job: SpeechJobLike) -> DelayRequest:
+        Continuation (references + `ref_text`): the codec first decodes the reference codes
+        `[T, n_vq]` (TTSD: every speaker's clip, in order) so the new audio continues them, as
+        upstream's decode of the whole block then trimming the prompt part does. The prompt holds
+        them only in the delayed layout, which is not codec input, so they are the prime codes."""
+        prompt = build_request(self.processor, self.variant, self.delay_request(job))
+        return TalkerRequest(prompt, self.resolve_sampling(job), self._prime_codes(job))
+
+    def delay_request(self, job: SpeechJob) -> DelayRequest:
         """The adapter's view of `job`: references in speaker order, one transcript each."""
         refs = [] if job.ref_codes is None else [job.ref_codes]
-        refs += list(getattr(job, "extra_ref_codes", None) or ())
+        refs += list(job.extra_ref_codes or ())
         if job.ref_codes is None and refs:
             raise AdapterError("extra reference clips need a first one (ref_codes)")
         if self.variant == "ttsd":
@@ -141,45 +133,73 @@ class DelayVariant:
         return DelayRequest(text=job.text, instructions=job.instructions, language=job.language,
                             ref_codes=tuple(refs), ref_texts=tuple(texts))
 
-    def warm_up_job(self) -> SpeechJobLike:
-        """A short job this variant's adapter accepts (the talker worker's warm-up request)."""
-        from stages.workers.talker import WarmUpJob
-
-        fields = {"ttsd": {"text": "[S1] warm up"},
-                  "voice-generator": {"instructions": "a calm, clear voice"}}.get(self.variant, {})
-        return dataclasses.replace(WarmUpJob(), **fields)
-
-    def prime_frames(self, job: SpeechJobLike) -> int:
-        """Frames the codec decodes first as left context: those of `prime_codes`."""
-        context = self.prime_codes(job)
-        return 0 if context is None else len(context)
-
-    def prime_codes(self, job: SpeechJobLike) -> np.ndarray | None:
-        """Continuation (references + `ref_text`): the reference codes `[T, n_vq]` (TTSD: every
-        speaker's clip, in order), decoded first so the new audio continues them, as upstream's
-        decode of the whole block then trimming the prompt part does. The prompt holds them only
-        in the delayed layout, which is not codec input, so they travel after the prompt."""
+    def _prime_codes(self, job: SpeechJob) -> np.ndarray | None:
         if job.ref_codes is None or not job.ref_text:
             return None
-        refs = [job.ref_codes, *(getattr(job, "extra_ref_codes", None) or ())]
+        refs = [job.ref_codes, *(job.extra_ref_codes or ())]
         return np.concatenate([np.asarray(c, dtype=np.int64) for c in refs])
+
+    def warm_up_job(self) -> SpeechJob:
+        """The plain warm-up job, with what this variant's rules need (TTSD: a speaker tag;
+        VoiceGenerator: a voice description)."""
+        job = super().warm_up_job()
+        if self.variant == "ttsd":
+            job.text = "[S1] warm up"
+        if self.variant == "voice-generator":
+            job.instructions = "a calm, clear voice"
+        return job
 
     # ---- runners (worker processes) ------------------------------------------------------------
 
-    def make_talker_runner(self, device: str) -> Any:
+    def make_talker_runner(self, device: str) -> TalkerRunner:
         from stages.models.delay.runner import DelayRunner
-        from stages.models.local_v15.loader import resolve_dtype
+        from stages.runtime.runner_options import resolve_dtype, talker_options, talker_runner_options
 
         dtype = resolve_dtype(self.profile.model.dtype, device)
-        tp = self.profile.talker.tensor_parallel
-        if tp > 1:  # this process becomes rank 0 of tp ranks on consecutive GPUs
-            from stages.workers.tp_ranks import start_delay_tp, tp_devices
+        t = self.profile.talker
+        if t.tensor_parallel > 1:  # this process becomes rank 0 of tp ranks on consecutive GPUs
+            from stages.models.delay.tp_runner import start_delay_tp
+            from stages.workers.tp_ranks import tp_devices
 
-            return start_delay_tp(self.model_dir, devices=tp_devices(device, tp), dtype=dtype,
-                                  torch_threads=self.profile.talker.torch_threads,
-                                  attention=self.profile.talker.attention, **talker_options(self.profile))
+            return start_delay_tp(self.model_dir, devices=tp_devices(device, t.tensor_parallel), dtype=dtype,
+                                  torch_threads=t.torch_threads, attention=t.attention,
+                                  **talker_options(self.profile))
         return DelayRunner.from_dir(self.model_dir, device=device, dtype=dtype,
-                                    **talker_runner_options(self.profile, device))
+                                    **talker_runner_options(self.profile, device, backbone_graphs=True))
 
-    def make_codec_runner(self, device: str) -> Any:
-        return make_codec_runner(self.codec_dir, self.profile, device, self.n_vq)
+    # ---- developer tools -----------------------------------------------------------------------
+
+    @classmethod
+    def checkpoints(cls) -> dict[str, CheckpointRecipe]:
+        """delay (MOSS-TTS, 8B, n_vq 32), ttsd and sound-effect (8B, n_vq 16), voice-generator
+        (1.7B, n_vq 16); each with the v1 codec, and its name in config.json (16-codebook configs
+        cannot tell TTSD, SoundEffect and VoiceGenerator apart)."""
+        return {name: CheckpointRecipe(_talker_config(variant), _talker_module, _codec_config,
+                                       _named_config(variant))
+                for name, variant in CHECKPOINT_NAMES.items()}
+
+
+def _talker_config(variant: str) -> Any:
+    def config(size: Size) -> dict:
+        from stages.models.delay.config import VARIANT_N_VQ, full_size_config, tiny_config
+
+        return full_size_config(variant) if size == "full" else tiny_config(n_vq=VARIANT_N_VQ[variant])
+
+    return config
+
+
+def _talker_module(config: dict):
+    from stages.models.delay.config import DelayConfig
+    from stages.models.delay.model import DelayModel
+
+    return DelayModel(DelayConfig.from_dict(config))
+
+
+def _codec_config(size: Size) -> dict:
+    from stages.models.codec.config import full_size_v1_config, tiny_v1_config
+
+    return full_size_v1_config() if size == "full" else tiny_v1_config()
+
+
+def _named_config(variant: str) -> Any:
+    return lambda config: {**config, CONFIG_VARIANT_KEY: variant}

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from profiles import Profile
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.graph_capture import resolve_graph_path
@@ -46,8 +47,10 @@ from stages.models.local_v15.graphs import DecodeGraphs, FrameGraphs
 from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.model import LocalV15Talker
 from stages.runtime.row_scheduler import RowRequest
+from stages.runtime.runner_options import resolve_dtype, talker_runner_options
 from stages.runtime.talker_runner import FrameEvent
-from stages.runtime.sampling import K_CAP, SamplingParams, SamplingSlots, noise_key, sample_tokens
+from stages.runtime.sampling import K_CAP, SamplingSlots, noise_key, sample_tokens
+from speech.sampling import SamplingParams
 from stages.runtime.scheduled_runner import ScheduledRunner
 
 
@@ -300,3 +303,12 @@ class LocalV15Runner(ScheduledRunner):
             if reason is not None:
                 self.remove(r.rid)
         return events
+
+
+def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> LocalV15Runner:
+    """The `LocalV15Runner` a profile asks for: `talker.*` capacity, attention kernel, graphs and
+    torch.compile (CUDA only), `model.dtype`."""
+    model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
+    if profile.talker.compile and str(device).startswith("cuda"):
+        model.compile_hot_paths()
+    return LocalV15Runner(model, **talker_runner_options(profile, device))

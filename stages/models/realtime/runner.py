@@ -27,7 +27,8 @@ from stages.runtime.row_scheduler import RowRequest
 from stages.models.realtime.model import RealtimeModel
 from stages.models.realtime.processor import split_prompt
 from stages.runtime.talker_runner import FrameEvent
-from stages.runtime.sampling import SamplingParams, SamplingSlots, sample_tokens
+from stages.runtime.sampling import SamplingSlots, sample_tokens
+from speech.sampling import SamplingParams
 from stages.runtime.scheduled_runner import ScheduledRunner
 
 REPETITION_WINDOW = 50  # frames of history the repetition penalty looks at (upstream default)

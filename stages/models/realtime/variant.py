@@ -10,45 +10,29 @@ rather than silently ignored. Sampling defaults: upstream's (models.md §5.4).
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-import numpy as np
-
-from ipc.messages import Sampling
-from profiles import Profile
-from stages.runtime.checkpoint import read_config
-from stages.models.codec.serving import CodecShape, make_codec_runner
-from stages.models.delay.adapters import AdapterError
-from stages.models.delay.variant import talker_runner_options
+from speech.job import SpeechJob
+from speech.sampling import SamplingParams
 from stages.models.realtime.config import RealtimeConfig
 from stages.models.realtime.processor import RealtimeProcessor
-from stages.registry import SpeechJobLike, to_wire
-from stages.runtime.request_sampling import SamplingResolver
-from stages.runtime.sampling import SamplingParams
+from stages.runtime.talker_runner import TalkerRunner
+from stages.variant import AdapterError, CheckpointRecipe, Size, TalkerRequest, Variant
 
 # upstream inferencer defaults; max_length 5000 as infer.py (the class default is 1000)
 SAMPLING_DEFAULTS = SamplingParams(temperature=0.8, top_p=0.6, top_k=30, repetition_penalty=1.1,
                                    max_new_frames=5000)
 
 
-class RealtimeVariant:
+class RealtimeVariant(Variant):
     """One MOSS-TTS-Realtime checkpoint; see the module docstring."""
 
+    model_types = ("moss_tts_realtime",)
+    description = "MOSS-TTS-Realtime"
     name = "moss-tts-realtime"
+    sampling_defaults = SAMPLING_DEFAULTS
+    _processor: RealtimeProcessor | None = None
 
-    def __init__(self, model_dir: Path, profile: Profile, config: dict | None = None) -> None:
-        self.model_dir = Path(model_dir)
-        self.profile = profile
-        self.config = RealtimeConfig.from_dict(config if config is not None else read_config(model_dir))
-        self.n_vq = self.config.rvq
-        codec = CodecShape.of(self.model_dir, profile)
-        self.codec_dir = codec.codec_dir
-        self.sample_rate, self.channels = codec.sample_rate, codec.channels
-        self.frame_rate, self.samples_per_frame = codec.frame_rate, codec.samples_per_frame
-        self.sampling_defaults = to_wire(SAMPLING_DEFAULTS)
-        self._sampling = SamplingResolver(self.sampling_defaults, profile)
-        self._processor: RealtimeProcessor | None = None
+    def codebooks(self) -> int:
+        return RealtimeConfig.from_dict(self.config).rvq
 
     @property
     def processor(self) -> RealtimeProcessor:
@@ -56,14 +40,14 @@ class RealtimeVariant:
             self._processor = RealtimeProcessor.from_dir(self.model_dir)
         return self._processor
 
-    def build_request(self, job: SpeechJobLike) -> tuple[np.ndarray, Sampling]:
+    def build_request(self, job: SpeechJob) -> TalkerRequest:
         """Prompt (prefill rows, then one row per text token still to stream) and sampling."""
         for field, why in (("ref_text", "it has no continuation mode; send ref_audio alone to clone a voice"),
                            ("instructions", "it has no instruction field"),
                            ("language", "it has no language field")):
             if getattr(job, field):
                 raise AdapterError(f"MOSS-TTS-Realtime does not take {field}: {why}")
-        if getattr(job, "extra_ref_codes", None):
+        if job.extra_ref_codes:
             raise AdapterError("MOSS-TTS-Realtime takes one reference clip (ref_audio), not several")
         if not job.text or not job.text.strip():
             raise AdapterError("input text is required")
@@ -71,19 +55,35 @@ class RealtimeVariant:
             prompt = self.processor.build_prompt(job.text, reference=job.ref_codes)
         except ValueError as e:  # bad reference codes, text that tokenizes to nothing
             raise AdapterError(str(e)) from None
-        return prompt, self._sampling.resolve(job)
+        return TalkerRequest(prompt, self.resolve_sampling(job))  # the reference is voice context, no prime
 
-    def prime_frames(self, job: SpeechJobLike) -> int:
-        """0: the reference is voice context for the talker, not audio to continue."""
-        return 0
-
-    def make_talker_runner(self, device: str) -> Any:
-        from stages.models.local_v15.loader import resolve_dtype
+    def make_talker_runner(self, device: str) -> TalkerRunner:
         from stages.models.realtime.runner import RealtimeRunner
+        from stages.runtime.runner_options import resolve_dtype, talker_runner_options
 
         return RealtimeRunner.from_dir(self.model_dir, device=device,
                                        dtype=resolve_dtype(self.profile.model.dtype, device),
-                                       **talker_runner_options(self.profile, device))
+                                       **talker_runner_options(self.profile, device, backbone_graphs=True))
 
-    def make_codec_runner(self, device: str) -> Any:
-        return make_codec_runner(self.codec_dir, self.profile, device, self.n_vq)
+    @classmethod
+    def checkpoints(cls) -> dict[str, CheckpointRecipe]:
+        """realtime: MOSS-TTS-Realtime (1.7B, 16 codebooks) with the v1 codec."""
+        return {"realtime": CheckpointRecipe(_talker_config, _talker_module, _codec_config)}
+
+
+def _talker_config(size: Size) -> dict:
+    from stages.models.realtime.config import full_size_config, tiny_config
+
+    return full_size_config() if size == "full" else tiny_config()
+
+
+def _talker_module(config: dict):
+    from stages.models.realtime.model import RealtimeModel
+
+    return RealtimeModel(RealtimeConfig.from_dict(config))
+
+
+def _codec_config(size: Size) -> dict:
+    from stages.models.codec.config import full_size_v1_config, tiny_v1_config
+
+    return full_size_v1_config() if size == "full" else tiny_v1_config()
