@@ -16,6 +16,7 @@ This module is model-agnostic: the Qwen3 backbone of every variant uses it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -40,6 +41,16 @@ class KVCacheSpec:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+
+class BackboneShape(Protocol):
+    """What sizes a KV pool: a backbone's configuration (`stages.models.qwen3.Qwen3Config`, or one
+    tensor-parallel rank's share of it)."""
+
+    hidden_size: int
+
+    def kv_cache_spec(self, num_blocks: int, block_size: int = 16) -> KVCacheSpec:
+        """The pool of `num_blocks` blocks of `block_size` tokens for every layer and KV head."""
 
 
 class BlockAllocator:

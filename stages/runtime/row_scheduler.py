@@ -25,13 +25,12 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata, build_attention_metadata
-from stages.runtime.kv_cache import KVCacheExhausted, PagedKVCache
-from stages.models.qwen3 import Qwen3Config
+from stages.runtime.kv_cache import BackboneShape, KVCacheExhausted, PagedKVCache
 
 DEFAULT_CPU_TOKENS_PER_REQUEST = 2048  # KV sizing on CPU when no block count is given
 
 
-def make_paged_cache(backbone: Qwen3Config, *, device: torch.device, dtype: torch.dtype, max_running: int,
+def make_paged_cache(backbone: BackboneShape, *, device: torch.device, dtype: torch.dtype, max_running: int,
                      block_size: int = 16, num_blocks: int | None = None,
                      memory_fraction: float = 0.5) -> PagedKVCache:
     """A KV pool of `num_blocks`, or sized by `default_num_blocks`."""
@@ -41,7 +40,7 @@ def make_paged_cache(backbone: Qwen3Config, *, device: torch.device, dtype: torc
     return PagedKVCache(backbone.kv_cache_spec(num_blocks, block_size), dtype=dtype, device=device)
 
 
-def default_num_blocks(backbone: Qwen3Config, *, device: torch.device, dtype: torch.dtype, max_running: int,
+def default_num_blocks(backbone: BackboneShape, *, device: torch.device, dtype: torch.dtype, max_running: int,
                        block_size: int = 16, memory_fraction: float = 0.5) -> int:
     """KV blocks that fit in `memory_fraction` of free GPU memory (CUDA) / a fixed per-request budget (CPU)."""
     spec = backbone.kv_cache_spec(1, block_size)

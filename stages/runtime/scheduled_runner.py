@@ -24,8 +24,7 @@ from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAtt
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.backbone_graphs import BackboneGraphs
 from stages.runtime.graph_capture import GRAPH_PATHS
-from stages.runtime.kv_cache import PagedKVCache
-from stages.models.qwen3 import Qwen3Config
+from stages.runtime.kv_cache import BackboneShape, PagedKVCache
 from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
 
 
@@ -35,7 +34,7 @@ class ScheduledRunner:
     def __init__(
         self,
         model: torch.nn.Module,
-        backbone: Qwen3Config,
+        backbone: BackboneShape,
         *,
         max_running: int = 64,
         kv_block_size: int = 16,
