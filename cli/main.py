@@ -1,9 +1,9 @@
 """The `mossvox` console script: a table of subcommands, each imported only when it runs.
 
 `mossvox --help` imports nothing but argparse and this file (no torch). A command whose module
-does not exist yet is listed with "(not available yet)" and exits 2 with a message that says
-which issue brings it. To add a command, add one line to COMMANDS and write its module (see
-`cli/commands/__init__.py` for the module contract).
+does not exist yet is listed with "(not available yet)" and exits 2 saying so. To add a command,
+add one line to COMMANDS and write its module (see `cli/commands/__init__.py` for the module
+contract).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ class Command:
     help: str
     module: str
     takes_profile: bool = True  # add --profile / --set for it
-    issue: int | None = None  # the issue that builds it, for the "not available yet" message
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,6 @@ class Passthrough:
     name: str
     help: str
     module: str
-    issue: int | None = None
 
 
 @dataclass(frozen=True)
@@ -51,19 +49,19 @@ Entry = Union[Command, Passthrough, Group]
 
 COMMANDS: tuple[Entry, ...] = (
     Command("serve", "run the OpenAI-compatible /v1/audio/speech server",
-            "cli.commands.serve", issue=5),
+            "cli.commands.serve"),
     Command("synth", "synthesise text to an audio file without a server",
-            "cli.commands.synth", issue=3),
+            "cli.commands.synth"),
     Group("bench", "benchmarks (not timed tests)", (
         Passthrough("ipc", "ring throughput and wake-up latency vs multiprocessing Queue/Pipe",
-                    "bench.ipc", issue=2),
+                    "bench.ipc"),
         Command("engine", "offline engine throughput and first-chunk time (no HTTP)",
-                "cli.commands.bench_engine", issue=4),
+                "cli.commands.bench_engine"),
         Command("serve", "closed-loop streaming clients against a running server",
-                "cli.commands.bench_serve", takes_profile=False, issue=7),
+                "cli.commands.bench_serve", takes_profile=False),
     )),
     Command("make-checkpoint", "write a random-weight checkpoint directory of a variant",
-            "cli.commands.make_checkpoint", takes_profile=False, issue=3),
+            "cli.commands.make_checkpoint", takes_profile=False),
     Command("profile", "deploy profiles: show the resolved one, list the shipped ones, list the settings",
             "cli.commands.profile", takes_profile=False),
 )
@@ -128,10 +126,8 @@ def _available(entry: Command | Passthrough) -> bool:
 
 
 def _not_available(path: list[Entry]) -> int:
-    leaf = path[-1]
-    issue = f" (it arrives with issue {leaf.issue})" if leaf.issue else ""
     name = " ".join(e.name for e in path)
-    print(f"mossvox: '{name}' is not available yet{issue}", file=sys.stderr)
+    print(f"mossvox: '{name}' is not available yet", file=sys.stderr)
     return 2
 
 

@@ -1,14 +1,14 @@
 """The deploy profile: one frozen, strict msgspec tree.
 
 Every section is a frozen Struct that rejects unknown fields; every field carries its constraint
-and a description (`msgspec.Meta`) that says what it does and which issue reads it. The schema
-defaults ARE the `default` profile (GPU-oriented); `profiles/*.yaml` only state differences.
+and a description (`msgspec.Meta`) that says what it does. The schema defaults ARE the `default`
+profile (GPU-oriented); `profiles/*.yaml` only state differences.
 
 Lists are tuples so the whole tree is immutable. Per-process copies come from
 `msgspec.structs.replace`, which re-runs the cross-field checks in `Profile.__post_init__`.
 
-Adding a field: one line in its section with `Annotated[type, doc("what; issue N", ...)]` and a
-default; `tests/profiles/test_schema.py` fails if the description is missing.
+Adding a field: one line in its section with `Annotated[type, doc("what it does", ...)]` and a
+default; `tests/profiles/test_profile_schema.py` fails if the description is missing.
 """
 
 from __future__ import annotations
@@ -60,29 +60,27 @@ class ModelConfig(_Section):
 
     path: Annotated[str | None, doc(
         "checkpoint directory (config.json, *.safetensors, tokenizer files); null = the embedded "
-        "tiny random-weight demo model, created on first use; issues 3, 5")] = None
+        "tiny random-weight demo model, created on first use")] = None
     codec_path: Annotated[str | None, doc(
-        "audio tokenizer checkpoint directory; null = <model.path>/audio_tokenizer; issue 3")] = None
+        "audio tokenizer checkpoint directory; null = <model.path>/audio_tokenizer")] = None
     device: Annotated[Literal["auto", "cpu", "cuda"], doc(
-        "where the talker and codec run; auto = cuda when available, else cpu; issue 4")] = "auto"
+        "where the talker and codec run; auto = cuda when available, else cpu")] = "auto"
     dtype: Annotated[Literal["auto", "float32", "bfloat16"], doc(
-        "weight and activation dtype; auto = bfloat16 on cuda, float32 on cpu; issue 3")] = "auto"
+        "weight and activation dtype; auto = bfloat16 on cuda, float32 on cpu")] = "auto"
     variant: Annotated[Literal["moss-tts", "ttsd", "sound-effect", "voice-generator"] | None, doc(
         "which Delay-family model a moss_tts_delay checkpoint is; null = config.json's "
-        "mossvox_variant, else n_vq 32 = moss-tts (16-codebook checkpoints must be named); "
-        "issue 6")] = None
+        "mossvox_variant, else n_vq 32 = moss-tts (16-codebook checkpoints must be named)")] = None
     served_name: Annotated[str, doc(
-        "model name accepted in requests and listed by /v1/models; issue 5", min_length=1)] = "mossvox"
+        "model name accepted in requests and listed by /v1/models", min_length=1)] = "mossvox"
     force_length_from_text: Annotated[bool, doc(
         "force each request's frame count from its text (frames_per_char); random weights never "
-        "stop by themselves; a benchmark/demo feature, logged when on; issues 3, 4, 7")] = False
+        "stop by themselves; a benchmark/demo feature, logged when on")] = False
     frames_per_char: Annotated[float, doc(
-        "frames (80 ms) per input character when the length is forced; issues 3, 7", gt=0)] = 0.87
+        "frames (80 ms) per input character when the length is forced", gt=0)] = 0.87
     max_new_frames: Annotated[int, doc(
-        "runaway guard: a request stops with finish_reason=length after this many frames; "
-        "issue 4", ge=1)] = 4096
+        "runaway guard: a request stops with finish_reason=length after this many frames", ge=1)] = 4096
     demo_cache_dir: Annotated[str, doc(
-        "where the embedded demo checkpoint is written on first use (~ expanded); issue 3",
+        "where the embedded demo checkpoint is written on first use (~ expanded)",
         min_length=1)] = "~/.cache/mossvox"
 
 
@@ -90,65 +88,65 @@ class TalkerConfig(_Section):
     """The talker worker: continuous batching, KV cache, graphs."""
 
     max_running: Annotated[int, doc(
-        "streams decoded together at most (the talker's batch capacity); issues 4, 7", ge=1)] = 256
-    kv_block_size: Annotated[int, doc("tokens per KV-cache block; issues 4, 7", ge=1)] = 16
+        "streams decoded together at most (the talker's batch capacity)", ge=1)] = 256
+    kv_block_size: Annotated[int, doc("tokens per KV-cache block", ge=1)] = 16
     kv_blocks: Annotated[PositiveInt | None, doc(
-        "KV-cache blocks to allocate; null = derive from kv_memory_fraction; issues 4, 7")] = None
+        "KV-cache blocks to allocate; null = derive from kv_memory_fraction")] = None
     kv_memory_fraction: Annotated[float, doc(
-        "share of free device memory given to the KV cache when kv_blocks is null; issue 7",
+        "share of free device memory given to the KV cache when kv_blocks is null",
         gt=0, le=1)] = 0.5
     prefill_chunk_tokens: Annotated[int, doc(
         "a long prompt is prefilled in chunks of at most this many tokens so running streams "
-        "keep their cadence; issue 4", ge=1)] = 512
+        "keep their cadence", ge=1)] = 512
     max_prefill_tokens_per_step: Annotated[int, doc(
-        "prompt tokens prefilled per scheduler step across all new requests; issues 4, 7",
+        "prompt tokens prefilled per scheduler step across all new requests",
         ge=1)] = 2048
     cuda_graphs: Annotated[bool, doc(
-        "capture the decode step in CUDA graphs per batch bucket; issue 7")] = True
+        "capture the decode step in CUDA graphs per batch bucket")] = True
     backbone_graphs: Annotated[bool, doc(
         "Delay and Realtime talkers: replay the decoding rows' backbone step from CUDA graphs "
         "(with cuda_graphs, CUDA only); off by default until measured on a GPU (CPU-tested "
-        "through the eager graph path); issue 8")] = False
+        "through the eager graph path)")] = False
     compile: Annotated[bool, doc(
         "on CUDA, run the backbone layers, row embedding and the local loop + sampling through "
-        "torch.compile (fused kernels; compiled at warm-up, tens of seconds); issue 7")] = True
+        "torch.compile (fused kernels; compiled at warm-up, tens of seconds)")] = True
     prefill_interval: Annotated[int, doc(
         "while streams are decoding, new prompts are prefilled at most every this many steps "
         "(1 = every step; larger = more decode steps replayed from graphs between prefills, "
-        "more throughput, later first audio for new requests); issue 7", ge=1)] = 1
+        "more throughput, later first audio for new requests)", ge=1)] = 1
     attention: Annotated[Literal["auto", "padded", "triton"], doc(
         "attention kernel over the paged KV cache: padded (gather blocks, torch SDPA-like), "
         "triton (paged decode kernel, CUDA only), auto = triton on CUDA when available, else "
-        "padded; issue 7")] = "auto"
+        "padded")] = "auto"
     torch_threads: Annotated[PositiveInt | None, doc(
-        "torch intra-op threads in the talker process; null = torch's default; issue 4")] = None
+        "torch intra-op threads in the talker process; null = torch's default")] = None
     tensor_parallel: Annotated[int, doc(
         "GPUs one Delay talker is split over (tensor parallelism: heads, KV cache and FFN "
-        "sharded, embeddings and heads replicated); 1 = one device; issue 8", ge=1)] = 1
+        "sharded, embeddings and heads replicated); 1 = one device", ge=1)] = 1
 
 
 class CodecConfig(_Section):
     """The codec worker: streaming decode slots and reference encoding."""
 
     max_slots: Annotated[int, doc(
-        "streaming-decode slots (one per live request); issues 4, 7", ge=1)] = 256
+        "streaming-decode slots (one per live request)", ge=1)] = 256
     cuda_graphs: Annotated[bool, doc(
-        "capture decode in CUDA graphs per (batch bucket, chunk length); issue 7")] = True
+        "capture decode in CUDA graphs per (batch bucket, chunk length)")] = True
     prime_continuation: Annotated[bool, doc(
         "continuation requests (reference audio + its transcript): decode the reference codes "
         "first, audio dropped, so the new audio has the reference as left context as upstream's "
         "decode-then-trim does (exact); false skips that prime (first audio sooner, the first "
-        "frames decoded without left context, as vLLM-Omni does); issue 7")] = True
+        "frames decoded without left context, as vLLM-Omni does)")] = True
     encode_batch: Annotated[int, doc(
-        "reference-encoding jobs batched together at most; issues 4, 5", ge=1)] = 8
+        "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_graphs: Annotated[bool, doc(
         "reference encoding replays CUDA graphs per (batch bucket, length bucket of 4-32 s), "
-        "captured at start-up (CUDA only); off by default until measured on a GPU; issue 7")] = False
+        "captured at start-up (CUDA only); off by default until measured on a GPU")] = False
     torch_threads: Annotated[PositiveInt | None, doc(
-        "torch intra-op threads in the codec process; null = torch's default; issue 4")] = None
+        "torch intra-op threads in the codec process; null = torch's default")] = None
     client_stall_s: Annotated[float, doc(
         "longest the codec waits for room in an API process's PCM ring before failing that "
-        "process's requests (a stuck API process must not stall every stream); issue 4",
+        "process's requests (a stuck API process must not stall every stream)",
         gt=0)] = 5.0
 
 
@@ -156,111 +154,111 @@ class ChunkingConfig(_Section):
     """When the talker hands frames to the codec: first chunk, ramp, steady chunks."""
 
     initial_chunk_frames: Annotated[int, doc(
-        "frames in a request's first chunk (first audio); a request may override it; issue 4",
+        "frames in a request's first chunk (first audio); a request may override it",
         ge=1)] = 1
     ramp: Annotated[tuple[PositiveInt, ...], doc(
-        "frames of the chunks after the first, before the steady size; issue 4")] = ()
+        "frames of the chunks after the first, before the steady size")] = ()
     chunk_frames: Annotated[int, doc(
-        "frames per steady-state chunk (15 frames = 1.2 s); issue 4", ge=1)] = 15
+        "frames per steady-state chunk (15 frames = 1.2 s)", ge=1)] = 15
 
 
 class CoalescingConfig(_Section):
     """How the codec worker groups ready streams into one decode batch."""
 
     min_batch: Annotated[int, doc(
-        "wait for at least this many streams with a chunk ready (or max_wait_ms); issue 4",
+        "wait for at least this many streams with a chunk ready (or max_wait_ms)",
         ge=1)] = 1
     max_wait_ms: Annotated[float, doc(
-        "longest wait since the oldest ready chunk before dispatching anyway; issue 4",
+        "longest wait since the oldest ready chunk before dispatching anyway",
         ge=0)] = 0.0
     max_batch: Annotated[int, doc(
-        "streams decoded in one codec call at most; issues 4, 7", ge=1)] = 256
+        "streams decoded in one codec call at most", ge=1)] = 256
     policy: Annotated[Literal["fixed", "idle_wait"], doc(
         "fixed = always honour the window; idle_wait = sleep on the doorbell when nothing is "
-        "runnable; issue 4")] = "idle_wait"
+        "runnable")] = "idle_wait"
 
 
 class AdmissionConfig(_Section):
     """The coordinator's admission control and deadlines."""
 
     max_running: Annotated[int, doc(
-        "requests admitted to the talker at once; issue 4", ge=1)] = 256
+        "requests admitted to the talker at once", ge=1)] = 256
     max_queued: Annotated[int, doc(
-        "requests waiting for admission; beyond it a typed rejection (429/503); issues 4, 5",
+        "requests waiting for admission; beyond it a typed rejection (429/503)",
         ge=0)] = 1024
     request_timeout_s: Annotated[float, doc(
-        "deadline of one request from submission; issue 4", gt=0)] = 600.0
+        "deadline of one request from submission", gt=0)] = 600.0
     retry_after_s: Annotated[float, doc(
-        "Retry-After hint sent with a rejection when no better estimate exists; issues 4, 5",
+        "Retry-After hint sent with a rejection when no better estimate exists",
         ge=0)] = 1.0
 
 
 class ApiConfig(_Section):
     """The HTTP front end."""
 
-    host: Annotated[str, doc("address the server binds; issue 5", min_length=1)] = "127.0.0.1"
-    port: Annotated[int, doc("TCP port (0 = any free port); issue 5", ge=0, le=65535)] = 8000
+    host: Annotated[str, doc("address the server binds", min_length=1)] = "127.0.0.1"
+    port: Annotated[int, doc("TCP port (0 = any free port)", ge=0, le=65535)] = 8000
     api_servers: Annotated[int, doc(
-        "API processes sharing one port, one coordinator and one pair of workers; issue 5",
+        "API processes sharing one port, one coordinator and one pair of workers",
         ge=1)] = 1
     keys: Annotated[tuple[str, ...], doc(
-        "accepted bearer keys for /v1/*; empty = no authentication; issue 5")] = ()
-    max_input_chars: Annotated[int, doc("longest `input` text accepted; issue 5", ge=1)] = 4096
+        "accepted bearer keys for /v1/*; empty = no authentication")] = ()
+    max_input_chars: Annotated[int, doc("longest `input` text accepted", ge=1)] = 4096
     max_body_bytes: Annotated[int, doc(
-        "largest request body accepted (413 beyond); issue 5", ge=1024)] = 32 * 1024 * 1024
+        "largest request body accepted (413 beyond)", ge=1024)] = 32 * 1024 * 1024
     min_ref_seconds: Annotated[float, doc(
-        "shortest reference audio accepted; issue 5", ge=0)] = 1.0
+        "shortest reference audio accepted", ge=0)] = 1.0
     max_ref_seconds: Annotated[float, doc(
-        "longest reference audio accepted; issue 5", gt=0)] = 30.0
+        "longest reference audio accepted", gt=0)] = 30.0
     max_ref_bytes: Annotated[int, doc(
-        "largest encoded reference audio accepted; issue 5", ge=1024)] = 16 * 1024 * 1024
-    max_voices: Annotated[int, doc("registered voices kept at most; issue 5", ge=0)] = 1000
+        "largest encoded reference audio accepted", ge=1024)] = 16 * 1024 * 1024
+    max_voices: Annotated[int, doc("registered voices kept at most", ge=0)] = 1000
     allow_remote_ref_audio: Annotated[bool, doc(
-        "allow http(s) URLs as ref_audio (the server fetches them); issue 5")] = False
+        "allow http(s) URLs as ref_audio (the server fetches them)")] = False
     allowed_local_paths: Annotated[tuple[str, ...], doc(
-        "directories under which file:// or plain-path ref_audio may be read; issue 5")] = ()
+        "directories under which file:// or plain-path ref_audio may be read")] = ()
     data_dir: Annotated[str, doc(
-        "reference-code cache and registered voices, shared by API processes (~ expanded); "
-        "issue 5", min_length=1)] = "~/.cache/mossvox/data"
+        "reference-code cache and registered voices, shared by API processes (~ expanded)",
+        min_length=1)] = "~/.cache/mossvox/data"
 
 
 class IpcConfig(_Section):
     """Shared-memory ring sizes and peer liveness checks."""
 
     control_ring_bytes: Annotated[int, doc(
-        "bytes of each control-record ring (submit, abort, finished, stats); issues 2, 4",
+        "bytes of each control-record ring (submit, abort, finished, stats)",
         ge=4096)] = 1024 * 1024
     codes_ring_bytes: Annotated[int, doc(
-        "bytes of the talker -> codec code-chunk ring; issues 2, 4", ge=4096)] = 4 * 1024 * 1024
+        "bytes of the talker -> codec code-chunk ring", ge=4096)] = 4 * 1024 * 1024
     pcm_ring_bytes: Annotated[int, doc(
-        "bytes of each codec -> API-process PCM ring; issues 2, 4", ge=4096)] = 64 * 1024 * 1024
+        "bytes of each codec -> API-process PCM ring", ge=4096)] = 64 * 1024 * 1024
     peer_check_s: Annotated[float, doc(
-        "a blocked channel checks that its peer is alive this often; issue 2", gt=0)] = 0.5
+        "a blocked channel checks that its peer is alive this often", gt=0)] = 0.5
 
 
 class EngineConfig(_Section):
     """Process lifecycle: start-up, shutdown, logging."""
 
     shutdown: Annotated[Literal["drain", "abort"], doc(
-        "on stop: finish running requests (drain) or abort them; issue 4")] = "drain"
+        "on stop: finish running requests (drain) or abort them")] = "drain"
     drain_timeout_s: Annotated[float, doc(
-        "longest drain before the remaining requests are aborted; issue 4", ge=0)] = 30.0
+        "longest drain before the remaining requests are aborted", ge=0)] = 30.0
     ready_timeout_s: Annotated[float, doc(
-        "longest wait for a worker's Ready record (model load and warm-up); issue 4",
+        "longest wait for a worker's Ready record (model load and warm-up)",
         gt=0)] = 600.0
     mps: Annotated[bool, doc(
-        "on cuda, start a private MPS daemon so talker and codec run concurrently; issues 4, 7"
+        "on cuda, start a private MPS daemon so talker and codec run concurrently"
     )] = True
     log_level: Annotated[Literal["debug", "info", "warning", "error"], doc(
-        "log level of every mossvox process; issues 4, 5")] = "info"
+        "log level of every mossvox process")] = "info"
     replicas: Annotated[int, doc(
         "talker+codec worker pairs behind the one coordinator (one per GPU, or per group of "
         "talker.tensor_parallel GPUs); a new request goes to the live replica with the most "
-        "headroom; one replica failing fails only its own requests; issue 8", ge=1)] = 1
+        "headroom; one replica failing fails only its own requests", ge=1)] = 1
     devices: Annotated[tuple[Device, ...], doc(
         "device of each replica (its talker's first TP rank and its codec), e.g. [cuda:0, "
         "cuda:1]; a TP group takes the consecutive GPUs from there; empty = derive: cuda:i*tp "
-        "when CUDA has enough devices, else cpu for all; issue 8")] = ()
+        "when CUDA has enough devices, else cpu for all")] = ()
 
 
 def _section(cls: type[_Section]) -> object:
