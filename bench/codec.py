@@ -88,7 +88,7 @@ def bench(model: CodecModel, batch: int, chunk: int, n_vq: int, iters: int, devi
 
 
 def bench_graph(model: CodecModel, batch: int, chunk: int, n_vq: int, iters: int, device: str) -> float:
-    """ms per steady `chunk`-frame call replayed from one captured CUDA graph (a lead for issue 7)."""
+    """ms per steady `chunk`-frame call replayed from one captured CUDA graph (a lead for GPU work)."""
     decoder = StreamingDecoder(model, num_slots=batch, max_chunk_frames=chunk)
     slots = torch.arange(batch, device=device)
     codes = torch.randint(0, 1024, (n_vq, batch, chunk), device=device)

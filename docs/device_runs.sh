@@ -1,17 +1,17 @@
 #!/bin/bash
-# The GPU runs issues 7 and 8 still owe, as whole device calls (docs/performance.md, "Runs left").
+# The GPU runs still owed, as whole device calls (docs/performance.md, "Runs left").
 # Each phase is one call: it keeps to $BUDGET s (540) by skipping the levels that no longer fit (the
 # script has not run yet: it follows the last session's call scripts); results go to $OUT/results.tgz
 # plus summary lines.
 #
-#   ../shared/device/wheels.sh                          # once: starlette, msgspec, uvicorn, ... into .whl/
+#   (once: wheels of the dependencies the GPU image lacks - starlette, msgspec, uvicorn, ... - in .whl/)
 #   run(command="bash docs/device_runs.sh serve", kind="nvidia-h200-x2", carry=[".whl"])
 #   run(command="bash docs/device_runs.sh delay", kind="nvidia-h200-x2", carry=[".whl"])
 #
 # serve: Local-v1.5 full size (random bf16). GPU 0: high-concurrency sweep C=1..256; GPU 1:
 #        low-latency sweep C=1..128, then the eager build (no graphs, no compile, padded
 #        attention) at C=1,16 as the same-call baseline; then two replicas over both GPUs at
-#        C=256 (issue 8: >= 0.9 x 2 x one GPU's C=128 figure).
+#        C=256 (target: >= 0.9 x 2 x one GPU's C=128 figure).
 # delay: MOSS-TTS 8B Delay talker (random bf16): TP=1 with and without backbone graphs, TP=2,
 #        batches 1/16/64; reference encoding eager vs encode graphs (full-size codec); then the
 #        GPU tests (graph capture of every runner and of encoding, Triton, codec graphs).

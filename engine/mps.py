@@ -1,11 +1,11 @@
 """A private CUDA MPS daemon for one engine, so talker and codec share the GPU concurrently.
 
-Without MPS, CUDA time-slices separate processes (DESIGN.md: two busy processes each ran 2.1x
-slower on an H200). When the profile asks for it (`engine.mps`) and the device is cuda, the
+Without MPS, CUDA time-slices separate processes (measured on an H200: two busy processes each ran
+2.1x slower, and at full speed with MPS). When the profile asks for it (`engine.mps`) and the device is cuda, the
 launcher starts `nvidia-cuda-mps-control -d` with its own pipe and log directories, hands the
 workers the pipe directory (they set `CUDA_MPS_PIPE_DIRECTORY` before CUDA initialises), and on
 stop sends `quit` to that daemon only, then removes its directories. Full quota: no partial SM
-limits (vllm_omni.md notes incomplete bf16 GEMM outputs with partial quotas).
+limits (partial quotas have been reported to give incomplete bf16 GEMM outputs).
 """
 
 from __future__ import annotations

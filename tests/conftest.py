@@ -1,6 +1,6 @@
-"""Shared test helpers: where the golden fixtures live (`shared/golden/` beside the repository),
-loading a golden case or codec, one intra-op torch thread for modules of tiny tensors, and a
-speech job for request adapters."""
+"""Shared test helpers: where the golden fixtures live (outside the repository: docs/models.md,
+"Golden fixtures"), loading a golden case or codec, one intra-op torch thread for modules of tiny
+tensors, and a speech job for request adapters."""
 
 from pathlib import Path
 
@@ -13,10 +13,10 @@ GOLDEN_ROOT = Path(__file__).resolve().parents[2] / "shared" / "golden"
 
 
 def golden_dir(name: str) -> Path:
-    """`shared/golden/<name>`, or skip the test with the reason when it is absent."""
+    """The golden fixture folder `name`, or skip the test with the reason when it is absent."""
     path = GOLDEN_ROOT / name
     if not path.is_dir():
-        pytest.skip(f"golden fixtures not found at {path} (clone shared/ beside the repository)")
+        pytest.skip(f"golden fixtures not found at {path} (docs/models.md, 'Golden fixtures')")
     return path
 
 

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-# Every process of a TP group runs with NVLink multicast off (device README, issue 8).
+# Every process of a TP group runs with NVLink multicast off: the GPU hosts this was run on do not
+# support it (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS).
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEFAULT_TIMEOUT = timedelta(minutes=5)
 

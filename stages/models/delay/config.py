@@ -1,8 +1,9 @@
-"""Configuration of the Delay talker (`model_type: moss_tts_delay`, models.md §2.1).
+"""Configuration of the Delay talker (`model_type: moss_tts_delay`, docs/models.md, "Delay family").
 
 `DelayConfig` is the typed view of a checkpoint's `config.json`; `tiny_config()` and
 `full_size_config()` return `config.json` dicts for random-weight checkpoints (the real
-checkpoints' configs were never read; the full-size shapes are models.md §1.3/§2.1).
+checkpoints' configs were never read; the full-size shapes: docs/models.md, "Qwen3 backbone" and
+"Delay family").
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Special ids of the real Qwen3-based checkpoints (models.md §1.1).
+# Special ids of the real Qwen3-based checkpoints (docs/models.md, "Special ids").
 REAL_SPECIAL_IDS = {
     "pad_token_id": 151643,
     "im_start_token_id": 151644,
@@ -22,7 +23,7 @@ REAL_SPECIAL_IDS = {
     "audio_assistant_delay_slot_token_id": 151662,
 }
 
-# Special ids of the golden tiny tokenizer (golden README, "Tokenizer"): tiny checkpoints pair with it.
+# Special ids of the golden tiny tokenizer (docs/models.md, "Golden fixtures"): tiny checkpoints pair with it.
 TINY_SPECIAL_IDS = {
     "pad_token_id": 605,
     "im_start_token_id": 606,
@@ -34,7 +35,7 @@ TINY_SPECIAL_IDS = {
     "audio_assistant_delay_slot_token_id": 612,
 }
 
-# The Delay variants: n_vq per released checkpoint (models.md §0.1).
+# The Delay variants: n_vq per released checkpoint (docs/models.md, "Served models").
 VARIANT_N_VQ = {"moss-tts": 32, "ttsd": 16, "sound-effect": 16, "voice-generator": 16}
 
 
@@ -148,7 +149,7 @@ def tiny_config(n_vq: int = 4) -> dict[str, Any]:
 def full_size_config(variant: str = "moss-tts") -> dict[str, Any]:
     """Real shapes: `moss-tts` (8B, n_vq 32), `ttsd` / `sound-effect` (8B, n_vq 16),
     `voice-generator` (1.7B, n_vq 16). Vocabulary 155648 for the 8B models (pinned by the v1.5
-    index size, models.md §0); 151936 (Qwen3-1.7B) for VoiceGenerator, which is unconfirmed."""
+    index size, docs/models.md, "Served models"); 151936 (Qwen3-1.7B) for VoiceGenerator, which is unconfirmed."""
     if variant not in VARIANT_N_VQ:
         raise ValueError(f"unknown Delay variant {variant!r}; choose one of {sorted(VARIANT_N_VQ)}")
     pad = REAL_SPECIAL_IDS["pad_token_id"]

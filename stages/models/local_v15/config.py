@@ -1,9 +1,10 @@
-"""Configuration of MOSS-TTS-Local-Transformer-v1.5 (`model_type: moss_tts_local`, models.md §4.1).
+"""Configuration of MOSS-TTS-Local-Transformer-v1.5 (`model_type: moss_tts_local`, docs/models.md, "Local-v1.5").
 
 `LocalV15Config.from_dict` is the typed view of a checkpoint's `config.json` (the upstream layout:
 `qwen3_config`/`language_config`, `gpt2_config`, special ids). `tiny_config()` and
 `full_size_config()` return `config.json` dicts for random-weight checkpoints; the full-size shapes
-are models.md §1.3 (Qwen3-4B) and §4.1 (gpt2 local block), never read from a real checkpoint.
+are docs/models.md, "Qwen3 backbone" (Qwen3-4B) and "Local-v1.5" (gpt2 local block), never read from a
+real checkpoint.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from stages.models.qwen3 import Qwen3Config
 
-# Special ids of the real checkpoint (models.md §1.1, §4.1).
+# Special ids of the real checkpoint (docs/models.md, "Special ids" and "Local-v1.5").
 REAL_SPECIAL_IDS = {
     "pad_token_id": 151643,
     "im_start_token_id": 151644,

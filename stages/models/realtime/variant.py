@@ -5,7 +5,7 @@ The request adapter: `input` is the text to speak; an optional reference (`ref_c
 becomes the voice-timbre context block. Realtime has no continuation mode, instruction or
 language field and takes one reference: a request that sets `ref_text`, `instructions`,
 `language` or several references is refused with an `AdapterError` (HTTP 400) that says so,
-rather than silently ignored. Sampling defaults: upstream's (models.md §5.4).
+rather than silently ignored. Sampling defaults: upstream's (docs/models.md, "Realtime").
 """
 
 from __future__ import annotations
