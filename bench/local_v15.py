@@ -12,12 +12,12 @@ import time
 import numpy as np
 import torch
 
-from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
+from speech.sampling import SamplingParams
 from stages.models.local_v15.config import full_size_config, tiny_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.model import GreedyFrameSampler
 from stages.models.local_v15.runner import LocalV15Runner
-from speech.sampling import SamplingParams
+from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 
 
 def main() -> None:

@@ -19,10 +19,10 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from speech.sampling import SamplingParams
 from stages.models.local_v15.config import full_size_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
-from speech.sampling import SamplingParams
 
 
 def _median_ms(fn, iters: int) -> float:

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from stages.runtime.sampling import K_CAP, RowSampling, SamplingSlots, sample_tokens
 from speech.sampling import SamplingParams
+from stages.runtime.sampling import K_CAP, RowSampling, SamplingSlots, sample_tokens
 
 # ---------------------------------------------------------------- the legacy sampler, verbatim
 

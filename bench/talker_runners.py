@@ -17,17 +17,15 @@ import time
 
 import torch
 
+from speech.sampling import SamplingParams
 from stages.models.delay.config import DelayConfig, full_size_config, tiny_config
 from stages.models.delay.model import DelayModel
 from stages.models.delay.processor import DelayProcessor
 from stages.models.delay.runner import DelayRunner
-from stages.models.realtime.config import RealtimeConfig
-from stages.models.realtime.config import full_size_config as realtime_full
-from stages.models.realtime.config import tiny_config as realtime_tiny
+from stages.models.realtime.config import RealtimeConfig, full_size_config as realtime_full, tiny_config as realtime_tiny
 from stages.models.realtime.model import RealtimeModel
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from speech.sampling import SamplingParams
 from stages.runtime.tokenizer import TextTokenizer
 
 SENTENCE = "Hello world, this is a tiny golden test. " * 3

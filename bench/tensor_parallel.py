@@ -18,15 +18,15 @@ import json
 
 import torch
 
-from stages.runtime.attention.backends import make_attention
-from stages.runtime.checkpoint import read_config
 from bench.talker_runners import SENTENCE, run_batch
 from stages.models.delay.config import DelayConfig
 from stages.models.delay.processor import DelayProcessor
 from stages.models.delay.runner import DelayRunner
+from stages.models.delay.tp_runner import start_delay_tp
+from stages.runtime.attention.backends import make_attention
+from stages.runtime.checkpoint import read_config
 from stages.runtime.tokenizer import TextTokenizer
 from stages.workers.tp_ranks import tp_devices
-from stages.models.delay.tp_runner import start_delay_tp
 
 
 def make_runner(model_dir: str, tp: int, device: str, dtype: torch.dtype, max_running: int, blocks: int,

@@ -29,8 +29,8 @@ from engine.counters import CounterBlock
 from engine.outbox import Outbox
 from ipc.channel import Channel, ChannelSpec
 from ipc.errors import EndOfStream, PeerGone, RingClosed
-from ipc.peer import Peer
 from ipc.messages import Abort, EncodeRequest, EncodeResult, Failed, PcmChunk, Rejected, Submit
+from ipc.peer import Peer
 from profiles import Profile
 from speech.job import SpeechJob
 from stages.variant import Variant

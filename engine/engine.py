@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from engine.client import AudioChunk, EngineClient
-from speech.job import SpeechJob
 from engine.launcher import EngineHandle, launch
 from profiles import Profile, load_profile
+from speech.job import SpeechJob
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from profiles import Profile
-from stages.models.codec.audio_prep import prepare_reference, read_audio
-from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from speech.job import SpeechJob
+from stages.models.codec.audio_prep import prepare_reference, read_audio
 from stages.registry import load_variant
+from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.workers.placement import resolve_device
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ A family fills in:
   the resolved sampling, and the codes the codec decodes first (priming), all together, so
   neither the engine nor the talker worker knows any model's prompt layout;
 - `make_talker_runner(device)`: the talker runner (loads the weights; worker processes only);
+- `processor_class`: its prompt processor (`stages.runtime.prompt.PromptProcessor`);
 - and where it needs to: `sampling_defaults`, `warm_up_job()`, `check(...)`, `checkpoints()`.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -28,6 +30,7 @@ from speech.job import SpeechJob
 from speech.sampling import SamplingParams
 from stages.models.codec.serving import CodecShape, make_codec_runner
 from stages.runtime.checkpoint import read_config
+from stages.runtime.prompt import PromptProcessor
 from stages.runtime.request_sampling import SamplingResolver
 from stages.runtime.talker_runner import TalkerRunner
 
@@ -111,6 +114,7 @@ class Variant:
     description: ClassVar[str] = ""               # the released models, for error messages
     tensor_parallel: ClassVar[bool] = False       # whether `talker.tensor_parallel` > 1 is served
     named_variants: ClassVar[tuple[str, ...]] = ()  # what the profile's `model.variant` may name
+    processor_class: ClassVar[type[PromptProcessor]]  # the family's prompt processor
 
     name: str                                     # the served model's name
     sampling_defaults: SamplingParams = SamplingParams()
@@ -145,6 +149,11 @@ class Variant:
     def codebooks(self) -> int:
         """Codebooks per frame (`n_vq`) as the checkpoint's config states them."""
         return int(self.config["n_vq"])
+
+    @cached_property
+    def processor(self) -> PromptProcessor:
+        """The prompt processor (tokenizer and typed config), read on first use."""
+        return self.processor_class.from_dir(self.model_dir)
 
     # ---- the request adapter (API process) ----------------------------------------------------
 

@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import msgspec
 
-    from profiles.arguments import profile_from_args
     from api.server import serve
+    from profiles.arguments import profile_from_args
 
     default = "default" if args.model_dir else "cpu"
     profile = profile_from_args(args, default=default)

@@ -108,8 +108,8 @@ def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
 
     import soundfile as sf
 
-    from speech.job import SpeechJob
     from engine.engine import Engine
+    from speech.job import SpeechJob
     from stages.models.codec.audio_prep import prepare_reference, read_audio
 
     clips = []

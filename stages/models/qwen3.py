@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -245,3 +246,48 @@ class Qwen3Model(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, attend) * keep
         return self.norm(x) * keep
+
+
+
+class BackboneTalker(nn.Module):
+    """A talker whose 2-D rows `[..., 1 + n_vq]` are embedded by the family (`embed`) and run
+    through a Qwen3 backbone (`language_model`): the Delay and Realtime networks."""
+
+    language_model: Qwen3Model
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [..., 1 + n_vq] -> input embeddings [..., H]."""
+        raise NotImplementedError
+
+    def forward(self, ids: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache,
+                backend: AttentionBackend | None = None) -> torch.Tensor:
+        """Serving path: packed new rows ids [N, 1 + n_vq] -> final-norm hidden [N, H]."""
+        return self.language_model(self.embed(ids), meta, cache, backend)
+
+    def forward_dense(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher forcing without a cache: ids [B, S, 1 + n_vq] -> hidden [B, S, H]."""
+        return self.language_model.forward_dense(self.embed(ids), attention_mask)
+
+def hf_language_config(
+    *, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
+    pad_token_id: int, max_positions: int = 40960, tie_word_embeddings: bool = False,
+) -> dict[str, Any]:
+    """A Qwen3 `language_config` dict in the layout upstream's config classes write (random-weight
+    checkpoints of every family)."""
+    return {
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": ffn,
+        "vocab_size": vocab,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "max_position_embeddings": max_positions,
+        "attention_bias": False,
+        "tie_word_embeddings": tie_word_embeddings,
+        "pad_token_id": pad_token_id,
+    }

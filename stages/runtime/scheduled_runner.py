@@ -20,12 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from speech.sampling import SamplingParams
 from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.backbone_graphs import BackboneGraphs
 from stages.runtime.graph_capture import GRAPH_PATHS
 from stages.runtime.kv_cache import BackboneShape, PagedKVCache
 from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
+from stages.runtime.talker_runner import FrameEvent
 
 
 class ScheduledRunner:
@@ -102,6 +104,40 @@ class ScheduledRunner:
 
     def close(self) -> None:
         """Nothing to release besides memory (a tensor-parallel runner stops its ranks here)."""
+
+    def _checked_prompt(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> np.ndarray:
+        """`prompt` as int64 `[S >= 1, 1 + n_vq]`; ValueError naming the request when its shape or
+        its frame budget is wrong. (`n_vq`: the subclass's codebooks per frame.)"""
+        prompt = np.asarray(prompt, dtype=np.int64)
+        if prompt.ndim != 2 or prompt.shape[1] != 1 + self.n_vq or len(prompt) == 0:
+            raise ValueError(f"request {rid}: prompt shape {prompt.shape}, expected [S >= 1, {1 + self.n_vq}]")
+        if params.max_new_frames < 1:
+            raise ValueError(f"request {rid}: max_new_frames {params.max_new_frames} < 1")
+        return prompt
+
+    # ---- a step of the runners that sample outside graphs ----------------------------------------
+
+    def step(self) -> list[FrameEvent]:
+        """One scheduler step: the scheduled rows through the backbone (`forward_scheduled`), then
+        the subclass samples the requests whose rows are all in (`_sample`: one row of tokens each,
+        one host copy for all) and advances each (`_advance`: its event, if any)."""
+        if not self._requests:
+            return []
+        done, hidden = self.forward_scheduled(self.scheduler.schedule())  # hidden [B, H]
+        if not done:
+            return []
+        ready = [self._requests[r.rid] for r in done]
+        with torch.inference_mode():
+            rows = self._sample(ready, hidden).cpu().numpy()  # [B, W], the one host copy
+        return [event for req, row in zip(ready, rows) if (event := self._advance(req, row)) is not None]
+
+    def _sample(self, ready: list[Any], hidden: torch.Tensor) -> torch.Tensor:
+        """The tokens of each ready request's next row `[B, W]` from its hidden state `[B, H]`."""
+        raise NotImplementedError
+
+    def _advance(self, req: Any, row: np.ndarray) -> FrameEvent | None:
+        """Take a request's sampled row; the event it makes (a frame, the end), if any."""
+        raise NotImplementedError
 
     def rows(self, rid: int) -> np.ndarray:
         """All backbone rows of a running request so far (prompt, then one per generated step)."""

@@ -28,8 +28,8 @@ from ipc.errors import ChannelTimeout, EndOfStream, PeerGone, RingClosed
 from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, EncodeDone,
                           EncodeRequest, EncodeResult, PcmChunk, Ready, Shutdown, Slots,
                           StageError)
-from stages.runtime.coalescer import Coalescer
 from stages.models.codec.serving import chunk_lengths
+from stages.runtime.coalescer import Coalescer
 from stages.workers.common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from bench.client import ClientConfig, ForcedLength, run_pass, server_info
 from bench.dataset import (DatasetError, SyntheticEn1088, digest, load_dataset, read_seed_tts,
                                select_prompts)
 from bench.report import simulate_player, summarize
-from cli.main import main
 from cli.commands.bench_serve import _concurrencies
+from cli.main import main
 from tests.api.helpers import tone_wav
 from tests.api.server_process import ServerProcess, stub_speech_server
 

@@ -15,8 +15,8 @@ from bench.client import (ClientConfig, ForcedLength, _run_pass, auto_client_pro
                               server_info)
 from bench.dataset import Prompt, read_seed_tts
 from bench.report import format_table, summarize
-from cli.main import main
 from cli.commands.bench_serve import _client_procs
+from cli.main import main
 from tests.api.helpers import tone_wav
 from tests.api.server_process import stub_speech_server
 

@@ -14,9 +14,9 @@ from ipc.messages import (Abort, ChunkDone, ClientInbox, CodecInbox, CodeChunk, 
                           PcmChunk, StageError)
 from ipc.shm import new_instance_id
 from profiles import load_profile
+from stages.registry import load_variant
 from stages.runtime.coalescer import Coalescer
 from stages.workers.codec import CodecLoop
-from stages.registry import load_variant
 
 
 class Rig:

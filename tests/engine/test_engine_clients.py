@@ -14,10 +14,10 @@ import pytest
 import pytest_asyncio
 
 from engine.client import EngineClient, EngineFailed
-from speech.job import SpeechJob
 from engine.launcher import launch
 from ipc.shm import list_segments
 from profiles import load_profile
+from speech.job import SpeechJob
 from tests.engine.conftest import collect, joined, settle
 
 

@@ -12,11 +12,11 @@ import psutil
 import pytest
 
 from engine.client import EngineFailed
-from speech.job import SpeechJob
 from engine.coordinator import StageNotReady
 from engine.launcher import launch
 from ipc.shm import list_segments
 from profiles import load_profile
+from speech.job import SpeechJob
 from tests.engine.conftest import collect, settle
 
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from speech.job import SpeechJob
 from engine.launcher import launch
 from profiles import load_profile
-from stages.tools.make_checkpoint import make_checkpoint
+from speech.job import SpeechJob
 from stages.runtime.tensor_parallel import MULTICAST_OFF
+from stages.tools.make_checkpoint import make_checkpoint
 from tests.engine.conftest import collect, joined
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

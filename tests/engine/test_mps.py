@@ -37,9 +37,9 @@ def test_private_daemon_starts_and_stops() -> None:
 @pytest.mark.gpu
 @needs_mps
 async def test_engine_on_cuda_with_mps(demo_model_dir) -> None:
-    from speech.job import SpeechJob
     from engine.launcher import launch
     from profiles import load_profile
+    from speech.job import SpeechJob
     from tests.engine.conftest import collect
 
     handle = await launch(load_profile("cpu", ["model.device=cuda", "engine.mps=true"]),

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from engine.client import EngineFailed
-from speech.job import SpeechJob
 from engine.launcher import launch
 from engine.replicas import Replica, ReplicaSet
 from ipc.shm import list_segments
 from profiles import ProfileError, load_profile
+from speech.job import SpeechJob
 from stages.workers.placement import PlacementError, replica_devices, worker_environment
 from tests.engine.conftest import collect, joined, settle
 from tests.engine.test_engine_faults import gone, wait_for

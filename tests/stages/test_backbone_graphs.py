@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
+from speech.sampling import SamplingParams
 from stages.models.delay.runner import DelayRunner
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from speech.sampling import SamplingParams
+from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from tests.stages.runner_drive import drive
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "golden"

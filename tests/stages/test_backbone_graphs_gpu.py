@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.attention.backends import PaddedBatchAttention
-from stages.runtime.checkpoint import read_config
+from speech.sampling import SamplingParams
 from stages.models.delay.config import DelayConfig
 from stages.models.delay.processor import DelayProcessor
 from stages.models.delay.runner import DelayRunner
-from stages.tools.make_checkpoint import make_checkpoint
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from speech.sampling import SamplingParams
+from stages.runtime.attention.backends import PaddedBatchAttention
+from stages.runtime.checkpoint import read_config
 from stages.runtime.tokenizer import TextTokenizer
+from stages.tools.make_checkpoint import make_checkpoint
 from tests.stages.runner_drive import drive
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from stages.models.codec.streaming import StreamingDecoder
 from stages.models.codec.runner import CodecRunner, SlotsExhausted
+from stages.models.codec.streaming import StreamingDecoder
 from tests.conftest import GOLDEN_ROOT, golden_codec
 
 GOLDEN = GOLDEN_ROOT

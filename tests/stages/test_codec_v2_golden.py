@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.models.codec import CodecConfig, build_codec, count_parameters, full_size_v2_config, load_codec, tiny_v2_config
 from stages.models.codec.loader import CODEC_RENAMES
+from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
 from tests.conftest import GOLDEN_ROOT, golden_error
 
 GOLDEN = GOLDEN_ROOT / "moss_audio_tokenizer_v2"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from stages.models.delay.runner import DelayRunner
 from speech.sampling import SamplingParams
+from stages.models.delay.runner import DelayRunner
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
 pytestmark = [

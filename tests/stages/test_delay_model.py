@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.models.delay.config import DelayConfig, full_size_config, tiny_config
 from stages.models.delay.model import DelayModel
+from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
 from tests.conftest import GOLDEN_ROOT, golden_case
 
 GOLDEN = GOLDEN_ROOT / "moss_tts_delay"

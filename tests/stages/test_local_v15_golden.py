@@ -98,10 +98,10 @@ def test_full_size_parameter_count():
 
 
 def test_tiny_config_builds_and_generates():
+    from speech.sampling import SamplingParams
     from stages.models.local_v15.config import tiny_config
     from stages.models.local_v15.loader import build_talker_module
     from stages.models.local_v15.runner import LocalV15Runner
-    from speech.sampling import SamplingParams
 
     torch.manual_seed(0)
     model = build_talker_module(tiny_config())

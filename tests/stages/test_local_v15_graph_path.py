@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from speech.sampling import SamplingParams
 from stages.models.local_v15.config import tiny_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
-from speech.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

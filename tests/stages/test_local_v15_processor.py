@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from stages.models.local_v15.processor import LocalV15Processor, PromptIds
+from stages.models.local_v15.config import LocalV15Config
+from stages.models.local_v15.processor import LocalV15Processor
 from tests.conftest import GOLDEN_ROOT, golden_case
 
 GOLDEN = GOLDEN_ROOT / "moss_tts_local_v1_5"
@@ -46,7 +47,7 @@ def test_voice_clone_case(processor, cases):
     prompt = processor.build_prompt(msg["text"], reference=[ref], language=msg["language"])
     check_against_golden(processor, prompt, "voice_clone")
     # the reference rows sit on the user slot id, wrapped by audio_start/audio_end, with no label
-    ids = processor.ids
+    ids = processor.config
     start = int(np.flatnonzero(prompt[:, 0] == ids.user_slot)[0])
     assert prompt[start - 1, 0] == ids.audio_start and prompt[start + ref.shape[0], 0] == ids.audio_end
     np.testing.assert_array_equal(prompt[start:start + ref.shape[0], 1:], ref)
@@ -60,8 +61,8 @@ def test_continuation_case(processor, cases):
         TARGET, prompt_codes=codes, prompt_text="Reference words come first. ", language=user["language"]
     )
     check_against_golden(processor, prompt, "continuation")
-    ids = processor.ids
-    assert (prompt[-codes.shape[0]:, 0] == ids.assistant_slot).all()
+    ids = processor.config
+    assert (prompt[-codes.shape[0]:, 0] == ids.gen_slot).all()
     assert ids.audio_end not in prompt[:, 0]
 
 
@@ -82,13 +83,13 @@ def test_fields_tokens_instruction_and_pause_pass_through(processor):
     assert "- Instruction:\ncalm voice\n" in decoded  # stripped as upstream
     assert "- Language:\nFrench\n" in decoded
     assert "- Text:\nFirst part [pause 1.2s] second part.\n</user_inst>" in decoded
-    assert (prompt[:, 1:] == processor.ids.audio_pad_code).all()
+    assert (prompt[:, 1:] == processor.config.audio_pad_code).all()
 
 
 def test_special_ids_come_from_config():
     config = json.loads((GOLDEN / "config.json").read_text())
     shifted = dict(config, audio_start_token_id=config["audio_end_token_id"])
-    ids = PromptIds.from_config(shifted)
+    ids = LocalV15Config.from_dict(shifted)
     processor = LocalV15Processor(LocalV15Processor.from_dir(GOLDEN).tokenizer, ids)
     prompt = processor.build_prompt("x")
     assert prompt[-1, 0] == config["audio_end_token_id"]
@@ -110,7 +111,7 @@ def test_left_padding_of_a_batch(processor):
     ids, mask = processor.pad_batch([short, long])
     pad = long.shape[0] - short.shape[0]
     assert pad > 0 and ids.shape == (2, long.shape[0], 13)
-    assert (ids[0, :pad, 0] == processor.ids.pad_token_id).all() and not mask[0, :pad].any()
-    assert (ids[0, :pad, 1:] == processor.ids.audio_pad_code).all()
+    assert (ids[0, :pad, 0] == processor.config.pad_token_id).all() and not mask[0, :pad].any()
+    assert (ids[0, :pad, 1:] == processor.config.audio_pad_code).all()
     np.testing.assert_array_equal(ids[0, pad:], short)
     assert mask[1].all()

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
+from speech.sampling import SamplingParams
 from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.runner import LocalV15Runner
-from speech.sampling import SamplingParams
+from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from tests.conftest import golden_dir
 
 CASES = ("plain", "voice_clone", "continuation")

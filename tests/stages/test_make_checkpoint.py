@@ -11,12 +11,13 @@ import torch
 from safetensors import safe_open
 
 from cli.main import main as cli_main
-from stages.tools import demo_model
-from stages.runtime.checkpoint import INDEX_FILE, read_state_dict
 from stages.models.codec.loader import load_codec
-from stages.tools.demo_model import demo_key, ensure_demo_model
 from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.processor import LocalV15Processor
+from stages.runtime.checkpoint import INDEX_FILE, read_state_dict
+from stages.runtime.tokenizer import TextTokenizer
+from stages.tools import demo_model
+from stages.tools.demo_model import demo_key, ensure_demo_model
 from stages.tools.make_checkpoint import (
     CODEC_DIR,
     DEFAULT_SHARD_BYTES,
@@ -28,7 +29,6 @@ from stages.tools.make_checkpoint import (
     write_talker,
 )
 from stages.tools.random_weights import TensorSpec, module_specs, plan_shards, random_tensor, tensor_seed
-from stages.runtime.tokenizer import TextTokenizer
 from stages.tools.tokenizer_builder import build_tokenizer, write_tokenizer_files
 
 GOLDEN_V15 = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"

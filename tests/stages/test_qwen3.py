@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from stages.models.qwen3 import Qwen3Config, Qwen3Model
 from stages.runtime.attention.metadata import build_attention_metadata
 from stages.runtime.kv_cache import PagedKVCache
-from stages.models.qwen3 import Qwen3Config, Qwen3Model
 
 CFG = Qwen3Config(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   intermediate_size=128, vocab_size=97, rope_theta=1e4)

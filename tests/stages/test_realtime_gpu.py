@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from speech.sampling import SamplingParams
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from speech.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
 pytestmark = [

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
 from stages.models.realtime.config import RealtimeConfig, full_size_config, tiny_config
 from stages.models.realtime.model import UNUSED_CHECKPOINT_TENSORS, RealtimeModel
+from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
 from tests.conftest import GOLDEN_ROOT, golden_case
 
 GOLDEN = GOLDEN_ROOT / "moss_tts_realtime"

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from speech.sampling import SamplingParams
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
-from speech.sampling import SamplingParams
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
 if not GOLDEN.is_dir():

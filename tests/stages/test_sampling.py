@@ -5,9 +5,9 @@ import math
 import msgspec
 import torch
 
-from stages.runtime.sampling import RowSampling, SamplingSlots, exponential_noise, sample_tokens
-from speech.sampling import SamplingParams
 from bench.sampling import top_k_filter, top_p_filter
+from speech.sampling import SamplingParams
+from stages.runtime.sampling import RowSampling, SamplingSlots, exponential_noise, sample_tokens
 
 
 def upstream_filtered_scores(logits, temperature, top_k, top_p, previous, penalty):

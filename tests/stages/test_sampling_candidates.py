@@ -3,8 +3,8 @@ draw the legacy sampler's tokens, and the cheaper noise hash is the legacy one, 
 
 import torch
 
-from stages.runtime.sampling import K_CAP, RowSampling, _mix32, exponential_noise, noise_key, sample_tokens
 from bench.sampling import legacy_noise, legacy_sample_tokens
+from stages.runtime.sampling import K_CAP, RowSampling, _mix32, exponential_noise, noise_key, sample_tokens
 
 V = 1024
 

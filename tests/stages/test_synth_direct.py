@@ -9,8 +9,8 @@ import soundfile as sf
 
 from cli.main import main as cli_main
 from profiles import load_profile
-from stages.tools.demo_model import ensure_demo_model
 from stages.synth_direct import DirectSynthesizer, synthesize
+from stages.tools.demo_model import ensure_demo_model
 
 SAMPLES_PER_FRAME = 3840  # v2 codec, per channel, 80 ms at 48 kHz
 

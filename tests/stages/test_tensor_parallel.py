@@ -20,20 +20,19 @@ import torch
 from torch.utils._pytree import tree_map
 
 from profiles import load_profile
-from stages.runtime.attention.metadata import build_attention_metadata
+from speech.sampling import SamplingParams
 from stages.models.delay.model import DelayModel
 from stages.models.delay.runner import DelayRunner
-from stages.models.delay.tp_runner import from_step_wire, step_wire
-from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
-from stages.tools.make_checkpoint import make_checkpoint
+from stages.models.delay.tp_runner import LaunchedTPDelayRunner, from_step_wire, start_delay_tp, step_wire
 from stages.models.qwen3 import Qwen3Config
 from stages.registry import load_variant
-from stages.variant import UnknownModel
-from speech.sampling import SamplingParams
+from stages.runtime.attention.metadata import build_attention_metadata
+from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
 from stages.runtime.tensor_parallel import (MULTICAST_OFF, ColumnParallelLinear, RowParallelLinear, TPGroup, destroy_tp,
                                     free_port, init_tp)
+from stages.tools.make_checkpoint import make_checkpoint
+from stages.variant import UnknownModel
 from stages.workers.tp_ranks import tp_devices
-from stages.models.delay.tp_runner import LaunchedTPDelayRunner, start_delay_tp
 from tests.conftest import golden_dir, speech_job
 
 ATOL = 1e-5
@@ -269,8 +268,8 @@ def test_tensor_parallel_is_refused_for_other_families(tmp_path):
 
 ORPHAN_SCRIPT = textwrap.dedent("""
     import os, sys
-    from stages.workers.tp_ranks import tp_devices
     from stages.models.delay.tp_runner import LaunchedTPDelayRunner, start_delay_tp
+    from stages.workers.tp_ranks import tp_devices
     runner = start_delay_tp(sys.argv[1], devices=["cpu", "cpu"], num_kv_blocks=8, max_running=1, torch_threads=1)
     print(runner.ranks.processes[0].pid, flush=True)
     os._exit(0)  # rank 0 dies without closing

@@ -22,8 +22,8 @@ from stages.models.delay.variant import split_transcripts
 from stages.registry import load_variant
 from stages.tools.make_checkpoint import make_checkpoint
 from stages.variant import AdapterError, UnknownModel
-from stages.workers.talker import TalkerLoop
 from stages.workers.common import payload_array, schedule_from
+from stages.workers.talker import TalkerLoop
 from tests.conftest import speech_job
 
 VARIANTS = ("delay", "ttsd", "sound-effect", "voice-generator", "realtime")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
 from stages.models.codec.config import CodecConfig
 from stages.models.codec.model import CodecModel
+from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
 
 CODEC_RENAMES = (
     (r"\.ffn\.0\.weight$", ".linear1.weight"),

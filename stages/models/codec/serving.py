@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from profiles import Profile
-from stages.runtime.checkpoint import read_config
 from stages.models.codec.config import CodecConfig
+from stages.runtime.checkpoint import read_config
 
 CODEC_SUBDIR = "audio_tokenizer"
 

@@ -11,49 +11,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Special ids of the real Qwen3-based checkpoints (docs/models.md, "Special ids").
-REAL_SPECIAL_IDS = {
-    "pad_token_id": 151643,
-    "im_start_token_id": 151644,
-    "im_end_token_id": 151645,
-    "audio_start_token_id": 151652,
-    "audio_end_token_id": 151653,
-    "audio_user_slot_token_id": 151654,
-    "audio_assistant_gen_slot_token_id": 151656,
-    "audio_assistant_delay_slot_token_id": 151662,
-}
+from stages.models.chat_ids import QWEN3_CHAT_IDS, TINY_CHAT_IDS, ChatIds, read_chat_ids
+from stages.models.qwen3 import hf_language_config
 
-# Special ids of the golden tiny tokenizer (docs/models.md, "Golden fixtures"): tiny checkpoints pair with it.
-TINY_SPECIAL_IDS = {
-    "pad_token_id": 605,
-    "im_start_token_id": 606,
-    "im_end_token_id": 607,
-    "audio_start_token_id": 608,
-    "audio_end_token_id": 609,
-    "audio_user_slot_token_id": 610,
-    "audio_assistant_gen_slot_token_id": 611,
-    "audio_assistant_delay_slot_token_id": 612,
-}
+# Special ids of the real checkpoints and of the golden tiny tokenizer (docs/models.md, "Special ids").
+REAL_SPECIAL_IDS = {**QWEN3_CHAT_IDS, "audio_start_token_id": 151652, "audio_end_token_id": 151653,
+                    "audio_assistant_delay_slot_token_id": 151662}
+TINY_SPECIAL_IDS = {**TINY_CHAT_IDS, "audio_assistant_delay_slot_token_id": 612}
 
 # The Delay variants: n_vq per released checkpoint (docs/models.md, "Served models").
 VARIANT_N_VQ = {"moss-tts": 32, "ttsd": 16, "sound-effect": 16, "voice-generator": 16}
 
 
 @dataclass(frozen=True)
-class DelayConfig:
+class DelayConfig(ChatIds):
     """Typed `config.json` of a Delay checkpoint. `language` is the Qwen3 backbone's dict."""
 
     language: dict[str, Any]
     n_vq: int
     audio_vocab_size: int
     audio_pad_code: int
-    pad_token_id: int
-    im_start: int
-    im_end: int
-    audio_start: int
-    audio_end: int
-    user_slot: int
-    gen_slot: int
     delay_slot: int
     sampling_rate: int = 24000
 
@@ -82,42 +59,11 @@ class DelayConfig:
             n_vq=int(config.get("n_vq", 32)),
             audio_vocab_size=audio_vocab,
             audio_pad_code=int(config.get("audio_pad_code", audio_vocab)),
-            pad_token_id=int(config.get("pad_token_id", REAL_SPECIAL_IDS["pad_token_id"])),
-            im_start=int(config.get("im_start_token_id", REAL_SPECIAL_IDS["im_start_token_id"])),
-            im_end=int(config.get("im_end_token_id", REAL_SPECIAL_IDS["im_end_token_id"])),
-            audio_start=int(config.get("audio_start_token_id", REAL_SPECIAL_IDS["audio_start_token_id"])),
-            audio_end=int(config.get("audio_end_token_id", REAL_SPECIAL_IDS["audio_end_token_id"])),
-            user_slot=int(config.get("audio_user_slot_token_id", REAL_SPECIAL_IDS["audio_user_slot_token_id"])),
-            gen_slot=int(config.get("audio_assistant_gen_slot_token_id",
-                                    REAL_SPECIAL_IDS["audio_assistant_gen_slot_token_id"])),
+            **read_chat_ids(config, REAL_SPECIAL_IDS),
             delay_slot=int(config.get("audio_assistant_delay_slot_token_id",
                                       REAL_SPECIAL_IDS["audio_assistant_delay_slot_token_id"])),
             sampling_rate=int(config.get("sampling_rate", 24000)),
         )
-
-
-def qwen3_language_config(
-    *, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
-    pad_token_id: int, max_positions: int = 40960,
-) -> dict[str, Any]:
-    """A Qwen3 `language_config` dict in the layout upstream's config classes write."""
-    return {
-        "model_type": "qwen3",
-        "hidden_size": hidden,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": ffn,
-        "vocab_size": vocab,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
-        "max_position_embeddings": max_positions,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "pad_token_id": pad_token_id,
-    }
 
 
 def _delay_config(language: dict[str, Any], n_vq: int, audio_vocab: int, ids: dict[str, int]) -> dict[str, Any]:
@@ -141,8 +87,8 @@ def tiny_config(n_vq: int = 4) -> dict[str, Any]:
 
     The audio vocabulary stays at the real 1024 so the v1 codec (1024 codes) can decode it.
     """
-    language = qwen3_language_config(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=128,
-                                     vocab=615, pad_token_id=TINY_SPECIAL_IDS["pad_token_id"], max_positions=4096)
+    language = hf_language_config(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=128,
+                                  vocab=615, pad_token_id=TINY_SPECIAL_IDS["pad_token_id"], max_positions=4096)
     return _delay_config(language, n_vq, 1024, TINY_SPECIAL_IDS)
 
 
@@ -154,9 +100,9 @@ def full_size_config(variant: str = "moss-tts") -> dict[str, Any]:
         raise ValueError(f"unknown Delay variant {variant!r}; choose one of {sorted(VARIANT_N_VQ)}")
     pad = REAL_SPECIAL_IDS["pad_token_id"]
     if variant == "voice-generator":
-        language = qwen3_language_config(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144,
-                                         vocab=151936, pad_token_id=pad)
+        language = hf_language_config(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144,
+                                      vocab=151936, pad_token_id=pad)
     else:
-        language = qwen3_language_config(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
-                                         vocab=155648, pad_token_id=pad)
+        language = hf_language_config(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+                                      vocab=155648, pad_token_id=pad)
     return _delay_config(language, VARIANT_N_VQ[variant], 1024, REAL_SPECIAL_IDS)

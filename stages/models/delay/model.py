@@ -18,11 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
-from stages.runtime.checkpoint import load_weights, read_config, read_state_dict, safetensors_files
 from stages.models.delay.config import DelayConfig
-from stages.runtime.kv_cache import PagedKVCache
-from stages.models.qwen3 import Qwen3Config, Qwen3Model
+from stages.models.qwen3 import BackboneTalker, Qwen3Config, Qwen3Model
+from stages.runtime.checkpoint import load_weights, read_config, read_state_dict, safetensors_files
 from stages.runtime.tensor_parallel import TPGroup, read_shards
 
 # Fused SGLang checkpoints call the backbone `model.` and carry the codec under `codec_model.`.
@@ -30,7 +28,7 @@ CHECKPOINT_RENAMES = ((r"^model\.", "language_model."),)
 CHECKPOINT_IGNORED = (r"codec_model\..*",)
 
 
-class DelayModel(nn.Module):
+class DelayModel(BackboneTalker):
     def __init__(self, config: DelayConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = config
@@ -100,14 +98,3 @@ class DelayModel(nn.Module):
             logits = torch.einsum("...h,krh->...kr", hidden, self._audio_heads)
         logits[..., self.config.audio_pad_code] = float("-inf")
         return logits
-
-    # ---- forward -------------------------------------------------------------------------------
-
-    def forward(self, ids: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache,
-                backend: AttentionBackend | None = None) -> torch.Tensor:
-        """Serving path: packed new rows ids [N, 1 + n_vq] -> final-norm hidden [N, H]."""
-        return self.language_model(self.embed(ids), meta, cache, backend)
-
-    def forward_dense(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Teacher forcing without a cache: ids [B, S, 1 + n_vq] -> hidden [B, S, H]."""
-        return self.language_model.forward_dense(self.embed(ids), attention_mask)

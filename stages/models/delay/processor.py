@@ -18,15 +18,13 @@ inside audio and the model completes the missing higher codebooks of the last fr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-from stages.runtime.checkpoint import read_config
 from stages.models.delay.config import DelayConfig
 from stages.models.delay.delay_pattern import apply_delay_pattern
 from stages.models.delay.normalize import normalize_tts_text
-from stages.runtime.tokenizer import TextTokenizer
+from stages.runtime.prompt import PromptProcessor, text_rows
 
 FIELD_ORDER = ("instruction", "tokens", "quality", "sound_event", "ambient_sound", "language")
 FIELD_TITLES = {
@@ -38,23 +36,16 @@ FIELD_TITLES = {
 Piece = str | int | np.ndarray
 
 
-class DelayProcessor:
+class DelayProcessor(PromptProcessor):
     """Builds Delay prompts (generation and continuation) from text, references and template fields."""
 
-    def __init__(self, tokenizer: TextTokenizer, config: DelayConfig) -> None:
-        self.tokenizer = tokenizer
-        self.config = config
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path) -> DelayProcessor:
-        return cls(TextTokenizer.from_dir(model_dir), DelayConfig.from_dict(read_config(model_dir)))
+    config_class = DelayConfig
+    config: DelayConfig
 
     # ---- rows ----------------------------------------------------------------------------------
 
     def _text_rows(self, ids: Sequence[int]) -> np.ndarray:
-        rows = np.full((len(ids), self.config.n_vq + 1), self.config.audio_pad_code, dtype=np.int64)  # [n, 1+n_vq]
-        rows[:, 0] = np.asarray(ids, dtype=np.int64)
-        return rows
+        return text_rows(ids, self.config.n_vq, self.config.audio_pad_code)
 
     def check_codes(self, codes: np.ndarray) -> np.ndarray:
         """Validate audio codes `[T, n_vq]` (T >= 1, values in the codebook) and return them as int64."""

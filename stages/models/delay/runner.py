@@ -31,16 +31,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from speech.sampling import SamplingParams
 from stages.models.delay.config import DelayConfig
 from stages.models.delay.delay_pattern import IncrementalDeDelayer
 from stages.models.delay.model import DelayModel
-from stages.runtime.row_scheduler import RowRequest
 from stages.models.delay.state import INSIDE_AUDIO, DelayState, TextRule
 from stages.runtime.graph_capture import resolve_graph_path
-from stages.runtime.talker_runner import FrameEvent
-from stages.runtime.scheduled_runner import ScheduledRunner
+from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.sampling import RowSampling, sample_tokens
-from speech.sampling import SamplingParams
+from stages.runtime.scheduled_runner import ScheduledRunner
+from stages.runtime.talker_runner import FrameEvent
 
 
 @dataclass(eq=False)
@@ -93,11 +93,7 @@ class DelayRunner(ScheduledRunner):
 
     def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
         cfg = self.config
-        prompt = np.asarray(prompt, dtype=np.int64)
-        if prompt.ndim != 2 or prompt.shape[1] != 1 + self.n_vq or len(prompt) == 0:
-            raise ValueError(f"request {rid}: prompt shape {prompt.shape}, expected [S >= 1, {1 + self.n_vq}]")
-        if params.max_new_frames < 1:
-            raise ValueError(f"request {rid}: max_new_frames {params.max_new_frames} < 1")
+        prompt = self._checked_prompt(rid, prompt, params)
         sched = self.scheduler.add(rid, prompt)
         text = prompt[:, 0].tolist()
         state = DelayState.for_prompt(text, cfg)
@@ -114,24 +110,13 @@ class DelayRunner(ScheduledRunner):
         self.seen[sched.slot, 0, codes[:, 0]] = True
         self.seen[sched.slot, 1, codes[:, 1:].flatten()] = True
 
-    # ---- one step ------------------------------------------------------------------------------
-
-    def step(self) -> list[FrameEvent]:
-        if not self._requests:
-            return []
-        done, hidden = self.forward_scheduled(self.scheduler.schedule())  # hidden [B, H]
-        if not done:
-            return []
-        ready = [self._requests[r.rid] for r in done]
-        with torch.inference_mode():
-            rows = self._sample_rows(ready, hidden).cpu().numpy()  # the one host copy
-        return [event for req, row in zip(ready, rows) if (event := self._advance(req, row)) is not None]
+    # ---- one step (`ScheduledRunner.step`) ------------------------------------------------------
 
     def _frame_limit(self, req: _Delay) -> int:
         forced = req.params.forced_frames
         return min(forced, req.params.max_new_frames) if forced is not None else req.params.max_new_frames
 
-    def _sample_rows(self, ready: list[_Delay], h: torch.Tensor) -> torch.Tensor:
+    def _sample(self, ready: list[_Delay], h: torch.Tensor) -> torch.Tensor:
         """h [B, H] -> new rows [B, 1 + n_vq] (device)."""
         cfg, dev, n_vq = self.config, self.device, self.n_vq
         rules, forced, lo, hi = [], [], [], []

@@ -26,12 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from stages.runtime.attention.backends import make_attention
-from stages.runtime.attention.backends import ReferenceAttention
-from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
 from stages.models.delay.model import DelayModel
-from stages.runtime.row_scheduler import ScheduledBatch, default_num_blocks, make_paged_cache
 from stages.models.delay.runner import DelayRunner
+from stages.runtime.attention.backends import ReferenceAttention, make_attention
+from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
+from stages.runtime.row_scheduler import ScheduledBatch, default_num_blocks, make_paged_cache
 from stages.runtime.tensor_parallel import TPGroup, destroy_tp
 from stages.workers.tp_ranks import FollowerRanks, TPSpec, new_spec, start_followers
 

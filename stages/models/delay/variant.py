@@ -23,7 +23,6 @@ import numpy as np
 
 from profiles import Profile
 from speech.job import SpeechJob
-from speech.sampling import SamplingParams
 from stages.models.delay.adapters import SAMPLING_DEFAULTS, DelayRequest, build_request, variant_for_config
 from stages.models.delay.processor import DelayProcessor
 from stages.runtime.talker_runner import TalkerRunner
@@ -84,7 +83,8 @@ class DelayVariant(Variant):
     description = "MOSS-TTS / TTSD / SoundEffect / VoiceGenerator"
     tensor_parallel = True
     named_variants = tuple(DISPLAY_NAMES)
-    _processor: DelayProcessor | None = None
+    processor_class = DelayProcessor
+    processor: DelayProcessor
 
     def __init__(self, model_dir: str | Path, profile: Profile, config: dict | None = None) -> None:
         super().__init__(model_dir, profile, config)
@@ -101,12 +101,6 @@ class DelayVariant(Variant):
 
     def codebooks(self) -> int:
         return int(self.config.get("n_vq", 32))
-
-    @property
-    def processor(self) -> DelayProcessor:
-        if self._processor is None:
-            self._processor = DelayProcessor.from_dir(self.model_dir)
-        return self._processor
 
     # ---- the request adapter -------------------------------------------------------------------
 

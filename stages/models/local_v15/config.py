@@ -12,31 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stages.models.qwen3 import Qwen3Config
+from stages.models.chat_ids import QWEN3_CHAT_IDS, TINY_CHAT_IDS, ChatIds, read_chat_ids
+from stages.models.qwen3 import Qwen3Config, hf_language_config
 
-# Special ids of the real checkpoint (docs/models.md, "Special ids" and "Local-v1.5").
-REAL_SPECIAL_IDS = {
-    "pad_token_id": 151643,
-    "im_start_token_id": 151644,
-    "im_end_token_id": 151645,
-    "audio_start_token_id": 151669,
-    "audio_end_token_id": 151670,
-    "audio_user_slot_token_id": 151654,
-    "audio_assistant_slot_token_id": 151656,
-    "audio_assistant_gen_slot_token_id": 151656,
-}
-
-# Special ids of the golden tiny tokenizer (vocab 615): tiny checkpoints pair with it.
-TINY_SPECIAL_IDS = {
-    "pad_token_id": 605,
-    "im_start_token_id": 606,
-    "im_end_token_id": 607,
-    "audio_start_token_id": 608,
-    "audio_end_token_id": 609,
-    "audio_user_slot_token_id": 610,
-    "audio_assistant_slot_token_id": 611,
-    "audio_assistant_gen_slot_token_id": 611,
-}
+# Special ids of the real checkpoint and of the golden tiny tokenizer (docs/models.md, "Special ids"):
+# v1.5 names the gen slot `audio_assistant_slot_token_id` too.
+REAL_SPECIAL_IDS = {**QWEN3_CHAT_IDS, "audio_start_token_id": 151669, "audio_end_token_id": 151670,
+                    "audio_assistant_slot_token_id": 151656}
+TINY_SPECIAL_IDS = {**TINY_CHAT_IDS, "audio_assistant_slot_token_id": 611}
 
 
 @dataclass(frozen=True)
@@ -56,21 +39,14 @@ class LocalBlockConfig:
 
 
 @dataclass(frozen=True)
-class LocalV15Config:
-    """Typed `config.json` of a v1.5 talker."""
+class LocalV15Config(ChatIds):
+    """Typed `config.json` of a v1.5 talker (`gen_slot`: `audio_assistant_slot_token_id`)."""
 
     backbone: Qwen3Config
     local: LocalBlockConfig
     n_vq: int
     codebook_size: int  # rows of every audio embedding / head
     audio_pad_code: int  # >= codebook_size: masked to a zero embedding
-    pad_token_id: int
-    im_start: int
-    im_end: int
-    audio_start: int
-    audio_end: int
-    user_slot: int
-    gen_slot: int  # audio_assistant_slot_token_id: text id of every generated frame row
     sampling_rate: int = 48000
 
     @property
@@ -103,35 +79,17 @@ class LocalV15Config:
             rope_base=float(gpt2.get("rope_base", 1_000_000.0)),
             layer_norm_eps=float(gpt2.get("layer_norm_epsilon", 1e-6)),
         )
-        ids = {**REAL_SPECIAL_IDS, **{k: v for k, v in config.items() if k in REAL_SPECIAL_IDS}}
-        slot = config.get("audio_assistant_slot_token_id", ids["audio_assistant_gen_slot_token_id"])
+        ids = read_chat_ids(config, REAL_SPECIAL_IDS)
+        ids["gen_slot"] = int(config.get("audio_assistant_slot_token_id", ids["gen_slot"]))
         return cls(
             backbone=backbone,
             local=local,
             n_vq=n_vq,
             codebook_size=int(sizes[0]),
             audio_pad_code=int(config.get("audio_pad_token_id", config.get("audio_pad_code", sizes[0]))),
-            pad_token_id=int(ids["pad_token_id"]),
-            im_start=int(ids["im_start_token_id"]),
-            im_end=int(ids["im_end_token_id"]),
-            audio_start=int(ids["audio_start_token_id"]),
-            audio_end=int(ids["audio_end_token_id"]),
-            user_slot=int(ids["audio_user_slot_token_id"]),
-            gen_slot=int(slot),
+            **ids,
             sampling_rate=int(config.get("sampling_rate", 48000)),
         )
-
-
-def _qwen3_dict(hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
-                pad: int, max_positions: int) -> dict[str, Any]:
-    return {
-        "model_type": "qwen3", "hidden_size": hidden, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-        "intermediate_size": ffn, "vocab_size": vocab, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
-        "max_position_embeddings": max_positions, "attention_bias": False, "tie_word_embeddings": True,
-        "pad_token_id": pad,
-    }
 
 
 def _config_dict(qwen: dict[str, Any], *, local_heads: int, local_inner: int, n_vq: int, codebook: int,
@@ -173,7 +131,9 @@ def tiny_config() -> dict[str, Any]:
     """CPU-test config: hidden 64, 2 layers, 4 heads / 2 KV heads, head_dim 16, local 4 heads,
     n_inner 128; pairs with the golden tiny tokenizer's ids (vocab 615). The codebook stays at the
     real 1024 so the v2 codec can decode what it generates."""
-    qwen = _qwen3_dict(64, 2, 4, 2, 16, 128, 615, TINY_SPECIAL_IDS["pad_token_id"], 4096)
+    qwen = hf_language_config(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=615,
+                              pad_token_id=TINY_SPECIAL_IDS["pad_token_id"], max_positions=4096,
+                              tie_word_embeddings=True)
     return _config_dict(qwen, local_heads=4, local_inner=128, n_vq=12, codebook=1024, ids=TINY_SPECIAL_IDS)
 
 
@@ -181,5 +141,6 @@ def full_size_config() -> dict[str, Any]:
     """The released shapes: Qwen3-4B backbone (2560, 36 layers, 32/8 heads, head_dim 128, FFN 9728,
     vocab 151936, tied) + one gpt2 block (32 heads of 80, n_inner 9728, RoPE base 1e6), n_vq 12,
     codebooks of 1024. About 4.13 B parameters."""
-    qwen = _qwen3_dict(2560, 36, 32, 8, 128, 9728, 151936, REAL_SPECIAL_IDS["pad_token_id"], 40960)
+    qwen = hf_language_config(hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=9728, vocab=151936,
+                              pad_token_id=REAL_SPECIAL_IDS["pad_token_id"], tie_word_embeddings=True)
     return _config_dict(qwen, local_heads=32, local_inner=9728, n_vq=12, codebook=1024, ids=REAL_SPECIAL_IDS)

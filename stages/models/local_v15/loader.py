@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
 from stages.models.local_v15.config import LocalV15Config
 from stages.models.local_v15.model import TIED_CHECKPOINT_NAMES, LocalV15Talker
+from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
 
 
 def build_talker_module(config: dict) -> LocalV15Talker:

@@ -18,14 +18,11 @@ different ids at the seams, so this module does the same. Special ids come from 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from stages.runtime.checkpoint import read_config
 from stages.models.local_v15.config import LocalV15Config
-from stages.runtime.tokenizer import TextTokenizer
+from stages.runtime.prompt import PromptProcessor, text_rows
 
 USER_ROLE_PREFIX = "user\n"
 REFERENCE_PREFIX = "<user_inst>\n- Reference(s):\n"
@@ -33,37 +30,6 @@ NO_REFERENCE = "None"
 USER_TEMPLATE_SUFFIX = "\n</user_inst>"
 ASSISTANT_TURN_PREFIX = "\n"
 ASSISTANT_ROLE_PREFIX = "assistant\n"
-
-
-@dataclass(frozen=True)
-class PromptIds:
-    """The special ids and sizes a v1.5 prompt needs, read from the talker's config.json."""
-
-    n_vq: int
-    audio_pad_code: int
-    pad_token_id: int
-    im_start: int
-    im_end: int
-    audio_start: int
-    audio_end: int
-    user_slot: int
-    assistant_slot: int
-
-    @classmethod
-    def from_config(cls, config: dict) -> PromptIds:
-        """The prompt's ids as the talker config reads them (one parser for both)."""
-        cfg = LocalV15Config.from_dict(config)
-        return cls(
-            n_vq=cfg.n_vq,
-            audio_pad_code=cfg.audio_pad_code,
-            pad_token_id=cfg.pad_token_id,
-            im_start=cfg.im_start,
-            im_end=cfg.im_end,
-            audio_start=cfg.audio_start,
-            audio_end=cfg.audio_end,
-            user_slot=cfg.user_slot,
-            assistant_slot=cfg.gen_slot,
-        )
 
 
 def _field(value: object) -> str:
@@ -95,48 +61,41 @@ def render_fields_after_reference(
     )
 
 
-class LocalV15Processor:
+class LocalV15Processor(PromptProcessor):
     """Builds v1.5 prompts from text, optional reference codes and the template fields."""
 
-    def __init__(self, tokenizer: TextTokenizer, ids: PromptIds) -> None:
-        self.tokenizer = tokenizer
-        self.ids = ids
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path) -> LocalV15Processor:
-        return cls(TextTokenizer.from_dir(model_dir), PromptIds.from_config(read_config(model_dir)))
+    config_class = LocalV15Config
+    config: LocalV15Config
 
     # ---- rows ----------------------------------------------------------------------------------
 
     def _text_rows(self, token_ids: Sequence[int]) -> np.ndarray:
-        rows = np.full((len(token_ids), self.ids.n_vq + 1), self.ids.audio_pad_code, dtype=np.int64)  # [n, 1+n_vq]
-        rows[:, 0] = np.asarray(token_ids, dtype=np.int64)
-        return rows
+        return text_rows(token_ids, self.config.n_vq, self.config.audio_pad_code)
 
     def _audio_rows(self, codes: np.ndarray, slot_id: int) -> np.ndarray:
         codes = self._check_codes(codes)  # [T, n_vq]
-        rows = np.empty((codes.shape[0], self.ids.n_vq + 1), dtype=np.int64)  # [T, 1+n_vq]
+        rows = np.empty((codes.shape[0], self.config.n_vq + 1), dtype=np.int64)  # [T, 1+n_vq]
         rows[:, 0] = slot_id
         rows[:, 1:] = codes
         return rows
 
     def _check_codes(self, codes: np.ndarray) -> np.ndarray:
         codes = np.asarray(codes)
-        if codes.ndim != 2 or codes.shape[1] != self.ids.n_vq:
-            raise ValueError(f"audio codes must have shape [T, {self.ids.n_vq}], got {tuple(codes.shape)}")
+        if codes.ndim != 2 or codes.shape[1] != self.config.n_vq:
+            raise ValueError(f"audio codes must have shape [T, {self.config.n_vq}], got {tuple(codes.shape)}")
         return codes.astype(np.int64, copy=False)
 
     # ---- id pieces -----------------------------------------------------------------------------
 
     def _user_prefix_ids(self) -> list[int]:
         enc = self.tokenizer.encode
-        return [self.ids.im_start] + enc(USER_ROLE_PREFIX) + enc(REFERENCE_PREFIX)
+        return [self.config.im_start] + enc(USER_ROLE_PREFIX) + enc(REFERENCE_PREFIX)
 
     def _assistant_prefix_ids(self) -> list[int]:
         enc = self.tokenizer.encode
         return (
-            enc(USER_TEMPLATE_SUFFIX) + [self.ids.im_end] + enc(ASSISTANT_TURN_PREFIX)
-            + [self.ids.im_start] + enc(ASSISTANT_ROLE_PREFIX) + [self.ids.audio_start]
+            enc(USER_TEMPLATE_SUFFIX) + [self.config.im_end] + enc(ASSISTANT_TURN_PREFIX)
+            + [self.config.im_start] + enc(ASSISTANT_ROLE_PREFIX) + [self.config.audio_start]
         )
 
     # ---- prompts -------------------------------------------------------------------------------
@@ -177,16 +136,16 @@ class LocalV15Processor:
             head = self._user_prefix_ids() + enc(NO_REFERENCE) + enc(fields) + enc(full_text)
             return np.concatenate([
                 self._text_rows(head + self._assistant_prefix_ids()),
-                self._audio_rows(prompt_codes, self.ids.assistant_slot),
+                self._audio_rows(prompt_codes, self.config.gen_slot),
             ])
         if len(reference) == 0:
             ids = self._user_prefix_ids() + enc(NO_REFERENCE) + enc(fields) + enc(target) + self._assistant_prefix_ids()
             return self._text_rows(ids)
         parts = [self._text_rows(self._user_prefix_ids())]
         for codes in reference:
-            parts.append(self._text_rows([self.ids.audio_start]))
-            parts.append(self._audio_rows(codes, self.ids.user_slot))
-            parts.append(self._text_rows([self.ids.audio_end]))
+            parts.append(self._text_rows([self.config.audio_start]))
+            parts.append(self._audio_rows(codes, self.config.user_slot))
+            parts.append(self._text_rows([self.config.audio_end]))
         parts.append(self._text_rows(enc(fields) + enc(target) + self._assistant_prefix_ids()))
         return np.concatenate(parts)
 
@@ -196,8 +155,8 @@ class LocalV15Processor:
         Pad rows carry `pad_token_id` in the text channel and the audio pad code elsewhere.
         """
         length = max(p.shape[0] for p in prompts)
-        ids = np.full((len(prompts), length, self.ids.n_vq + 1), self.ids.audio_pad_code, dtype=np.int64)
-        ids[:, :, 0] = self.ids.pad_token_id
+        ids = np.full((len(prompts), length, self.config.n_vq + 1), self.config.audio_pad_code, dtype=np.int64)
+        ids[:, :, 0] = self.config.pad_token_id
         mask = np.zeros((len(prompts), length), dtype=bool)
         for i, prompt in enumerate(prompts):
             ids[i, length - prompt.shape[0]:] = prompt

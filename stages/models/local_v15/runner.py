@@ -40,18 +40,18 @@ import numpy as np
 import torch
 
 from profiles import Profile
-from stages.runtime.attention.backends import PaddedBatchAttention
-from stages.runtime.attention.metadata import AttentionBackend
-from stages.runtime.graph_capture import resolve_graph_path
+from speech.sampling import SamplingParams
 from stages.models.local_v15.graphs import DecodeGraphs, FrameGraphs
 from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.model import LocalV15Talker
+from stages.runtime.attention.backends import PaddedBatchAttention
+from stages.runtime.attention.metadata import AttentionBackend
+from stages.runtime.graph_capture import resolve_graph_path
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
-from stages.runtime.talker_runner import FrameEvent
 from stages.runtime.sampling import K_CAP, SamplingSlots, noise_key, sample_tokens
-from speech.sampling import SamplingParams
 from stages.runtime.scheduled_runner import ScheduledRunner
+from stages.runtime.talker_runner import FrameEvent
 
 
 @dataclass(slots=True, eq=False)
@@ -156,11 +156,7 @@ class LocalV15Runner(ScheduledRunner):
     def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
         if rid in self._requests:
             raise ValueError(f"request {rid} is already running")
-        prompt = np.asarray(prompt, dtype=np.int64)
-        if prompt.ndim != 2 or prompt.shape[1] != 1 + self.n_vq or len(prompt) == 0:
-            raise ValueError(f"request {rid}: prompt shape {prompt.shape}, expected [S >= 1, {1 + self.n_vq}]")
-        if params.max_new_frames < 1:
-            raise ValueError(f"request {rid}: max_new_frames {params.max_new_frames} < 1")
+        prompt = self._checked_prompt(rid, prompt, params)
         sched = self.scheduler.add(rid, prompt)
         self._requests[rid] = _Request(sched, params)
         self.sampling.write(sched.slot, params)

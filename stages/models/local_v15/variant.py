@@ -20,17 +20,12 @@ class LocalV15Variant(Variant):
     model_types = ("moss_tts_local",)
     description = "MOSS-TTS-Local-Transformer-v1.5"
     name = "moss-tts-local-v1.5"
-    _processor: LocalV15Processor | None = None
+    processor_class = LocalV15Processor
+    processor: LocalV15Processor
 
     @property
     def sampling_defaults(self) -> SamplingParams:  # the model card's, up to the profile's frame cap
         return SamplingParams(max_new_frames=self.profile.model.max_new_frames)
-
-    @property
-    def processor(self) -> LocalV15Processor:
-        if self._processor is None:
-            self._processor = LocalV15Processor.from_dir(self.model_dir)
-        return self._processor
 
     # ---- the request adapter -------------------------------------------------------------------
 

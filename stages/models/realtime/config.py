@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stages.models.delay.config import qwen3_language_config
+from stages.models.qwen3 import hf_language_config
 
 RVQ = 16
 AUDIO_VOCAB = 1027
@@ -79,15 +79,15 @@ def _realtime_config(language: dict[str, Any], local: dict[str, Any], audio_pad_
 
 def tiny_config() -> dict[str, Any]:
     """CPU-test shapes (docs/models.md, "Golden fixtures") that pair with the golden tiny tokenizer (vocab 615)."""
-    language = qwen3_language_config(hidden=16, layers=2, heads=2, kv_heads=1, head_dim=8, ffn=48, vocab=615,
-                                     pad_token_id=605, max_positions=4096)
+    language = hf_language_config(hidden=16, layers=2, heads=2, kv_heads=1, head_dim=8, ffn=48, vocab=615,
+                                  pad_token_id=605, max_positions=4096)
     local = _local_config(hidden=16, layers=2, heads=2, kv_heads=1, head_dim=8, ffn=48)
     return _realtime_config(language, local, 613, 614)
 
 
 def full_size_config() -> dict[str, Any]:
     """Qwen3-1.7B backbone + 4-layer depth transformer "aligned with Qwen3-1.7B" (docs/models.md, "Realtime")."""
-    language = qwen3_language_config(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144,
-                                     vocab=151936, pad_token_id=151643)
+    language = hf_language_config(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144,
+                                  vocab=151936, pad_token_id=151643)
     local = _local_config(hidden=2048, layers=4, heads=16, kv_heads=8, head_dim=128, ffn=6144)
     return _realtime_config(language, local, 151654, 151655)

@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
-from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
-from stages.runtime.kv_cache import PagedKVCache
-from stages.models.qwen3 import Qwen3Config, Qwen3DecoderLayer, Qwen3Model, RMSNorm, rope_cos_sin
+from stages.models.qwen3 import BackboneTalker, Qwen3Config, Qwen3DecoderLayer, Qwen3Model, RMSNorm, rope_cos_sin
 from stages.models.realtime.config import RealtimeConfig
+from stages.runtime.checkpoint import load_weights, read_config, read_state_dict
 
 UNUSED_CHECKPOINT_TENSORS = (r"language_model\.embed_tokens\.weight",)
 
@@ -116,7 +114,7 @@ class LocalTransformer(nn.Module):
         return self.model.embed_tokens[codebook](codes)
 
 
-class RealtimeModel(nn.Module):
+class RealtimeModel(BackboneTalker):
     def __init__(self, config: RealtimeConfig) -> None:
         super().__init__()
         self.config = config
@@ -156,12 +154,3 @@ class RealtimeModel(nn.Module):
         for c in range(1, self.config.rvq + 1):
             x = x + self.embed_tokens[c](ids[..., c])
         return x
-
-    def forward(self, ids: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache,
-                backend: AttentionBackend | None = None) -> torch.Tensor:
-        """Serving path: packed rows ids [N, 17] -> backbone hidden [N, H]."""
-        return self.language_model(self.embed(ids), meta, cache, backend)
-
-    def forward_dense(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [B, S, 17] -> backbone last hidden [B, S, H] (teacher forcing, no cache)."""
-        return self.language_model.forward_dense(self.embed(ids), attention_mask)

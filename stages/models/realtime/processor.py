@@ -16,13 +16,11 @@ config's `reference_audio_pad` id and carry the reference codes (first 16 codebo
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
-from stages.runtime.checkpoint import read_config
 from stages.models.realtime.config import PREFILL_TEXT_TOKENS, RealtimeConfig
-from stages.runtime.tokenizer import TextTokenizer
+from stages.runtime.prompt import PromptProcessor, text_rows
 
 SYSTEM_PROMPT = (
     "<|im_start|>system\n"
@@ -36,19 +34,14 @@ CONTEXT_SUFFIX = "<|im_end|>\n"
 ASSISTANT_PREFIX = "<|im_start|>assistant\n"
 
 
-class RealtimeProcessor:
-    def __init__(self, tokenizer: TextTokenizer, config: RealtimeConfig) -> None:
-        self.tokenizer = tokenizer
-        self.config = config
+class RealtimeProcessor(PromptProcessor):
+    """Builds Realtime prompts: the prefill rows, then one row per text token still to stream."""
 
-    @classmethod
-    def from_dir(cls, model_dir: str | Path) -> RealtimeProcessor:
-        return cls(TextTokenizer.from_dir(model_dir), RealtimeConfig.from_dict(read_config(model_dir)))
+    config_class = RealtimeConfig
+    config: RealtimeConfig
 
     def _rows(self, ids: list[int]) -> np.ndarray:
-        rows = np.full((len(ids), self.config.rvq + 1), self.config.audio_pad, dtype=np.int64)  # [n, 17]
-        rows[:, 0] = ids
-        return rows
+        return text_rows(ids, self.config.rvq, self.config.audio_pad)  # [n, 17]
 
     def prompt_rows(self, reference: np.ndarray | None = None) -> np.ndarray:
         """The prompt before any text: system block, optional voice context, `<|im_start|>assistant\\n`."""

@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.runtime.graph_capture import resolve_graph_path
-from stages.runtime.row_scheduler import RowRequest
+from speech.sampling import SamplingParams
 from stages.models.realtime.model import RealtimeModel
 from stages.models.realtime.processor import split_prompt
-from stages.runtime.talker_runner import FrameEvent
+from stages.runtime.graph_capture import resolve_graph_path
+from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.sampling import SamplingSlots, sample_tokens
-from speech.sampling import SamplingParams
 from stages.runtime.scheduled_runner import ScheduledRunner
+from stages.runtime.talker_runner import FrameEvent
 
 REPETITION_WINDOW = 50  # frames of history the repetition penalty looks at (upstream default)
 
@@ -69,11 +69,7 @@ class RealtimeRunner(ScheduledRunner):
     # ---- requests ------------------------------------------------------------------------------
 
     def add(self, rid: int, prompt: np.ndarray, params: SamplingParams) -> None:
-        prompt = np.asarray(prompt, dtype=np.int64)
-        if prompt.ndim != 2 or prompt.shape[1] != 1 + self.n_vq:
-            raise ValueError(f"request {rid}: prompt shape {prompt.shape}, expected [S, {1 + self.n_vq}]")
-        if params.max_new_frames < 1:
-            raise ValueError(f"request {rid}: max_new_frames {params.max_new_frames} < 1")
+        prompt = self._checked_prompt(rid, prompt, params)
         prefill, text = split_prompt(prompt, self.config.audio_bos)
         sched = self.scheduler.add(rid, prefill)
         self._requests[rid] = _Realtime(sched, params, text)
@@ -81,20 +77,9 @@ class RealtimeRunner(ScheduledRunner):
         self.history[sched.slot] = self.config.audio_vocab_size
         self.forced_bans[sched.slot] = params.forced_frames is not None
 
-    # ---- one step ------------------------------------------------------------------------------
+    # ---- one step (`ScheduledRunner.step`) ------------------------------------------------------
 
-    def step(self) -> list[FrameEvent]:
-        if not self._requests:
-            return []
-        done, hidden = self.forward_scheduled(self.scheduler.schedule())  # hidden [B, H]
-        if not done:
-            return []
-        ready = [self._requests[r.rid] for r in done]
-        with torch.inference_mode():
-            codes = self._sample_frames(ready, hidden).cpu().numpy()  # the one host copy
-        return [self._advance(req, frame) for req, frame in zip(ready, codes)]
-
-    def _sample_frames(self, ready: list[_Realtime], h: torch.Tensor) -> torch.Tensor:
+    def _sample(self, ready: list[_Realtime], h: torch.Tensor) -> torch.Tensor:
         """Depth loop: h [B, H] -> codes [B, 16] (device)."""
         dev, vocab, local = self.device, self.config.audio_vocab_size, self.model.local_transformer
         slots = torch.tensor([r.sched.slot for r in ready]).to(dev, non_blocking=True)

@@ -29,16 +29,11 @@ class RealtimeVariant(Variant):
     description = "MOSS-TTS-Realtime"
     name = "moss-tts-realtime"
     sampling_defaults = SAMPLING_DEFAULTS
-    _processor: RealtimeProcessor | None = None
+    processor_class = RealtimeProcessor
+    processor: RealtimeProcessor
 
     def codebooks(self) -> int:
         return RealtimeConfig.from_dict(self.config).rvq
-
-    @property
-    def processor(self) -> RealtimeProcessor:
-        if self._processor is None:
-            self._processor = RealtimeProcessor.from_dir(self.model_dir)
-        return self._processor
 
     def build_request(self, job: SpeechJob) -> TalkerRequest:
         """Prompt (prefill rows, then one row per text token still to stream) and sampling."""
