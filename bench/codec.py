@@ -110,6 +110,13 @@ def bench_graph(model: CodecModel, batch: int, chunk: int, n_vq: int, iters: int
     return (time.perf_counter() - t0) * 1e3 / iters
 
 
+def bench_grid(model: CodecModel, batches: list[int], chunks: list[int], n_vq: int, iters: int,
+               device: str) -> dict[tuple[int, int], float]:
+    """ms per graph replay of every (batch, chunk frames): what one codec dispatch of that shape
+    costs, to fit a fixed cost per replay plus a cost per decoded frame-row."""
+    return {(b, t): bench_graph(model, b, t, n_vq, iters, device) for b in batches for t in chunks}
+
+
 def profile_step(model: CodecModel, batch: int, chunk: int, n_vq: int, device: str) -> str:
     """Kernel-time table of one steady chunk (torch.profiler), to see where decode time goes."""
     from torch.profiler import ProfilerActivity, profile
@@ -162,6 +169,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--graphs", action="store_true", help="also time CUDA-graph replay of the steady chunk")
     parser.add_argument("--profile", action="store_true", help="print a kernel profile of one chunk at the last batch")
+    parser.add_argument("--grid", default="",
+                        help="chunk lengths (e.g. 1,2,4,8,15): graph replay ms of each (batch, length)")
     parser.add_argument("--encode", action="store_true",
                         help="also time reference encoding of 6 s clips at each batch, eager vs encode graphs")
     args = parser.parse_args()
@@ -186,6 +195,13 @@ def main() -> None:
             eager_ms, graph_ms = bench_encode(model, batch, 6.0, args.n_vq, args.iters, args.device)
             print(f"batch {batch:4d}: encode 6 s clips eager {eager_ms:8.1f} ms | graphs {graph_ms:8.1f} ms "
                   f"({eager_ms / graph_ms:.2f}x)")
+    if args.grid:
+        batches = [int(b) for b in args.batches.split(",")]
+        chunks = [int(t) for t in args.grid.split(",")]
+        grid = bench_grid(model, batches, chunks, args.n_vq, args.iters, args.device)
+        print("graph replay ms, rows = batch, columns = chunk frames: " + " ".join(f"{t:>8d}" for t in chunks))
+        for b in batches:
+            print(f"  batch {b:4d}: " + " ".join(f"{grid[(b, t)]:8.2f}" for t in chunks))
     if args.profile:
         print(profile_step(model, batch, args.chunk, args.n_vq, args.device))
 

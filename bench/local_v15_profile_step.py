@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--attention", nargs="+", default=["padded", "triton"],
                     help="attention backends to compare (stages.runtime.attention.backends.make_attention names)")
     ap.add_argument("--compile", action="store_true", help="last, also with the talker's torch.compile hot paths")
+    ap.add_argument("--prefill", type=int, nargs="*", default=[],
+                    help="also time a step that prefills one new prompt of this many rows next to the B "
+                         "decoding requests, and profile it (host and device time by op)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -87,7 +90,8 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     from stages.runtime.attention.backends import make_attention
 
     cfg = model.config
-    r = LocalV15Runner(model, max_running=B, num_kv_blocks=B * (args.context // 16 + 8),
+    spare = sum(p // 16 + 2 for p in args.prefill)  # blocks of the prefill probes
+    r = LocalV15Runner(model, max_running=B + 1, num_kv_blocks=B * (args.context // 16 + 8) + spare,
                        prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
                        cuda_graphs=graphs, attention=make_attention(attention, "cuda"))
     for i in range(B):
@@ -112,8 +116,37 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
         local_ms = _median_ms(lambda: r.frame_graphs.run(h, slots, frames), 10)
         print(f"{tag} local loop + sampling alone (frame graph) {local_ms:7.2f} ms", flush=True)
         print(kernel_table(r.step, args.steps, top=12), flush=True)
+    for P in args.prefill:
+        print(prefill_probe(r, P, tag, rng), flush=True)
     r = None  # frees the runner's KV pool and graphs before the next variant
     torch.cuda.empty_cache()
+
+
+def prefill_probe(r: LocalV15Runner, rows: int, tag: str, rng) -> str:
+    """Median of steps that prefill one new `rows`-row prompt next to the running requests (the
+    request leaves after its first frame), and the op table of one such step: self host time
+    and device time, to tell launch-bound from compute-bound prefill."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = r.model.config
+    counter = iter(range(1_000_000, 2_000_000))
+
+    def step() -> None:
+        rid = next(counter)
+        p = np.full((rows, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
+        p[:, 0] = rng.integers(0, 150000, rows)
+        r.add(rid, p, SamplingParams(seed=rid, forced_frames=10_000, max_new_frames=10_000))
+        r.step()
+        r.remove(rid)
+
+    for _ in range(2):
+        step()  # any first-use compilation
+    ms = _median_ms(step, 7)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
+    return f"{tag} step with a {rows}-row prefill: {ms:7.2f} ms\n{table}"
 
 
 if __name__ == "__main__":

@@ -1,85 +1,175 @@
 #!/bin/bash
-# The GPU runs still owed, as whole device calls (docs/performance.md, "Runs left").
-# Each phase is one call: it keeps to $BUDGET s (540) by skipping the levels that no longer fit (the
-# script has not run yet: it follows the last session's call scripts); results go to $OUT/results.tgz
-# plus summary lines.
+# Whole GPU measurements, one device call per phase (docs/performance.md says what each found).
+# Run from the tree to measure; wheels the GPU image lacks (starlette, msgspec, uvicorn, av, ...)
+# in $WHEELS (default .whl). Each phase keeps to $BUDGET seconds (default 560) by skipping the
+# levels that no longer fit; results go to $OUT/results.tgz; with SAVE_CACHE=1 the compile caches
+# go to $OUT/cache.tgz.* (about 40 MB; restored from $CACHE, when given, so later calls start warm).
 #
-#   (once: wheels of the dependencies the GPU image lacks - starlette, msgspec, uvicorn, ... - in .whl/)
-#   run(command="bash docs/device_runs.sh serve", kind="nvidia-h200-x2", carry=[".whl"])
-#   run(command="bash docs/device_runs.sh delay", kind="nvidia-h200-x2", carry=[".whl"])
-#
-# serve: Local-v1.5 full size (random bf16). GPU 0: high-concurrency sweep C=1..256; GPU 1:
-#        low-latency sweep C=1..128, then the eager build (no graphs, no compile, padded
-#        attention) at C=1,16 as the same-call baseline; then two replicas over both GPUs at
-#        C=256 (target: >= 0.9 x 2 x one GPU's C=128 figure).
-# delay: MOSS-TTS 8B Delay talker (random bf16): TP=1 with and without backbone graphs, TP=2,
-#        batches 1/16/64; reference encoding eager vs encode graphs (full-size codec); then the
-#        GPU tests (graph capture of every runner and of encoding, Triton, codec graphs).
+#   bash docs/device_runs.sh timeline   # one server, C=128 then C=64, with the workers' timelines;
+#                                       # then the codec's replay-cost grid and kernel profile and
+#                                       # the talker step's kernel profile
+#   BASE=DIR bash docs/device_runs.sh compare
+#                                       # the build in DIR (the baseline) and this one, one server
+#                                       # each, high-concurrency C=128 and 64 (this one with its
+#                                       # timeline and C=1), low-latency C=1 and 64; first the GPU
+#                                       # tests of the codec graphs
+#   bash docs/device_runs.sh knobs      # this build's high-concurrency server as shipped (C=128, C=1)
+#                                       # and with larger prefill and codec windows (C=128), each
+#                                       # with its timeline; then the talker's prefill-step profile
+#   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
+#   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 set -u
-PHASE=${1:?usage: device_runs.sh serve|delay}
+PHASE=${1:?usage: device_runs.sh timeline|sweep|delay}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
+WHEELS=${WHEELS:-.whl}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
-mossvox() { python3 -c "import sys; from cli.main import main; sys.argv[0] = 'mossvox'; sys.exit(main())" "$@"; }
+mkdir -p /tmp/cache
+if [ -n "${CACHE:-}" ] && ls "$CACHE"/cache.tgz.* >/dev/null 2>&1; then
+  cat "$CACHE"/cache.tgz.* | tar xzf - -C /tmp/cache && echo "compile caches restored: $(du -sh /tmp/cache | cut -f1)"
+fi
+mkdir -p /tmp/bin && export PATH=/tmp/bin:$PATH  # a command, not a function: `timeout` runs it
+printf '#!/bin/sh\nexec python3 -c "import sys; from cli.main import main; sys.argv[0] = %s; sys.exit(main())" "$@"\n' \
+  "'mossvox'" > /tmp/bin/mossvox && chmod +x /tmp/bin/mossvox
+mono() { python3 -c 'import time; print(time.monotonic())'; }
 R=$OUT/r; mkdir -p "$R"
 T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
-left() { echo $(( ${BUDGET:-540} - ($(date +%s) - T0) )); }
-finish() { el "done"; tar czf "$OUT/results.tgz" -C "$OUT" r; }
+left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
+finish() {
+  el "done"
+  tar czf "$OUT/results.tgz" -C "$OUT" r
+  [ -n "${SAVE_CACHE:-}" ] && (cd /tmp/cache && tar czf - inductor triton 2>/dev/null | split -b 15m - "$OUT/cache.tgz.")
+  ls -la "$OUT"
+}
 trap finish EXIT
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.device_count(), "GPUs")'
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.device_count(), "GPU")'
 
-sweep() {  # sweep GPUS PORT NAME SERVE_ARGS... ; concurrencies from $CS, prompts per client $PER
-  local gpus=$1 port=$2 name=$3; shift 3
-  CUDA_VISIBLE_DEVICES=$gpus mossvox serve /tmp/l15 --port "$port" "$@" > "$R/serve_$name.log" 2>&1 &
-  local spid=$!
-  for _ in $(seq 1 300); do
+start_server() {  # start_server PORT NAME SERVE_ARGS... ; sets SPID
+  local port=$1 name=$2; shift 2
+  PYTHONPATH=${SERVER_PATH:-$PYTHONPATH} mossvox serve /tmp/l15 --port "$port" "$@" > "$R/serve_$name.log" 2>&1 &
+  SPID=$!
+  for _ in $(seq 1 400); do
     curl -sf "localhost:$port/ready" >/dev/null && break
-    kill -0 $spid 2>/dev/null || break; [ "$(left)" -lt 30 ] && break; sleep 1
+    kill -0 $SPID 2>/dev/null || break; [ "$(left)" -lt 30 ] && break; sleep 1
   done
   el "$name ready: $(curl -s "localhost:$port/ready")"
-  for c in $CS; do
-    [ "$(left)" -lt 25 ] && { el "$name: no time left for C=$c"; break; }
-    n=$(( c * ${PER:-3} )); [ $n -lt 8 ] && n=8
-    timeout $(( $(left) - 10 )) mossvox bench serve --url "http://127.0.0.1:$port" --concurrency "$c" \
-      --num-prompts $n --no-progress --out "$R/${name}_c$c.json" > "$R/${name}_c$c.txt" 2>&1
-    el "$name C=$c rc=$?"; grep -E "^\| [0-9]|RESULT|client CPU|failed request" "$R/${name}_c$c.txt" | head -4
-    curl -s "localhost:$port/metrics" > "$R/${name}_c${c}_metrics.txt"
-    grep -E "^mossvox_engine_(codec_decode_s|talker_step_s)_total|^mossvox_codec_coalesce_wait_seconds_(sum|count)" \
-      "$R/${name}_c${c}_metrics.txt" | head -6
-    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' ' | sed "s/^/$name C=$c GPU memory: /"; echo
+}
+stop_server() {
+  kill -INT $SPID; for _ in $(seq 1 30); do kill -0 $SPID 2>/dev/null || break; sleep 1; done; kill -9 $SPID 2>/dev/null
+  grep -E "ERROR|Traceback|exited|captured" "$R/serve_$1.log" | head -8 | cut -c1-300
+}
+bench() {  # bench PORT NAME C [extra bench args]
+  local port=$1 name=$2 c=$3; shift 3
+  local n=$(( c * ${PER:-3} )); [ $n -lt 8 ] && n=8
+  timeout $(( $(left) - 10 )) mossvox bench serve --url "http://127.0.0.1:$port" --concurrency "$c" \
+    --num-prompts $n --no-progress --out "$R/${name}_c$c.json" "$@" > "$R/${name}_c$c.txt" 2>&1
+  el "$name C=$c rc=$?"; grep -E "^\| [0-9]|client CPU|failed request" "$R/${name}_c$c.txt" | head -4
+  curl -s "localhost:$port/metrics" > "$R/${name}_c${c}_metrics.txt"
+}
+sweep() {  # sweep PORT NAME "CS" SERVE_ARGS...
+  local port=$1 name=$2 cs=$3; shift 3
+  start_server "$port" "$name" "$@"
+  for c in $cs; do
+    [ "$(left)" -lt 40 ] && { el "$name: no time left for C=$c"; break; }
+    bench "$port" "$name" "$c"
   done
-  kill -INT $spid; for _ in $(seq 1 20); do kill -0 $spid 2>/dev/null || break; sleep 1; done; kill -9 $spid 2>/dev/null
-  grep -E "ERROR|Traceback|exited|RANDOM|captured" "$R/serve_$name.log" | head -8 | cut -c1-300
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed "s/^/$name GPU memory: /"
+  stop_server "$name"
+}
+checkpoint() {
+  [ -f /tmp/l15/config.json ] || mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
+  el "checkpoint written"
 }
 
 case $PHASE in
-serve)
-  mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
-  el "checkpoint written"
-  laneA() { CS="1 16 64 128 256" sweep 0 8000 hc --profile high-concurrency; }
-  laneB() {
-    CS="1 16 64 128" sweep 1 8001 ll --profile low-latency
-    [ "$(left)" -gt 150 ] && PER=1 CS="1 16" sweep 1 8002 eager --profile default --set talker.cuda_graphs=false \
-      --set codec.cuda_graphs=false --set talker.compile=false --set talker.attention=padded \
-      --set codec.prime_continuation=false
+timeline)
+  checkpoint
+  TL=/tmp/timeline
+  start_server 8000 hc --profile high-concurrency --set engine.timeline_dir=$TL
+  for c in 128 64; do
+    [ "$(left)" -lt 90 ] && break
+    bench 8000 "hc_warm" "$c" --no-warmup
+    a=$(mono); bench 8000 hc "$c" --no-warmup; b=$(mono)
+    echo "$c $a $b" >> "$R/windows.txt"
+  done
+  stop_server hc
+  cp -r $TL "$R/timeline"
+  while read -r c a b; do
+    echo "== timeline of the measured C=$c pass"
+    python3 -m bench.timeline $TL --window "$a" "$b" --json "$R/timeline_c$c.json"
+  done < "$R/windows.txt"
+  [ -z "${SERVE_ONLY:-}" ] && [ "$(left)" -gt 150 ] && timeout $(( $(left) - 100 )) python3 -m bench.codec --version v2 --size full \
+    --batches 16,64,128 --grid 1,2,4,8,15 --iters 5 --profile 2>&1 | grep -v "^exactness" | tee "$R/codec_grid.txt" | head -60
+  [ -z "${SERVE_ONLY:-}" ] && [ "$(left)" -gt 80 ] && timeout $(( $(left) - 20 )) python3 -m bench.local_v15_profile_step --batch 128 \
+    --attention triton --compile 2>&1 | tee "$R/talker_profile.txt" | tail -40
+  ;;
+compare)
+  checkpoint
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py 2>&1 | tail -3
+  pair() {  # pair PORT NAME "CS" : a warm-up pass and a measured pass per level, windows recorded
+    local port=$1 name=$2 cs=$3
+    for c in $cs; do
+      [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
+      bench "$port" "${name}_warm" "$c" --no-warmup > /dev/null
+      a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
+      echo "$name $c $a $b" >> "$R/windows.txt"
+    done
   }
-  laneA > "$R/laneA.txt" 2>&1 &
-  laneB > "$R/laneB.txt" 2>&1
-  wait
-  cat "$R/laneA.txt" "$R/laneB.txt"
-  [ "$(left)" -gt 120 ] && CS="256" sweep 0,1 8003 rep2 --profile high-concurrency --set engine.replicas=2 2>&1 | tee "$R/rep2.txt"
+  SERVER_PATH=/tmp/site:$BASE start_server 8000 base --profile high-concurrency
+  pair 8000 base "128 64"
+  stop_server base
+  TL=/tmp/timeline
+  start_server 8001 hc --profile high-concurrency --set engine.timeline_dir=$TL
+  pair 8001 hc "128 64 1"
+  stop_server hc
+  start_server 8002 ll --profile low-latency
+  pair 8002 ll "1 64"
+  stop_server ll
+  cp -r $TL "$R/timeline"
+  grep hc "$R/windows.txt" | while read -r name c a b; do
+    echo "== timeline of the measured C=$c pass ($name)"
+    python3 -m bench.timeline $TL --window "$a" "$b" --json "$R/timeline_c$c.json"
+  done
+  ;;
+knobs)
+  checkpoint
+  pair() {  # pair PORT NAME "CS"
+    local port=$1 name=$2 cs=$3
+    for c in $cs; do
+      [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
+      bench "$port" "${name}_warm" "$c" --no-warmup > /dev/null
+      a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
+      echo "$name $c $a $b" >> "$R/windows.txt"
+    done
+  }
+  start_server 8000 hc --profile high-concurrency --set engine.timeline_dir=/tmp/tl_hc
+  pair 8000 hc "128 1"
+  stop_server hc
+  start_server 8001 wide --profile high-concurrency --set engine.timeline_dir=/tmp/tl_wide \
+    --set talker.prefill_interval=6 --set coalescing.min_batch=64 --set coalescing.max_wait_ms=40
+  pair 8001 wide "128"
+  stop_server wide
+  while read -r name c a b; do
+    echo "== timeline of the measured C=$c pass ($name)"
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" \
+      | grep -vE "_ms_by_index|chunks_by_frames"
+  done < "$R/windows.txt"
+  cp -r /tmp/tl_hc /tmp/tl_wide "$R/"
+  [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 1 64 \
+    --attention triton --compile --prefill 170 2>&1 | grep -v Warning | tee "$R/prefill_profile.txt" | tail -70
+  ;;
+sweep)
+  checkpoint
+  sweep 8000 hc "1 16 64 128 256" --profile high-concurrency
+  sweep 8001 ll "1 16 64 128" --profile low-latency
   ;;
 delay)
   mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
   el "checkpoint written"
   args="--model /tmp/d8 --batch 1 16 64 --frames 24 --attention auto"
-  timeout 200 python3 -m bench.tensor_parallel $args --tp 1 2 2>&1 | grep '^{' | tee "$R/delay_tp.jsonl"
-  el "TP=1 (graphs) and TP=2"
+  timeout 200 python3 -m bench.tensor_parallel $args --tp 1 2>&1 | grep '^{' | tee "$R/delay_tp.jsonl"
   timeout 120 python3 -m bench.tensor_parallel $args --tp 1 --no-graphs 2>&1 | grep '^{' | tee "$R/delay_eager.jsonl"
-  el "TP=1 eager"
-  [ "$(left)" -gt 150 ] && timeout 120 python3 -m bench.codec --version v2 --size full --batches 1,8 \
-    --iters 3 --encode 2>&1 | grep -E "^batch|codec" | tee "$R/codec_encode.txt"
-  el "codec encode: eager vs graphs"
   [ "$(left)" -gt 40 ] && timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages 2>&1 | tail -12 | tee "$R/gpu_tests.txt"
   ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;

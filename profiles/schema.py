@@ -255,6 +255,10 @@ class EngineConfig(_Section):
         "talker+codec worker pairs behind the one coordinator (one per GPU, or per group of "
         "talker.tensor_parallel GPUs); a new request goes to the live replica with the most "
         "headroom; one replica failing fails only its own requests", ge=1)] = 1
+    timeline_dir: Annotated[str | None, doc(
+        "write a timeline of the workers' steps, codec dispatches and request events as JSON "
+        "lines under this directory (one file per process; read it with `python -m "
+        "bench.timeline DIR`); null = off")] = None
     devices: Annotated[tuple[Device, ...], doc(
         "device of each replica (its talker's first TP rank and its codec), e.g. [cuda:0, "
         "cuda:1]; a TP group takes the consecutive GPUs from there; empty = derive: cuda:i*tp "

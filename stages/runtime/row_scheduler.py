@@ -112,6 +112,7 @@ class RowScheduler:
         self._free_slots = list(range(max_running - 1, -1, -1))
         self._next_order = 0
         self.preemptions = 0  # block holders sent back to prefill for lack of KV blocks
+        self.last_batch = (0, 0)  # (decode rows, prefill tokens) of the last schedule()
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -191,6 +192,7 @@ class RowScheduler:
             raise KVCacheExhausted("no request can make progress: the KV cache is full of prompts")
         if len(batch) > len(decode):
             self._prefill_wait = self.prefill_interval - 1
+        self.last_batch = (len(decode), sum(n for _, n in batch[len(decode):]))
         return batch
 
     def pack(self, batch: list[tuple[RowRequest, int]], device: torch.device) -> ScheduledBatch:

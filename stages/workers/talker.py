@@ -25,6 +25,7 @@ from ipc.messages import (Abort, CodeChunk, Ready, Shutdown, Slots, StageError, 
                           TalkerStep)
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.variant import TalkerRequest, Variant
+from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
                                   schedule_from)
 
@@ -39,6 +40,7 @@ class _Stream:
     chunks: ChunkAccumulator
     max_frames: int
     seq: int = 0
+    first_frame: bool = True
 
 
 class UnknownMessage(RuntimeError):
@@ -49,8 +51,9 @@ class TalkerLoop:
     """Runner + chunk policy + channels. `step()` is one scheduler iteration."""
 
     def __init__(self, runner: Any, inbox: Any, to_codec: Any, to_coord: Any,
-                 schedule: ChunkSchedule, n_vq: int) -> None:
+                 schedule: ChunkSchedule, n_vq: int, timeline: Timeline | None = None) -> None:
         self.runner = runner
+        self.timeline = timeline
         self.inbox, self.to_codec, self.to_coord = inbox, to_codec, to_coord
         self.schedule = schedule
         self.n_vq = n_vq
@@ -69,18 +72,27 @@ class TalkerLoop:
 
     def step(self) -> bool:
         """One iteration; False once a shutdown has been handled and nothing is left."""
+        t_wait = time.monotonic()
         try:
             for msg, rec in drain(self.inbox, block=not self.has_work()):
                 self._handle(msg, rec)
         except (EndOfStream, PeerGone) as exc:  # the coordinator is gone: stop, dropping work
             log.warning("talker: inbox ended (%s): stopping", exc)
             return False
-        self._admit()
+        t_drained = time.monotonic()
+        admitted = self._admit()
         if self.streams:
-            batch, t0 = self.runner.num_running(), time.perf_counter()
+            batch, t0 = self.runner.num_running(), time.monotonic()
             events = self.runner.step()
-            self._count_step(batch, time.perf_counter() - t0)
+            t1 = time.monotonic()
+            self._count_step(batch, t1 - t0)
             self._emit(events)
+            if self.timeline is not None:
+                decode, prefill = getattr(getattr(self.runner, "scheduler", None), "last_batch", (0, 0))
+                self.timeline.add("talker_step", t0, dur=t1 - t0, emit=time.monotonic() - t1,
+                                  drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
+                                  frames=len(events), decode=decode, prefill=prefill,
+                                  admitted=admitted)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
 
@@ -112,7 +124,9 @@ class TalkerLoop:
             self.runner.remove(rid)
             self._send_final(rid, stream.client, stream.seq, None, "abort")
 
-    def _admit(self) -> None:
+    def _admit(self) -> int:
+        """Move waiting requests into the runner while it has room; returns how many."""
+        admitted = 0
         # With nothing running, nothing will free up: try anyway, so a prompt too long for the
         # whole KV cache fails alone (the runner raises) instead of blocking the queue.
         while self.waiting and (self.runner.can_admit(len(self.waiting[0][1].prompt))
@@ -132,6 +146,10 @@ class TalkerLoop:
                 client=submit.client, max_frames=request.sampling.max_new_frames,
                 chunks=ChunkAccumulator(self.schedule.with_initial(submit.initial_chunk_frames),
                                         self.n_vq))
+            admitted += 1
+            if self.timeline is not None:
+                self.timeline.add("talker_admit", time.monotonic(), rid=submit.rid, rows=len(request.prompt))
+        return admitted
 
     # ---- runner output -------------------------------------------------------------------------
 
@@ -141,6 +159,9 @@ class TalkerLoop:
             if stream is None:
                 continue
             if ev.codes is not None:
+                if stream.first_frame and self.timeline is not None:
+                    self.timeline.add("talker_first_frame", time.monotonic(), rid=ev.rid)
+                stream.first_frame = False
                 chunk = stream.chunks.push(np.asarray(ev.codes, dtype=np.int64))
                 if chunk is not None:
                     self.to_codec.send(CodeChunk(rid=ev.rid, client=stream.client, seq=stream.seq,
@@ -150,6 +171,9 @@ class TalkerLoop:
             if reason is None and stream.chunks.frames_seen >= stream.max_frames:
                 reason = "length"  # runaway guard: the runner did not stop at the frame cap
             if ev.finished or reason is not None:
+                if self.timeline is not None:
+                    self.timeline.add("talker_done", time.monotonic(), rid=ev.rid,
+                                      frames=stream.chunks.frames_seen)
                 del self.streams[ev.rid]
                 self.runner.remove(ev.rid)
                 self._send_final(ev.rid, stream.client, stream.seq, stream.chunks.finish(),
@@ -207,13 +231,14 @@ def main(spec: WorkerSpec) -> None:
     variant = prepare_process(spec, spec.profile.talker.torch_threads)
     inbox, to_codec, to_coord = attach_talker(spec)
     runner = None
+    timeline = open_timeline(spec.profile.engine.timeline_dir, f"talker{spec.replica}")
     try:
         runner = variant.make_talker_runner(spec.device)
         warm_up(runner, variant)
         to_coord.send(Ready(stage="talker", pid=os.getpid(),
                             capacity=spec.profile.talker.max_running))
         TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
-                   variant.n_vq).run()
+                   variant.n_vq, timeline).run()
     except Exception as exc:
         log.exception("talker worker failed")
         to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))
@@ -221,5 +246,7 @@ def main(spec: WorkerSpec) -> None:
     finally:
         if runner is not None:  # a tensor-parallel runner stops its follower ranks
             runner.close()
+        if timeline is not None:
+            timeline.close()
         for ch in (inbox, to_codec, to_coord):
             ch.close()

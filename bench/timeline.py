@@ -1,0 +1,231 @@
+"""Where a serving pass spent its time, from the workers' timelines (`stages.workers.timeline`).
+
+    python -m bench.timeline DIR [--gap 0.5] [--window START END] [--json out.json]
+
+Splits the events into passes (activity separated by at least `--gap` seconds with no talker step
+and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) and prints, per pass (with `--window`, only the events between two
+`time.monotonic()` readings, as one pass):
+- the talker: steps, busy share of the pass, rows per step, step time with and without prefill,
+  the host time around each step (inbox drain, admission, emitting chunks);
+- the codec: dispatches, busy share, chunks per dispatch, distinct chunk lengths per dispatch,
+  decode time per dispatch and per decoded frame, time between dispatch starts;
+- the two together: share of the pass with both busy, with only one, with neither;
+- a request's life: admission → first frame (prefill), first frame → last frame (decode), last
+  frame → its final chunk decoded (codec tail), first frame → first chunk decoded (first audio's
+  codec share), and each chunk's wait from arrival at the codec to its dispatch, by chunk index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from stages.workers.timeline import read_events
+
+SPANS = ("talker_step", "codec_dispatch", "codec_encode")
+
+
+def _end(e: dict[str, Any]) -> float:
+    return e["t"] + e.get("dur", 0.0) + e.get("emit", 0.0)
+
+
+def split_passes(events: list[dict[str, Any]], gap: float) -> list[list[dict[str, Any]]]:
+    """Runs of events whose spans (steps, dispatches) are separated by less than `gap` seconds."""
+    passes: list[list[dict[str, Any]]] = []
+    last_end = None
+    for e in events:
+        if e["k"] in SPANS:
+            if last_end is None or e["t"] - last_end >= gap:
+                passes.append([])
+            last_end = max(last_end or 0.0, _end(e))
+        if passes:
+            passes[-1].append(e)
+        elif e["k"] not in SPANS:  # request events before the first span join the first pass
+            passes.append([e])
+    return [p for p in passes if any(e["k"] in SPANS for e in p)]
+
+
+def _busy(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Union of intervals, sorted and merged."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _intersect(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        total += max(0.0, b - a)
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+    return {"n": len(values), "mean": statistics.fmean(values), "p50": ordered[len(ordered) // 2],
+            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], "max": ordered[-1]}
+
+
+def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of one pass (see the module docstring)."""
+    steps = [e for e in events if e["k"] == "talker_step"]
+    disp = [e for e in events if e["k"] == "codec_dispatch"]
+    spans = [e for e in events if e["k"] in SPANS]
+    t0 = min(e["t"] for e in spans)
+    t1 = max(_end(e) for e in spans)
+    window = max(t1 - t0, 1e-9)
+    out: dict[str, Any] = {"window_s": window}
+
+    talker_busy = _busy([(e["t"], e["t"] + e["dur"]) for e in steps])
+    codec_busy = _busy([(e["t"], e["t"] + e["dur"]) for e in disp]
+                       + [(e["t"], e["t"] + e["dur"]) for e in events if e["k"] == "codec_encode"])
+    both = _intersect(talker_busy, codec_busy)
+    tb, cb = _length(talker_busy), _length(codec_busy)
+    out["gpu"] = {"talker_busy": tb / window, "codec_busy": cb / window, "both": both / window,
+                  "talker_only": (tb - both) / window, "codec_only": (cb - both) / window,
+                  "neither": 1 - (tb + cb - both) / window}
+    if steps:
+        prefill = [e for e in steps if e.get("prefill")]
+        decode_only = [e for e in steps if not e.get("prefill")]
+        out["talker"] = {
+            "steps": len(steps),
+            "rows_per_step": statistics.fmean(e["frames"] for e in steps),
+            "running_per_step": statistics.fmean(e["batch"] for e in steps),
+            "step_ms": _scale(_stats([e["dur"] for e in steps]), 1e3),
+            "decode_only_step_ms": _scale(_stats([e["dur"] for e in decode_only]), 1e3),
+            "prefill_step_ms": _scale(_stats([e["dur"] for e in prefill]), 1e3),
+            "prefill_steps": len(prefill),
+            "prefill_tokens_per_prefill_step": statistics.fmean(e["prefill"] for e in prefill) if prefill else 0,
+            "host_ms_per_step": statistics.fmean(e["emit"] + e["drain"] + e["admit"] for e in steps) * 1e3,
+            "emit_ms_per_step": statistics.fmean(e["emit"] for e in steps) * 1e3,
+            "frames": sum(e["frames"] for e in steps),
+        }
+    if disp:
+        lengths = defaultdict(int)
+        for e in disp:
+            for c in e["chunks"]:
+                lengths[c[2]] += 1
+        frames = sum(c[2] for e in disp for c in e["chunks"])
+        starts = [e["t"] for e in disp]
+        out["codec"] = {
+            "dispatches": len(disp),
+            "chunks_per_dispatch": statistics.fmean(e["n"] for e in disp),
+            "distinct_lengths_per_dispatch": statistics.fmean(len({c[2] for c in e["chunks"]}) for e in disp),
+            "decode_ms": _scale(_stats([e["dur"] for e in disp]), 1e3),
+            "emit_ms_mean": statistics.fmean(e["emit"] for e in disp) * 1e3,
+            "decode_us_per_frame": sum(e["dur"] for e in disp) / max(frames, 1) * 1e6,
+            "period_ms": statistics.fmean(b - a for a, b in zip(starts, starts[1:])) * 1e3 if len(disp) > 1 else 0,
+            "chunks_by_frames": dict(sorted(lengths.items())),
+            "frames": frames,
+        }
+    out["requests"] = _request_life(events)
+    return out
+
+
+def _request_life(events: list[dict[str, Any]]) -> dict[str, Any]:
+    admit, first, done = {}, {}, {}
+    for e in events:
+        if e["k"] == "talker_admit":
+            admit[e["rid"]] = e["t"]
+        elif e["k"] == "talker_first_frame":
+            first[e["rid"]] = e["t"]
+        elif e["k"] == "talker_done":
+            done[e["rid"]] = e["t"]
+    first_chunk_end, final_end = {}, {}
+    waits = defaultdict(list)  # chunk index -> arrival-to-dispatch waits
+    chunks_per_request = defaultdict(int)
+    for e in events:
+        if e["k"] != "codec_dispatch":
+            continue
+        end = e["t"] + e["dur"] + e["emit"]
+        for rid, seq, frames, arrived, final, prime in e["chunks"]:
+            if prime:
+                continue
+            waits[min(seq, 5) if not final else "final"].append(e["t"] - arrived)
+            chunks_per_request[rid] += 1
+            if seq == 0:
+                first_chunk_end[rid] = end
+            if final:
+                final_end[rid] = end
+    life: dict[str, Any] = {"requests_done": len(done)}
+    pairs = {
+        "admit_to_first_frame_ms": (admit, first),
+        "first_to_last_frame_ms": (first, done),
+        "last_frame_to_final_chunk_ms": (done, final_end),
+        "first_frame_to_first_chunk_ms": (first, first_chunk_end),
+        "admit_to_final_chunk_ms": (admit, final_end),
+    }
+    for name, (a, b) in pairs.items():
+        life[name] = _scale(_stats([b[r] - a[r] for r in a if r in b]), 1e3)
+    life["chunk_wait_ms_by_index"] = {str(k): _scale(_stats(v), 1e3) for k, v in sorted(waits.items(), key=str)}
+    life["chunks_per_request"] = statistics.fmean(chunks_per_request.values()) if chunks_per_request else 0
+    return life
+
+
+def _scale(stats: dict[str, float], factor: float) -> dict[str, float]:
+    return {k: (v * factor if k != "n" else v) for k, v in stats.items()}
+
+
+def _print(summary: dict[str, Any], index: int) -> None:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k}: {fmt(x)}" for k, x in v.items()) + "}"
+        return str(v)
+
+    print(f"== pass {index}: {summary['window_s']:.2f} s")
+    for section in ("gpu", "talker", "codec", "requests"):
+        if section not in summary:
+            continue
+        print(f"  [{section}]")
+        for key, value in summary[section].items():
+            print(f"    {key}: {fmt(value)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.timeline", description=__doc__.split("\n")[0])
+    ap.add_argument("directory")
+    ap.add_argument("--gap", type=float, default=0.5, help="seconds of no activity that separate passes")
+    ap.add_argument("--window", type=float, nargs=2, metavar=("START", "END"),
+                    help="only events between these time.monotonic() readings, as one pass")
+    ap.add_argument("--json", help="write the summaries here too")
+    args = ap.parse_args(argv)
+    events = read_events(args.directory)
+    if args.window:
+        start, end = args.window
+        passes = [[e for e in events if start <= e["t"] <= end]]
+    else:
+        passes = split_passes(events, args.gap)
+    passes = [p for p in passes if any(e["k"] in SPANS for e in p)]
+    if not passes:
+        print(f"no talker step or codec dispatch in {args.directory}" + (" in that window" if args.window else ""))
+        return 1
+    summaries = [summarize(p) for p in passes]
+    for i, s in enumerate(summaries):
+        _print(s, i)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summaries, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
