@@ -173,6 +173,10 @@ class CoalescingConfig(_Section):
         ge=0)] = 0.0
     max_batch: Annotated[int, doc(
         "streams decoded in one codec call at most", ge=1)] = 256
+    express_first_chunks: Annotated[bool, doc(
+        "a request's first audio chunk skips the window and any large batch: it is decoded at "
+        "once in a small call of first chunks, so first audio never waits behind a steady "
+        "batch")] = True
     policy: Annotated[Literal["fixed", "idle_wait"], doc(
         "fixed = always honour the window; idle_wait = sleep on the doorbell when nothing is "
         "runnable")] = "idle_wait"

@@ -61,6 +61,11 @@ class Coalescer:
         """
         self._ready_since.setdefault(rid, since)
 
+    def take(self, rids: tuple[int, ...]) -> None:
+        """These streams are dispatched outside `decide` (express first chunks): not ready now."""
+        for rid in rids:
+            self._ready_since.pop(rid, None)
+
     def forget(self, rid: int) -> None:
         """Stream `rid` has nothing waiting any more (dispatched, aborted or closed)."""
         self._ready_since.pop(rid, None)

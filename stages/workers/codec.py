@@ -31,6 +31,7 @@ from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, 
 from stages.models.codec.serving import chunk_lengths
 from stages.runtime.coalescer import Coalescer
 from stages.workers.common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
+from stages.workers.timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,11 @@ class CodecLoop:
 
     def __init__(self, runner: Any, from_talker: Any, from_coord: Any, to_coord: Any,
                  to_clients: list[Any], coalescer: Coalescer, encode_batch: int,
-                 clock: Any = time.monotonic, client_stall_s: float = 5.0) -> None:
+                 clock: Any = time.monotonic, client_stall_s: float = 5.0,
+                 timeline: Timeline | None = None, express_first_chunks: bool = False) -> None:
         self.client_stall_s = client_stall_s
+        self.express_first_chunks = express_first_chunks
+        self.timeline = timeline
         self._dead_clients: set[int] = set()
         self.runner = runner
         self.from_talker, self.from_coord, self.to_coord = from_talker, from_coord, to_coord
@@ -78,6 +82,10 @@ class CodecLoop:
         self._wait_and_drain()
         self._run_encodes()
         self._pass_terminals()
+        express = self._express_ready()
+        if express:  # first chunks go at once, in their own small call, ahead of any batch
+            self.coalescer.take(express)
+            self._decode(express)
         decision = self.coalescer.decide(self.clock(), alive=self._alive())
         if decision.dispatch:
             self._decode(decision.dispatch)
@@ -89,7 +97,7 @@ class CodecLoop:
 
     def _wait_and_drain(self) -> None:
         inboxes = [ch for ch in (self.from_coord, self.from_talker) if ch not in self._ended]
-        if inboxes and not self.encodes and not self._terminal_ready():
+        if inboxes and not self.encodes and not self._terminal_ready() and not self._express_ready():
             wait = self.coalescer.wait_time(self.clock(), alive=self._alive())
             if wait != 0.0:  # None: nothing ready, sleep until a record arrives
                 wait_any(inboxes, wait)
@@ -161,6 +169,15 @@ class CodecLoop:
     def _alive(self) -> int:
         return sum(not s.aborted for s in self.streams.values())
 
+    def _express_ready(self) -> tuple[int, ...]:
+        """Streams whose waiting head is their first audio chunk, when first chunks are express
+        (`coalescing.express_first_chunks`): they skip the coalescing window."""
+        if not self.express_first_chunks:
+            return ()
+        return tuple(rid for rid, s in self.streams.items()
+                     if s.waiting and s.waiting[0][0].seq == 0 and not s.waiting[0][0].prime
+                     and len(s.waiting[0][1]) and not s.aborted)
+
     def _terminal_ready(self) -> bool:
         return any(s.waiting and len(s.waiting[0][1]) == 0 for s in self.streams.values())
 
@@ -183,10 +200,9 @@ class CodecLoop:
         if not rids:
             return
         waited = now - min(h[2] for h in heads)  # the oldest chunk's wait
-        t0 = time.perf_counter()
-        pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)],
-                                  last={rid for rid, head in zip(rids, heads) if head[0].final})
-        decode_s = time.perf_counter() - t0
+        t0 = time.monotonic()
+        pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)])
+        decode_s = time.monotonic() - t0
         emit_s = 0.0  # ring writes only (the record transposes and sends)
         for rid, (chunk, _, arrived), pcm in zip(rids, heads, pcms):
             stream = self.streams[rid]
@@ -210,6 +226,11 @@ class CodecLoop:
                     self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
         self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s,
                                        emit_s=emit_s))
+        if self.timeline is not None:  # chunks: [rid, seq, frames, arrived, final, prime]
+            self.timeline.add("codec_dispatch", t0, dur=decode_s, emit=emit_s,
+                              end=time.monotonic(), n=len(rids),
+                              chunks=[[rid, c.seq, len(codes), arrived, c.final, c.prime]
+                                      for rid, (c, codes, arrived) in zip(rids, heads)])
 
     def _open_slot(self, rid: int, stream: _Stream) -> bool:
         """Lease a decode slot; when none is free (codec.max_slots below the requests in flight)
@@ -248,6 +269,7 @@ class CodecLoop:
         if not self.encodes:
             return
         batch = [self.encodes.popleft() for _ in range(min(self.encode_batch, len(self.encodes)))]
+        t0 = time.monotonic()
         try:
             results: list[np.ndarray | None] = self.runner.encode([wav for _, wav in batch])
             errors: list[str | None] = [None] * len(batch)
@@ -261,6 +283,8 @@ class CodecLoop:
                     results.append(None)
                     errors.append(f"{type(single).__name__}: {single}")
             log.warning("codec: batched reference encode failed (%s); retried one by one", exc)
+        if self.timeline is not None:
+            self.timeline.add("codec_encode", t0, dur=time.monotonic() - t0, n=len(batch))
         for (job, _), codes, error in zip(batch, results, errors):
             self._to_client(job.client, EncodeResult(job=job.job, error=error), codes)
             self.to_coord.send(EncodeDone(job=job.job))
@@ -304,7 +328,8 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
     capture every batch bucket up to `max_batch` (the coalescing window's) for the schedule's chunk
     lengths (initial, ramp, steady) too, within the budget: a capture while serving stalls every
     stream for a device sync, a collection and three decodes (seen as multi-second coalescing
-    waits on the H200 at C=128-256). With encode graphs, their buckets are captured too."""
+    waits on the H200 at C=128-256); then time a few replays to fit the dispatch planner's cost
+    model. With encode graphs, their buckets are captured too."""
     runner.open(-1)
     try:
         runner.decode([(-1, np.zeros((1, runner.n_vq), dtype=np.int64))])
@@ -313,10 +338,13 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
     capture = getattr(runner, "capture", None)
     if capture is not None and chunk_lengths:
         t0 = time.perf_counter()
-        batches = sorted({1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch} | {max_batch})
-        made = capture(batches, chunk_lengths, capture_budget_s)
+        made = capture(range(1, max_batch + 1), chunk_lengths, capture_budget_s)  # every batch bucket
         if made:
             log.info("codec: captured %d decode graphs in %.1f s", made, time.perf_counter() - t0)
+        cost = runner.calibrate()
+        if cost is not None:
+            log.info("codec: decode call cost %.2f ms + %.3f ms per row + %.4f ms per row and frame",
+                     cost.fixed_ms, cost.row_ms, cost.row_frame_ms)
     runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
     capture_encode = getattr(runner, "capture_encode", None)
     if capture_encode is not None:
@@ -330,6 +358,7 @@ def main(spec: WorkerSpec) -> None:
     """Process entry: load the codec, warm up, say Ready, loop until shutdown."""
     variant = prepare_process(spec, spec.profile.codec.torch_threads)
     from_talker, from_coord, to_coord, to_clients = attach_codec(spec)
+    timeline = open_timeline(spec.profile.engine.timeline_dir, f"codec{spec.replica}")
     try:
         runner = variant.make_codec_runner(spec.device)
         warm_up(runner, chunk_lengths(spec.profile), spec.profile.coalescing.max_batch)
@@ -339,11 +368,14 @@ def main(spec: WorkerSpec) -> None:
                               max_batch=c.max_batch, policy=c.policy)
         CodecLoop(runner, from_talker, from_coord, to_coord, to_clients, coalescer,
                   spec.profile.codec.encode_batch,
-                  client_stall_s=spec.profile.codec.client_stall_s).run()
+                  client_stall_s=spec.profile.codec.client_stall_s, timeline=timeline,
+                  express_first_chunks=c.express_first_chunks).run()
     except Exception as exc:
         log.exception("codec worker failed")
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        if timeline is not None:
+            timeline.close()
         for ch in (from_talker, from_coord, to_coord, *to_clients):
             ch.close()

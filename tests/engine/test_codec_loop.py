@@ -11,7 +11,7 @@ import pytest
 
 from ipc.channel import Channel
 from ipc.messages import (Abort, ChunkDone, ClientInbox, CodecInbox, CodeChunk, CoordinatorInbox,
-                          PcmChunk, StageError)
+                          DecodeBatch, PcmChunk, StageError)
 from ipc.shm import new_instance_id
 from profiles import load_profile
 from stages.registry import load_variant
@@ -22,7 +22,8 @@ from stages.workers.codec import CodecLoop
 class Rig:
     """A CodecLoop wired to channels whose other ends this test holds."""
 
-    def __init__(self, model_dir, clients: int = 2, client_ring: int = 1 << 20) -> None:
+    def __init__(self, model_dir, clients: int = 2, client_ring: int = 1 << 20,
+                 coalescer: Coalescer | None = None, express: bool = False) -> None:
         variant = load_variant(model_dir, load_profile("cpu"))
         self.runner = variant.make_codec_runner("cpu")
         self.n_vq = variant.n_vq
@@ -39,7 +40,8 @@ class Rig:
         outs = [pair(f"o{i}", ClientInbox, client_ring) for i in range(clients)]
         self.client_rx = [r for _, r in outs]
         self.loop = CodecLoop(self.runner, talker_r, coord_r, to_coord, [w for w, _ in outs],
-                              Coalescer(), encode_batch=4, client_stall_s=0.2)
+                              coalescer or Coalescer(), encode_batch=4, client_stall_s=0.2,
+                              express_first_chunks=express)
         self._all = [self.talker, talker_r, self.coord, coord_r, to_coord, self.events,
                      *[c for pair_ in outs for c in pair_]]
 
@@ -78,6 +80,29 @@ def test_abort_finds_the_final_record_already_queued(rig) -> None:
     done = [m for m in rig.drain_events() if isinstance(m, ChunkDone) and m.final]
     assert [(d.rid, d.finish_reason) for d in done] == [(1, "abort")]
     assert rig.loop.streams == {} and rig.runner.num_open() == 0
+
+
+@pytest.mark.parametrize("express", [True, False])
+def test_first_chunks_skip_the_coalescing_window(demo_model_dir, express) -> None:
+    """With express first chunks, a request's first chunk is decoded at once, alone, while a
+    later chunk of another request keeps waiting for the window (4 streams or 10 s here)."""
+    window = Coalescer(min_batch=4, max_wait_s=10.0, max_batch=8, policy="fixed")
+    rig = Rig(demo_model_dir, coalescer=window, express=express)
+    try:
+        rig.chunk(1, 0, 1, 2)  # request 1's second chunk (its first was decoded earlier)
+        rig.chunk(2, 0, 0, 1)  # request 2's first chunk
+        rig.loop.step()
+        batches = [m for m in rig.drain_events() if isinstance(m, DecodeBatch)]
+        if express:
+            assert [b.size for b in batches] == [1]
+            rec = rig.client_rx[0].try_recv()
+            assert (rec.msg.rid, rec.msg.seq) == (2, 0)
+            rec.release()
+        else:
+            assert batches == []
+        assert len(rig.loop.streams[1].waiting) == 1  # the later chunk still waits for the window
+    finally:
+        rig.close()
 
 
 def test_a_closed_client_ring_fails_only_that_clients_streams(rig) -> None:

@@ -8,6 +8,7 @@ import torch
 
 from bench.codec import random_codec
 from stages.models.codec.config import CodecConfig, tiny_v2_config
+from stages.models.codec.dispatch_plan import CallCost
 from stages.models.codec.graphs import bucket
 from stages.models.codec.runner import CodecRunner
 
@@ -54,20 +55,18 @@ def script(seed: int = 0) -> list[list[tuple[int, np.ndarray | None]]]:
     return calls
 
 
-def play(runner: CodecRunner, calls, tell_last: bool = False) -> dict[int, np.ndarray]:
-    """Run the script; PCM [channels, samples] per request, every leased slot checked.
-    `tell_last`: pass the final chunks' rids (`decode(last=...)`), as the codec worker does."""
+def play(runner: CodecRunner, calls) -> dict[int, np.ndarray]:
+    """Run the script; PCM [channels, samples] per request, every leased slot checked."""
     pcm: dict[int, list[np.ndarray]] = {}
     for items in calls:
         for rid, _, _ in items:
             if rid not in runner._slot_of:
                 runner.open(rid)
         assert all(0 <= s < runner.max_slots for s in runner._slot_of.values())  # never the scratch slot
-        last = {rid for rid, _, is_last in items if is_last} if tell_last else ()
-        outs = runner.decode([(rid, codes) for rid, codes, _ in items], last=last)
+        outs = runner.decode([(rid, codes) for rid, codes, _ in items])
         for (rid, codes, last), out in zip(items, outs):
             assert out.shape == (runner.channels, codes.shape[0] * runner.samples_per_frame)
-            pcm.setdefault(rid, []).append(out)
+            pcm.setdefault(rid, []).append(out.copy())  # a view valid until the next decode
             if last:
                 runner.close(rid)
     assert runner.num_open() == 0
@@ -77,39 +76,43 @@ def play(runner: CodecRunner, calls, tell_last: bool = False) -> dict[int, np.nd
 def test_bucket():
     assert [bucket(n, 8) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
     assert [bucket(n, 6) for n in (3, 5, 6)] == [4, 6, 6]
+    # past 16 rows, multiples of 16: a padding row costs as much as a real one
+    assert [bucket(n, 256) for n in (16, 17, 33, 48, 49, 250)] == [16, 32, 48, 48, 64, 256]
+    assert bucket(90, 90) == 90  # capped
     with pytest.raises(ValueError):
         bucket(7, 6)
 
 
-def test_padded_eager_graphs_equal_plain_runner():
+@pytest.mark.parametrize("fixed_ms", [0.0, 10.0, 1e6])
+def test_padded_graphs_give_every_stream_its_own_audio(fixed_ms):
+    """Buckets padded with scratch-slot rows, and chunks of any lengths padded into shared replays
+    (each row advancing by its real frames only), give every stream the PCM of the plain runner,
+    whatever joins or leaves: with no per-call cost the planner makes a replay per length (and
+    merges only where the batch bucket pads anyway); with a huge one every dispatch is one replay."""
     model = tiny_model()
     calls = script()
     plain = play(CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK), calls)
     runner = CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, graphs_eager=True)
     assert runner._decoder.num_slots == MAX_SLOTS + 1 and runner.graphs.scratch_slot == MAX_SLOTS
+    runner.call_cost = CallCost(fixed_ms=fixed_ms)
+    replays, decode = [], runner.graphs.decode
+    runner.graphs.decode = lambda *a: replays.append(a[0].shape[-1]) or decode(*a)
     padded = play(runner, calls)
     keys = set(runner.graphs.keys)
-    assert {(6, 1), (6, 2), (6, 4), (4, 15)} <= keys
-    assert all(T <= MAX_CHUNK for _, T in keys)  # the 20-frame chunk decoded in pieces
+    lengths = {T for _, T in keys}
+    assert not {3, 7} & lengths  # final lengths 3 and 7: padded into a call length
+    assert all(T <= MAX_CHUNK for T in lengths)  # the 20-frame chunk decoded in pieces
+    if fixed_ms == 0.0:
+        assert {(6, 1), (4, 15)} <= keys
+    planned = sum(any(0 < len(c) <= MAX_CHUNK for _, c, _ in items) for items in calls)
+    if fixed_ms == 1e6:  # one replay per call (plus the 20-frame chunk's two pieces)
+        assert len(replays) == planned + 2
+    elif fixed_ms == 0.0:  # a replay per length
+        assert len(replays) > planned + 2
     assert padded.keys() == plain.keys()
-    for rid in plain:
-        assert padded[rid].shape == plain[rid].shape
-        assert np.abs(padded[rid] - plain[rid]).max() <= 1e-6, rid
-    # and chunked decoding is still the whole decode
     whole_codes = np.concatenate([c for items in calls for r, c, _ in items if r == 4])
     whole = model.decode(torch.from_numpy(whole_codes.T[:, None, :].copy()))[0].numpy()
-    assert np.abs(padded[4] - whole).max() < 1e-4
-
-
-def test_final_chunks_padded_to_the_steady_graph_give_the_same_audio():
-    """A final chunk of any length decodes padded to the longest graph chunk (shared graph and
-    batch) and trimmed: the same PCM, and no graph of a final chunk's own length."""
-    model = tiny_model()
-    calls = script()
-    plain = play(CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK), calls)
-    runner = CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, graphs_eager=True)
-    padded = play(runner, calls, tell_last=True)
-    assert not {3, 7} & {T for _, T in runner.graphs.keys}  # final lengths 3 and 7: no graphs of their own
+    assert np.abs(padded[4] - whole).max() < 1e-4  # and chunked decoding is still the whole decode
     for rid in plain:
         assert padded[rid].shape == plain[rid].shape
         # other shapes, other float summation order: equal to fp32 rounding of the signal's scale
@@ -124,7 +127,7 @@ def test_capture_ahead_makes_buckets_and_leaves_open_requests_alone():
     want = [ref.decode([(1, codes[:1])])[0], ref.decode([(1, codes[1:16])])[0]]
     runner = CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, graphs_eager=True)
     runner.open(1)
-    got = [runner.decode([(1, codes[:1])])[0]]
+    got = [runner.decode([(1, codes[:1])])[0].copy()]  # a view valid until the next decode
     assert runner.capture((1, 2, 3, 100), (1, 15, 40)) == 7  # buckets 1, 2, 4, 6 x T 1, 15; (1, 1) existed
     assert runner.capture((1, 2), (1, 15)) == 0
     got.append(runner.decode([(1, codes[1:16])])[0])

@@ -57,7 +57,7 @@ def test_interleaved_requests_are_isolated(v2, graphs_eager):
             pb += sched_b[i]
         for (rid, codes), pcm in zip(items, runner.decode(items)):
             assert pcm.dtype == np.float32 and pcm.shape == (2, codes.shape[0] * 3840)
-            got[rid].append(pcm)
+            got[rid].append(pcm.copy())  # a view valid until the next decode
     assert np.abs(np.concatenate(got[7], axis=1) - whole(model, a)).max() < 1e-4
     assert np.abs(np.concatenate(got[9], axis=1) - whole(model, b)).max() < 1e-4
 

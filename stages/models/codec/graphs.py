@@ -7,9 +7,12 @@ visibility mask are computed on the device from `frames[slots]`; the only host-s
 shapes). So a recorded call replays exactly what an eager call of the same shapes does, including
 the state updates (`index_copy_` into the rings, `frames[slots] = start + T`).
 
-Keys: B = the smallest power of two >= n requests (capped at `max_batch`), T <= `max_frames` (the
-decoder's ring headroom; longer chunks are decoded eagerly in pieces by the caller). One graph per
-key is captured on first use (or ahead of time through `capture`), all in one memory pool.
+Keys: B = `bucket(n)` of n requests (powers of two up to 16, then multiples of 16, capped at
+`max_batch`: a padding row of a 15-frame chunk costs as much as a real one), T <= `max_frames` (the
+decoder's ring headroom; longer chunks are decoded in pieces by the caller). Rows may be shorter
+than T: `valid` gives each row's real frames (`StreamingDecoder.decode`), so chunks of different
+lengths share one replay. One graph per key is captured on first use (or ahead of time through
+`capture`), all in one memory pool.
 
 Padding is safe: rows n..B-1 carry slot `scratch_slot`, an extra decoder slot that no request ever
 leases. They read and write only that slot's rings and counter (several padding rows race on the
@@ -37,23 +40,35 @@ import torch
 
 from stages.models.codec.streaming import StreamingDecoder
 
-WARMUP_CALLS = 2  # eager calls on a side stream before recording (kernels, cuBLAS workspaces, allocator)
+WARMUP_CALLS = 1  # eager calls on a side stream before recording (kernels, cuBLAS workspaces, allocator)
+
+
+BUCKET_STEP = 16  # above this, batch buckets are multiples of it (below, powers of two)
 
 
 def bucket(n: int, cap: int) -> int:
-    """Smallest power of two >= n, at most cap (1 <= n <= cap)."""
+    """The batch bucket of n rows: the smallest power of two >= n up to `BUCKET_STEP`, else the
+    smallest multiple of `BUCKET_STEP` >= n; at most cap (1 <= n <= cap)."""
     if not 1 <= n <= cap:
         raise ValueError(f"batch of {n} outside 1..{cap}")
     b = 1
-    while b < n:
+    while b < n and b < BUCKET_STEP:
         b *= 2
+    if b < n:
+        b = -(-n // BUCKET_STEP) * BUCKET_STEP
     return min(b, cap)
+
+
+def buckets(cap: int) -> list[int]:
+    """Every batch bucket up to `cap`."""
+    return sorted({bucket(n, cap) for n in range(1, cap + 1)})
 
 
 @dataclass
 class _Entry:
     codes: torch.Tensor  # [n_vq, B, T] int64 static input: a permuted view of a contiguous [B, T, n_vq]
     slots: torch.Tensor  # [B] int64 static input; rows past the real requests hold the scratch slot
+    valid: torch.Tensor  # [B] int64 static input: real frames of each row (T for padding rows)
     out: torch.Tensor  # [B, channels, T * hop] fp32 static output: a view of the shared output buffer
     graph: torch.cuda.CUDAGraph | None = None
 
@@ -88,18 +103,24 @@ class DecodeGraphs:
         return 1 <= n <= self.max_batch and 1 <= frames <= self.max_frames
 
     @torch.no_grad()
-    def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """The next codes [n_vq, n, T] (host or device) of distinct leased slots [n] -> audio
-        [n, channels, T * hop] on the device: a view of the static output, valid until the next call."""
+    def decode(self, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """The next codes [n_vq, n, T] (host or device) of distinct leased slots [n], row i real for
+        its first valid[i] frames (default: all T) -> audio [n, channels, T * hop] on the device: a
+        view of the static output, valid until the next call (row i's audio past valid[i] * hop is
+        padding)."""
         nq, n, T = codes.shape
         if nq != self.n_vq or len(slots) != n or not self.fits(n, T):
             raise ValueError(f"codes {tuple(codes.shape)} / {len(slots)} slots do not fit the graphs "
                              f"(n_vq {self.n_vq}, batch <= {self.max_batch}, 1 <= T <= {self.max_frames})")
         B = bucket(n, self.max_batch)
         entry = self._entries.get((B, T)) or self._make(B, T)
-        padded = torch.full((B,), self.scratch_slot, dtype=torch.long)  # [B] host
-        padded[:n] = slots.to("cpu", torch.long)
-        entry.slots.copy_(padded, non_blocking=True)
+        padded = torch.full((2, B), self.scratch_slot, dtype=torch.long)  # [slots | valid, B] host
+        padded[0, :n] = slots.to("cpu", torch.long)
+        padded[1] = T
+        if valid is not None:
+            padded[1, :n] = valid.to("cpu", torch.long)
+        entry.slots.copy_(padded[0], non_blocking=True)
+        entry.valid.copy_(padded[1], non_blocking=True)
         entry.codes[:, :n].copy_(codes, non_blocking=True)  # padding rows keep earlier valid codes
         if entry.graph is not None:
             entry.graph.replay()
@@ -123,7 +144,7 @@ class DecodeGraphs:
         return made
 
     def _body(self, entry: _Entry) -> None:
-        entry.out.copy_(self.decoder.decode(entry.codes, entry.slots))
+        entry.out.copy_(self.decoder.decode(entry.codes, entry.slots, entry.valid))
 
     def _make(self, B: int, T: int) -> _Entry:
         """Static inputs (all rows on the scratch slot, code 0) and, with CUDA graphs, the recording."""
@@ -133,8 +154,9 @@ class DecodeGraphs:
                                     dtype=torch.float32, device=dev)
         codes = torch.zeros(B, T, self.n_vq, dtype=torch.long, device=dev).permute(2, 0, 1)  # [n_vq, B, T]
         slots = torch.full((B,), self.scratch_slot, dtype=torch.long, device=dev)
+        valid = torch.full((B,), T, dtype=torch.long, device=dev)
         out = self._out[: B * self.channels * T * self.hop].view(B, self.channels, T * self.hop)
-        entry = _Entry(codes, slots, out)
+        entry = _Entry(codes, slots, valid, out)
         if self.use_cuda_graphs:
             entry.graph = self._record(entry)
         self._entries[(B, T)] = entry

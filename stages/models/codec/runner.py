@@ -2,29 +2,31 @@
 
 The codec worker owns one runner. A request leases a slot with `open(rid)`, feeds its code chunks
 through `decode` in order, and frees the slot with `close(rid)`. Decoding a request's chunks one
-after another equals decoding their concatenation at once (`stages.models.codec.streaming`). Items of one
-`decode` call that have the same number of frames run as one batched model call over their slots.
+after another equals decoding their concatenation at once (`stages.models.codec.streaming`).
 
-With `cuda_graphs` (CUDA only) such a batch of n chunks of T <= `max_chunk_frames` frames replays a
-graph of the bucket (next power of two >= n, T) from `stages.models.codec.graphs`, captured on first use
-or ahead through `capture`; padding rows decode on a scratch slot (slot `max_slots`, never leased).
-Longer chunks (reference priming) replay in graph-sized pieces; final chunks are padded to the
-longest graph chunk and trimmed (`decode(last=...)`); batches past the buckets decode eagerly.
-`graphs_eager` runs the same buckets, padding and scratch slot without recording (CPU tests of
-that logic). With `encode_graphs` (CUDA only; `encode_graphs_eager` for CPU tests) reference
+With `cuda_graphs` (CUDA only) the chunks of one `decode` call of at most `max_chunk_frames` frames
+are split by `stages.models.codec.dispatch_plan` into a few replays of graphs keyed by (batch bucket,
+length T) from `stages.models.codec.graphs`, captured on first use or ahead through `capture`: each chunk
+is padded to its replay's T with its real length as the row's valid frames, so its stream advances
+by its real frames only; padding rows decode on a scratch slot (slot `max_slots`, never leased).
+The replays' PCM comes back through one pinned host buffer and one wait per call. Longer chunks
+(reference priming) replay in graph-sized pieces. Without graphs, chunks of equal length run as
+one eager call. `graphs_eager` runs the same buckets, padding and scratch slot without recording
+(CPU tests of that logic). With `encode_graphs` (CUDA only; `encode_graphs_eager` for CPU tests) reference
 encoding replays graphs per (batch bucket, length bucket) from `stages.models.codec.encode_graphs`;
 longer clips or larger batches encode eagerly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import time
 
 import numpy as np
 import torch
 
 from stages.models.codec.encode_graphs import EncodeGraphs
-from stages.models.codec.graphs import DecodeGraphs
+from stages.models.codec.dispatch_plan import CallCost, plan
+from stages.models.codec.graphs import DecodeGraphs, bucket
 from stages.models.codec.model import CodecModel
 from stages.models.codec.streaming import StreamingDecoder
 
@@ -69,6 +71,14 @@ class CodecRunner:
             raise ValueError(f"encode_graphs needs a CUDA device, the codec is on {self.device}")
         self.encode_graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=encode_batch, capture=encode_graphs) \
             if encode_graphs or encode_graphs_eager else None
+        # replay lengths the planner may use: the graphs' longest and the powers of two below it
+        # until `capture` names the schedule's lengths; the cost model until `calibrate`
+        self.call_frames: tuple[int, ...] = ()
+        if self.graphs is not None:
+            m = self.graphs.max_frames
+            self.call_frames = tuple(sorted({m} | {1 << i for i in range(m.bit_length()) if 1 << i < m}))
+        self.call_cost = CallCost()
+        self._host: torch.Tensor | None = None  # pinned on CUDA: the planned replays' PCM
         self._slot_of: dict[int, int] = {}
         self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
 
@@ -92,39 +102,77 @@ class CodecRunner:
             self._decoder.reset(torch.tensor([slot]))
             self._free.append(slot)
 
-    def decode(self, items: list[tuple[int, np.ndarray]], last: Collection[int] = ()) -> list[np.ndarray]:
+    def decode(self, items: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
         """Next chunk of each request: (rid, codes [T, n_vq] int64) -> PCM float32 [channels, T * samples_per_frame].
 
-        `last`: rids whose chunk is their final one. With graphs such a chunk is padded to the
-        graphs' longest chunk and its audio trimmed: the decoder is causal, so the real frames'
-        audio is unchanged, the stream's state afterwards is never used, and final chunks of any
-        length share the steady chunks' graph and batch instead of each length needing its own."""
-        items = list(items)  # final chunks are replaced by padded copies below
+        With graphs, chunks of up to the graphs' longest length go in as few replays as the
+        modelled cost (`call_cost`, `stages.models.codec.dispatch_plan`) finds best, each chunk padded to
+        its replay's length with its real length as the row's valid frames; the PCM arrays are
+        then views of one pinned host buffer (on CUDA), valid until the next `decode`. Longer
+        chunks (reference priming) replay in graph-sized pieces; without graphs, chunks of equal
+        length decode in one eager call."""
         rids = [rid for rid, _ in items]
         if len(set(rids)) != len(rids):
             raise ValueError(f"one decode call holds several chunks of one request: {rids}")
-        groups: dict[int, list[int]] = {}
-        lengths = [codes.shape[0] for _, codes in items]
-        for index, (rid, codes) in enumerate(items):
+        for rid, codes in items:
             self._check_codes(rid, codes)
-            frames = codes.shape[0]
-            if self.graphs is not None and rid in last and 0 < frames < self.graphs.max_frames:
-                pad = np.zeros((self.graphs.max_frames - frames, codes.shape[1]), dtype=codes.dtype)
-                items[index] = (rid, np.concatenate([codes, pad]))  # [max_frames, n_vq]
-                frames = self.graphs.max_frames
-            groups.setdefault(frames, []).append(index)
         out: list[np.ndarray | None] = [None] * len(items)
+        graphs = self.graphs
+        short = [i for i, (_, codes) in enumerate(items)
+                 if graphs is not None and 0 < codes.shape[0] <= graphs.max_frames]
+        if short:
+            self._decode_planned(items, short, out)
+        groups: dict[int, list[int]] = {}
+        for index, (_, codes) in enumerate(items):
+            if out[index] is None:
+                groups.setdefault(codes.shape[0], []).append(index)
         for frames, indices in groups.items():
             slots = torch.tensor([self._slot_of[items[i][0]] for i in indices])
             codes = torch.from_numpy(np.stack([items[i][1] for i in indices]))  # [B, T, n_vq]
-            if self.graphs is not None and self.graphs.fits(len(indices), min(frames, self.graphs.max_frames)):
+            if graphs is not None and frames and len(indices) <= graphs.max_batch:
                 audio = self._replay(codes, slots)
             else:
                 codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
                 audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]
             for row, i in enumerate(indices):
-                out[i] = audio[row, :, : lengths[i] * self.samples_per_frame]
+                out[i] = audio[row]
         return out  # type: ignore[return-value]
+
+    def _decode_planned(self, items: list[tuple[int, np.ndarray]], indices: list[int],
+                        out: list[np.ndarray | None]) -> None:
+        """Chunks no longer than a graph through the planned replays; their PCM into `out`."""
+        graphs = self.graphs
+        lengths = [items[i][1].shape[0] for i in indices]
+        calls = plan(lengths, self.call_frames, lambda n: bucket(n, graphs.max_batch), self.call_cost)
+        host = self._host_views([(len(members), T) for T, members in calls])
+        for (T, members), dst in zip(calls, host):
+            chosen = [indices[m] for m in members]
+            codes = np.zeros((len(chosen), T, self.n_vq), dtype=np.int64)  # [n, T, n_vq], zero padding
+            for row, i in enumerate(chosen):
+                codes[row, : items[i][1].shape[0]] = items[i][1]
+            slots = torch.tensor([self._slot_of[items[i][0]] for i in chosen])
+            valid = torch.tensor([items[i][1].shape[0] for i in chosen])
+            audio = graphs.decode(torch.from_numpy(codes).permute(2, 0, 1), slots, valid)  # [n, C, T * hop]
+            dst.copy_(audio, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the dispatch's one wait
+        for (T, members), dst in zip(calls, host):
+            pcm = dst.numpy()
+            for row, m in enumerate(members):
+                i = indices[m]
+                out[i] = pcm[row, :, : items[i][1].shape[0] * self.samples_per_frame]
+
+    def _host_views(self, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """Host tensors [n, channels, T * hop] for these (n, T), laid end to end in one buffer
+        (pinned on CUDA, so the copies are asynchronous), grown when a dispatch needs more."""
+        sizes = [n * self.channels * T * self.samples_per_frame for n, T in shapes]
+        if self._host is None or self._host.numel() < sum(sizes):
+            self._host = torch.empty(sum(sizes), dtype=torch.float32, pin_memory=self.device.type == "cuda")
+        views, offset = [], 0
+        for (n, T), size in zip(shapes, sizes):
+            views.append(self._host[offset: offset + size].view(n, self.channels, T * self.samples_per_frame))
+            offset += size
+        return views
 
     def _replay(self, codes: torch.Tensor, slots: torch.Tensor) -> np.ndarray:
         """codes [n, T, n_vq] through the graphs, in pieces of at most their longest chunk (a stream's
@@ -136,13 +184,44 @@ class CodecRunner:
             pieces.append(audio.to("cpu", copy=True).numpy())  # one copy of the real rows (also on CPU)
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
 
+    def calibrate(self, iters: int = 3) -> CallCost | None:
+        """Fit `call_cost` from timed decodes of three shapes on the scratch slot (graphs only;
+        the shapes' graphs are made if missing): returns the new model, None without graphs."""
+        graphs = self.graphs
+        if graphs is None:
+            return None
+        wide = bucket(graphs.max_batch, graphs.max_batch)
+        small = min(4, wide)
+        if small == wide:
+            return None
+        shapes = [(small, 1), (wide, 1), (wide, graphs.max_frames)]
+        timed = []
+        for n, T in shapes:
+            codes = torch.zeros(self.n_vq, n, T, dtype=torch.long)
+            slots = torch.full((n,), graphs.scratch_slot, dtype=torch.long)
+            graphs.decode(codes, slots)  # made and warm
+            self._sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                graphs.decode(codes, slots)
+            self._sync()
+            timed.append((n, T, (time.perf_counter() - t0) * 1e3 / iters))
+        self.call_cost = CallCost.fit(*timed)
+        return self.call_cost
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def capture(self, batches: list[int] | tuple[int, ...], chunk_lengths: list[int] | tuple[int, ...],
                 budget_s: float | None = None) -> int:
         """Capture ahead the graphs of these batch sizes (their buckets) and chunk lengths, within
         `budget_s`; returns how many were captured (0 without graphs). Open requests are untouched."""
         if self.graphs is None:
             return 0
-        return self.graphs.capture(batches, chunk_lengths, budget_s)
+        lengths = sorted({t for t in chunk_lengths if 1 <= t <= self.graphs.max_frames} | {self.graphs.max_frames})
+        self.call_frames = tuple(lengths)
+        return self.graphs.capture(batches, lengths, budget_s)
 
     def capture_encode(self, budget_s: float | None = None) -> int:
         """Capture ahead the reference-encoding graphs of every batch and length bucket, within

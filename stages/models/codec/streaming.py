@@ -67,18 +67,27 @@ class StreamingDecoder:
         self.frames[slots.to(self.frames.device)] = 0
 
     @torch.no_grad()
-    def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def decode(self, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """The next codes [nq, B, T] of distinct slots [B] -> audio [B, channels, T * hop].
 
+        `valid` [B] (default T for every row): row b's real frames, the first `valid[b]`; the rest is
+        padding. A padded row's audio past `valid[b] * hop` is garbage and its frame counter
+        advances by `valid[b]` only, so its next chunk continues right after the real frames: the
+        padding's keys land in ring rows that the next chunk overwrites before any query can see
+        them (a query never sees a later position, and the ring's headroom of a whole chunk keeps
+        every key a later query needs). So chunks of different lengths can share one call.
         Chunks longer than `max_chunk_frames` are decoded in pieces (the result is the same).
         """
         slots = slots.to(self.frames.device)
         if codes.shape[-1] == 0:
             return torch.zeros(len(slots), self.model.cfg.channels, 0, device=self.frames.device)
+        if valid is not None and codes.shape[-1] > self.max_chunk_frames:
+            raise ValueError(f"valid lengths need a chunk of at most {self.max_chunk_frames} frames")
         pieces = []
         for begin in range(0, codes.shape[-1], self.max_chunk_frames):
             piece = codes[:, :, begin: begin + self.max_chunk_frames]
             start = self.frames[slots]  # [B]
             pieces.append(self.model.decode(piece, StreamChunk(slots, start, self.caches)))
-            self.frames[slots] = start + piece.shape[-1]
+            advance = piece.shape[-1] if valid is None else valid.to(self.frames.device)
+            self.frames[slots] = start + advance
         return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]

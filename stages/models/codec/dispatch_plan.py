@@ -1,0 +1,82 @@
+"""How one codec dispatch's chunks are split into decode calls: fewest modelled milliseconds.
+
+A dispatch holds one chunk per stream, of mixed lengths (first chunks of 1 frame, ramp chunks,
+steady chunks of 15, final partial chunks). The streaming decoder takes rows of different real
+lengths in one call, padded to the call's length T (`StreamingDecoder.decode(valid=...)`), so the
+chunks could always go in one call; but a padded frame costs as much as a real one. A call costs
+about `fixed + per_row * B + per_row_frame * B * T` (B = the rows' batch bucket), measured on an
+H200 for the full-size v2 codec from CUDA-graph replays (docs/performance.md): a fixed ~10 ms per
+call (thousands of small kernels), ~0.06 ms per row whatever T (reading the row's ring caches) and
+~0.046 ms per row and frame. So a few 1-frame chunks padded to 15 frames cost more than a second
+call, and many of them cost less. `plan` sorts the chunks by length and picks the contiguous
+groups that minimise the modelled total (an exact search over the distinct lengths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CallCost:
+    """Modelled milliseconds of one decode call of B rows (a batch bucket) padded to T frames."""
+
+    fixed_ms: float = 10.0
+    row_ms: float = 0.06
+    row_frame_ms: float = 0.046
+
+    def __call__(self, rows: int, frames: int) -> float:
+        return self.fixed_ms + rows * (self.row_ms + self.row_frame_ms * frames)
+
+    @classmethod
+    def fit(cls, small: tuple[int, int, float], wide: tuple[int, int, float],
+            long: tuple[int, int, float]) -> CallCost:
+        """The model through three timed calls (rows, frames, ms): `small` and `wide` of one frame
+        length and different row counts, `long` with `wide`'s rows and more frames. Negative
+        terms (timing noise) are clipped to zero."""
+        (b1, t1, ms1), (b2, t2, ms2), (b3, t3, ms3) = small, wide, long
+        if b1 == b2 or t2 == t3 or t1 != t2 or b2 != b3:
+            raise ValueError("fit needs two row counts at one length and two lengths at one row count")
+        row_frame = max(0.0, (ms3 - ms2) / (b2 * (t3 - t2)))
+        per_row = max(0.0, (ms2 - ms1) / (b2 - b1) - row_frame * t1)
+        fixed = max(0.0, ms1 - b1 * (per_row + row_frame * t1))
+        return cls(fixed, per_row, row_frame)
+
+
+def plan(lengths: Sequence[int], call_frames: Sequence[int], bucket: Callable[[int], int],
+         cost: CallCost) -> list[tuple[int, list[int]]]:
+    """Split chunks of these `lengths` (each 1 <= length <= max(call_frames)) into calls:
+    [(T, indices into lengths)], T taken from `call_frames` (the lengths with graphs), each call
+    padding its chunks to T. The calls come shortest first."""
+    frames = sorted(set(call_frames))
+    if not lengths:
+        return []
+    if min(lengths) < 1 or max(lengths) > frames[-1]:
+        raise ValueError(f"chunk lengths {sorted(set(lengths))} outside 1..{frames[-1]}")
+    by_length: dict[int, list[int]] = {}
+    for index, n in enumerate(lengths):
+        by_length.setdefault(n, []).append(index)
+    distinct = sorted(by_length)
+    counts = [len(by_length[n]) for n in distinct]
+
+    def call_length(longest: int) -> int:
+        return next(t for t in frames if t >= longest)
+
+    # best[j]: least cost of the first j distinct lengths; cut[j]: where its last call starts
+    best = [0.0] + [float("inf")] * len(distinct)
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        rows = 0
+        for i in range(j - 1, -1, -1):  # the last call takes distinct lengths i..j-1
+            rows += counts[i]
+            total = best[i] + cost(bucket(rows), call_length(distinct[j - 1]))
+            if total < best[j]:
+                best[j], cut[j] = total, i
+    calls: list[tuple[int, list[int]]] = []
+    j = len(distinct)
+    while j > 0:
+        i = cut[j]
+        calls.append((call_length(distinct[j - 1]), [x for n in distinct[i:j] for x in by_length[n]]))
+        j = i
+    return calls[::-1]
