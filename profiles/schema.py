@@ -107,6 +107,10 @@ class TalkerConfig(_Section):
         "Delay and Realtime talkers: replay the decoding rows' backbone step from CUDA graphs "
         "(with cuda_graphs, CUDA only); off by default until measured on a GPU (CPU-tested "
         "through the eager graph path)")] = False
+    prefill_graphs: Annotated[bool, doc(
+        "with cuda_graphs, a step's prompt chunks replay a CUDA graph per (tokens, KV blocks) "
+        "bucket instead of one eager call (an eager prefill step is bound by host time); off "
+        "by default until measured on a GPU (CPU-tested through the eager graph path)")] = False
     compile: Annotated[bool, doc(
         "on CUDA, run the backbone layers, row embedding and the local loop + sampling through "
         "torch.compile (fused kernels; compiled at warm-up, tens of seconds)")] = True

@@ -26,6 +26,7 @@ import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata, build_attention_metadata
 from stages.runtime.kv_cache import BackboneShape, KVCacheExhausted, PagedKVCache
+from stages.runtime.prefill_graphs import PrefillChunk
 
 DEFAULT_CPU_TOKENS_PER_REQUEST = 2048  # KV sizing on CPU when no block count is given
 
@@ -199,12 +200,29 @@ class RowScheduler:
         """Reserve KV slots, copy the rows to the device and mark what becomes ready."""
         rows = np.concatenate([r.rows.view()[r.prefilled : r.prefilled + n] for r, n in batch])  # [N, C]
         meta = build_attention_metadata(self.cache, [(r.rid, n) for r, n in batch], device)
+        ready, ready_index = self._advance(batch)
+        ids = torch.from_numpy(rows).to(device, non_blocking=True)
+        index = torch.tensor(ready_index, dtype=torch.long).to(device, non_blocking=True)
+        return ScheduledBatch(ids, meta, ready, meta.last_token_index[index])
+
+    def reserve(self, batch: list[tuple[RowRequest, int]]) -> tuple[list[PrefillChunk], list[RowRequest], list[int]]:
+        """Reserve KV slots for `batch` without building its metadata (the prefill graphs pack
+        their own): each item as a `PrefillChunk`, the requests that become ready and their
+        indices in `batch`."""
+        chunks = []
+        for r, n in batch:
+            start, slots = self.cache.append_slots(r.rid, n)
+            chunks.append(PrefillChunk(r.rows.view()[r.prefilled: r.prefilled + n], start, slots,
+                                       self.cache.block_table(r.rid)))
+        ready, ready_index = self._advance(batch)
+        return chunks, ready, ready_index
+
+    def _advance(self, batch: list[tuple[RowRequest, int]]) -> tuple[list[RowRequest], list[int]]:
+        """Count the fed rows as prefilled; the requests whose rows are all in the cache now."""
         ready, ready_index = [], []
         for i, (r, n) in enumerate(batch):
             r.prefilled += n
             if r.pending == 0:
                 ready.append(r)
                 ready_index.append(i)
-        ids = torch.from_numpy(rows).to(device, non_blocking=True)
-        index = torch.tensor(ready_index, dtype=torch.long).to(device, non_blocking=True)
-        return ScheduledBatch(ids, meta, ready, meta.last_token_index[index])
+        return ready, ready_index

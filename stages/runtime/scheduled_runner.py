@@ -99,6 +99,10 @@ class ScheduledRunner:
         if self._requests.pop(rid, None) is not None:
             self.scheduler.remove(rid)
 
+    def capture_ahead(self, budget_s: float) -> int:
+        """No graphs to record ahead here (a runner with some overrides this)."""
+        return 0
+
     def num_running(self) -> int:
         return len(self._requests)
 

@@ -50,6 +50,10 @@ class TalkerRunner(Protocol):
     def num_running(self) -> int:
         """Requests held (prefilling or decoding)."""
 
+    def capture_ahead(self, budget_s: float) -> int:
+        """Record, at warm-up and within `budget_s`, the graphs serving may need that requests
+        have not made yet (so none is captured while requests wait); returns how many (0: none)."""
+
     def close(self) -> None:
         """Release what the runner holds besides memory (a tensor-parallel runner stops its follower
         ranks); called once, when the worker stops."""

@@ -208,10 +208,14 @@ class TalkerLoop:
             self._slots_reported = in_use
 
 
+WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long (largest first)
+
+
 def warm_up(runner: Any, variant: Variant) -> None:
     """Run short requests through the runner so first requests do not pay for lazy set-up: one
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
-    what compiles the shape-generic code). The job is the variant's (`warm_up_job`)."""
+    what compiles the shape-generic code). The job is the variant's (`warm_up_job`). Then the
+    runner records the graphs it can record ahead (`capture_ahead`)."""
     request = variant.build_request(variant.warm_up_job())
     batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
     for rids in batches:
@@ -224,6 +228,10 @@ def warm_up(runner: Any, variant: Variant) -> None:
                 break
         for rid in rids:
             runner.remove(rid)
+    t0 = time.perf_counter()
+    made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)
+    if made:
+        log.info("talker: captured %d graphs ahead in %.1f s", made, time.perf_counter() - t0)
 
 
 def main(spec: WorkerSpec) -> None:

@@ -70,6 +70,9 @@ class ToyRunner:
     def num_running(self) -> int:
         return len(self.requests)
 
+    def capture_ahead(self, budget_s: float) -> int:
+        return 0
+
     def close(self) -> None:
         pass
 

@@ -229,3 +229,42 @@ def test_sampler_mode_picks_the_cheap_paths_only_when_every_request_allows_them(
     assert not SamplerMode.of([SamplingParams(), SamplingParams(top_k=0)]).candidates
     assert not SamplerMode.of([SamplingParams(top_k=K_CAP + 1)]).candidates
     assert SamplerMode.of([SamplingParams(), SamplingParams(repetition_penalty=1.1)]).penalty
+
+
+@pytest.mark.parametrize("max_seqs", [None, 1])
+def test_prefill_graphs_equal_the_eager_runner_event_for_event(model, max_seqs):
+    """Prompt chunks replayed from prefill graphs (token and KV-block buckets, padding tokens on
+    the scratch block, padding chunks empty) give exactly the events of the one-call eager runner,
+    also under preemption; with room for one chunk a replay, steps of several fall back to eager."""
+    reqs = workload()
+    plain, _ = drive(LocalV15Runner(model, **CAPACITY), reqs)
+    runner = LocalV15Runner(model, **CAPACITY, graph_path="eager", prefill_graphs=True)
+    if max_seqs is not None:
+        runner.prefill_graphs.max_seqs = max_seqs
+    replays, run = [], runner.prefill_graphs.run
+    runner.prefill_graphs.run = lambda chunks: replays.append(len(chunks)) or run(chunks)
+    graphed, _ = drive(runner, reqs)
+    assert graphed == plain
+    keys = runner.prefill_graphs.keys
+    assert len({M for _, M in keys}) >= 2  # several KV-block buckets
+    if max_seqs is None:  # every prefill step replays a graph
+        assert len({T for T, _ in keys}) >= 2 and max(replays) >= 2 and len(replays) >= 10
+    else:  # steps of one chunk replay, the others ran eagerly
+        assert replays and max(replays) == 1
+    tight = {**CAPACITY, "num_kv_blocks": 30}
+    plain_runner = LocalV15Runner(model, **tight)
+    runner = LocalV15Runner(model, **tight, graph_path="eager", prefill_graphs=True)
+    assert drive(runner, reqs)[0] == drive(plain_runner, reqs)[0]
+    assert runner.preemptions == plain_runner.preemptions
+
+
+def test_prefill_graphs_capture_ahead_leaves_requests_alone(model):
+    reqs = workload(6, seed=4)
+    plain, _ = drive(LocalV15Runner(model, **CAPACITY), reqs)
+    runner = LocalV15Runner(model, **CAPACITY, graph_path="eager", prefill_graphs=True)
+    made = runner.prefill_graphs.capture_ahead([1, 20, 24], [1, 3])
+    assert made == len(runner.prefill_graphs.keys) == 4  # tokens 16, 24 (the budget) x blocks 1, 4
+    # the runner's own: every token bucket up to the budget x block buckets up to the pool's 96
+    assert runner.capture_ahead(60.0) == 2 * 8 - 4 and runner.capture_ahead(60.0) == 0
+    assert drive(runner, reqs)[0] == plain
+    assert LocalV15Runner(model, **CAPACITY, graph_path="eager").capture_ahead(60.0) == 0

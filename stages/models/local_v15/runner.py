@@ -47,6 +47,7 @@ from stages.models.local_v15.model import LocalV15Talker
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.graph_capture import resolve_graph_path
+from stages.runtime.prefill_graphs import PrefillGraphs
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
 from stages.runtime.sampling import K_CAP, SamplingSlots, noise_key, sample_tokens
@@ -111,14 +112,19 @@ class _SlotSampler:
                              key=self.keys[:, codebook])
 
 
+PREFILL_GRAPH_SEQS = 32  # prompt chunks one prefill-graph replay holds at most (more: eager)
+PREFILL_AHEAD_TOKENS = 2048  # prefill graphs are captured ahead for sequences up to this long
+
+
 class LocalV15Runner(ScheduledRunner):
     """The v1.5 talker with a paged KV cache, serving many requests at once."""
 
     def __init__(self, model: LocalV15Talker, *, cuda_graphs: bool = False, graph_path: str | None = None,
-                 attention: AttentionBackend | None = None, **capacity) -> None:
+                 attention: AttentionBackend | None = None, prefill_graphs: bool = False, **capacity) -> None:
         """`graph_path`: "off" | "eager" | "cuda" (module docstring); None = "cuda" with
-        `cuda_graphs` on a CUDA device, else "off". `capacity`: `ScheduledRunner`'s KV and
-        batching settings (`prefill_interval` among them)."""
+        `cuda_graphs` on a CUDA device, else "off". `prefill_graphs`: with a graph path, prefill
+        chunks replay `PrefillGraphs` too (else one eager call). `capacity`: `ScheduledRunner`'s
+        KV and batching settings (`prefill_interval` among them)."""
         cfg = model.config
         on_cuda = next(model.parameters()).device.type == "cuda"
         self.graph_path = graph_path = resolve_graph_path(graph_path, cuda_graphs, on_cuda)
@@ -145,6 +151,16 @@ class LocalV15Runner(ScheduledRunner):
             self._pool = torch.cuda.graph_pool_handle() if self._capture else None
         self._codebooks = torch.arange(cfg.n_vq, device=self.device)  # [n_vq]
         self._requests: dict[int, _Request] = {}
+        self.prefill_graphs: PrefillGraphs | None = None
+        if use_graphs and prefill_graphs:
+            model_, cache, attention_ = self.model, self.cache, self.attention
+            self.prefill_graphs = PrefillGraphs(
+                lambda ids, meta: model_.transformer(model_.embed_rows(ids), meta, cache, attention_),
+                width=1 + cfg.n_vq, hidden_size=cfg.hidden_size, dtype=self.dtype,
+                max_tokens=self.max_prefill_tokens_per_step, max_seqs=min(self.max_running, PREFILL_GRAPH_SEQS),
+                max_chunk=self.prefill_chunk_tokens, max_blocks=cache.spec.num_blocks - 1,
+                scratch_block=self._scratch_block, block_size=cache.spec.block_size, device=self.device,
+                capture=self._capture, pool=self._pool)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -162,6 +178,18 @@ class LocalV15Runner(ScheduledRunner):
         self.sampling.write(sched.slot, params)
         self.seen[sched.slot] = False
         self.next_row[sched.slot, 0] = self.model.config.gen_slot
+
+    def capture_ahead(self, budget_s: float) -> int:
+        """The prefill graphs of every token bucket up to the step budget, for block tables of up
+        to `PREFILL_AHEAD_TOKENS` tokens (longer ones are captured when met), largest first,
+        within `budget_s`; returns how many were made (0 without prefill graphs)."""
+        if self.prefill_graphs is None:
+            return 0
+        g = self.prefill_graphs
+        tokens = [t for t in (16 << i for i in range(12)) if t < g.max_tokens] + [g.max_tokens]
+        widest = min(self.cache.spec.blocks_for(PREFILL_AHEAD_TOKENS), g.max_blocks)
+        blocks = [b for b in (1 << i for i in range(16)) if b < widest] + [widest]
+        return g.capture_ahead(tokens, blocks, budget_s)
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -190,16 +218,24 @@ class LocalV15Runner(ScheduledRunner):
         return self._finish_frames(ready, stop, codes, order)
 
     def _eager_part(self, chunks: list[tuple[RowRequest, int]]):
-        """One eager backbone call over `chunks`, then the local loop of the requests it completes:
-        (ready, stop [B], codes [B, n_vq]), or None when none completes."""
-        batch = self.scheduler.pack(chunks, self.device)
-        with torch.inference_mode():
-            hidden = self.model.transformer(self.model.embed_rows(batch.ids), batch.meta, self.cache,
-                                            self.attention)  # [N, H]
-        if not batch.ready:
+        """One backbone call over `chunks` (a prefill-graph replay when they fit one, else eager),
+        then the local loop of the requests it completes: (ready, stop [B], codes [B, n_vq]), or
+        None when none completes."""
+        if self.prefill_graphs is not None and self.prefill_graphs.fits([n for _, n in chunks]):
+            packed, done, index = self.scheduler.reserve(chunks)
+            with torch.inference_mode():
+                hidden, last = self.prefill_graphs.run(packed)  # [T, H], [len(chunks)]
+                rows = last[torch.tensor(index, dtype=torch.long).to(self.device, non_blocking=True)]
+        else:
+            batch = self.scheduler.pack(chunks, self.device)
+            with torch.inference_mode():
+                hidden = self.model.transformer(self.model.embed_rows(batch.ids), batch.meta, self.cache,
+                                                self.attention)  # [N, H]
+            done, rows = batch.ready, batch.ready_rows
+        if not done:
             return None
-        ready = [self._requests[r.rid] for r in batch.ready]
-        h = hidden[batch.ready_rows]  # [B, H]
+        ready = [self._requests[r.rid] for r in done]
+        h = hidden[rows]  # [B, H]
         if self.frame_graphs is not None:
             stop, codes = self.frame_graphs.run(h, [r.slot for r in ready], [r.frames for r in ready])
             return ready, stop, codes
@@ -307,4 +343,5 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.compile and str(device).startswith("cuda"):
         model.compile_hot_paths()
-    return LocalV15Runner(model, **talker_runner_options(profile, device))
+    return LocalV15Runner(model, prefill_graphs=profile.talker.prefill_graphs,
+                          **talker_runner_options(profile, device))

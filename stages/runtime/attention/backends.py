@@ -73,11 +73,14 @@ class PaddedBatchAttention:
 
     Each group gathers its sequences' blocks into a padded `[n, max_blocks * block_size]` K/V and
     masks keys past a query's position. Shapes depend only on the group sizes and the block count,
-    so a decode-only step is graph-capturable.
+    and padded (chunk, token) pairs write a spare row instead of being masked out of the index, so
+    decode steps and padded prefill calls (`stages.runtime.prefill_graphs`) are graph-capturable.
+    Rows no sequence covers (padding tokens) come out zero.
     """
 
     def __call__(self, q, k_pool, v_pool, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        out = torch.empty_like(q)
+        N = q.shape[0]
+        out = torch.zeros(N + 1, *q.shape[1:], dtype=q.dtype, device=q.device)  # row N: padding's
         for seqs, rows, valid in (
             (meta.decode_seqs, meta.decode_rows[:, None], None),
             (meta.prefill_seqs, meta.prefill_rows, meta.prefill_valid),
@@ -94,12 +97,12 @@ class PaddedBatchAttention:
             q_pos = (seq_lens - q_len)[:, None] + torch.arange(width, device=q.device)  # [n, Q]
             key_pos = torch.arange(k.shape[1], device=q.device)
             allowed = key_pos[None, None, :] <= q_pos[:, :, None]  # [n, Q, L] (implies key < seq_len)
-            o = grouped_attention(q[rows], k, v, allowed, scale)  # [n, Q, Hq, D]
+            o = grouped_attention(q[rows.clamp(max=N - 1)], k, v, allowed, scale)  # [n, Q, Hq, D]
             if valid is None:
                 out[rows[:, 0]] = o[:, 0]
-            else:
-                out[rows[valid]] = o[valid]
-        return out
+            else:  # (chunk, token) pairs past a chunk's length write row N: no mask-shaped index
+                out[torch.where(valid, rows, N)] = o
+        return out[:N]
 
 
 def make_attention(name: str, device: torch.device | str) -> AttentionBackend:

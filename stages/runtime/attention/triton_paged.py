@@ -172,7 +172,7 @@ class TritonPagedAttention:
         return s
 
     def __call__(self, q, k_pool, v_pool, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        out = torch.empty_like(q)
+        out = torch.zeros_like(q)  # rows no sequence covers (prefill graphs' padding) stay finite
         n_dec = meta.decode_seqs.shape[0]
         if n_dec:
             splits = self.decode_splits(n_dec, k_pool.shape[2], meta.block_tables.shape[1] * k_pool.shape[1])
