@@ -171,7 +171,8 @@ def test_runner_from_profile(golden):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_decode_equals_eager_decode():
     """Decode steps replayed from per-bucket CUDA graphs give the eager step's codes (tiny, fp32),
-    also in steps that prefill next to them and with prefill_interval 3."""
+    also in steps that prefill next to them, with prefill_interval 3, and with the prefill chunks
+    replayed from prefill graphs captured ahead."""
     from stages.models.local_v15.config import tiny_config
     from stages.models.local_v15.loader import build_talker_module
 
@@ -192,9 +193,14 @@ def test_cuda_graph_decode_equals_eager_decode():
     assert runner.graphs is not None and len(runner.graphs._graphs) >= 2  # several buckets were used
     assert len(runner.frame_graphs._graphs) >= 1  # mixed steps replayed the local loop
     spaced, _ = run(LocalV15Runner(model, **capacity, cuda_graphs=True, prefill_interval=3), reqs)
+    prefilled = LocalV15Runner(model, **capacity, cuda_graphs=True, prefill_graphs=True)
+    made = prefilled.capture_ahead(120.0)
+    with_prefill, _ = run(prefilled, reqs)
+    assert made >= 2 and all(g.call.graph is not None for g in prefilled.prefill_graphs._graphs.values())
     for i in reqs:
         np.testing.assert_array_equal(graphed[i], eager[i])
         np.testing.assert_array_equal(spaced[i], eager[i])
+        np.testing.assert_array_equal(with_prefill[i], eager[i])
         assert finish[i] == "stop"
 
 
