@@ -16,6 +16,9 @@
 #   bash docs/device_runs.sh knobs      # this build's high-concurrency server as shipped (C=128, C=1)
 #                                       # and with larger prefill and codec windows (C=128), each
 #                                       # with its timeline; then the talker's prefill-step profile
+#   bash docs/device_runs.sh prefill    # the GPU tests of the talker and codec graphs; then
+#                                       # high-concurrency with and without talker.prefill_graphs
+#                                       # (C=128, 64, 1, timelines), one server each, same call
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 set -u
@@ -158,6 +161,33 @@ knobs)
   cp -r /tmp/tl_hc /tmp/tl_wide "$R/"
   [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 1 64 \
     --attention triton --compile --prefill 170 2>&1 | grep -v Warning | tee "$R/prefill_profile.txt" | tail -70
+  ;;
+prefill)
+  checkpoint
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_local_v15_runner.py \
+    tests/stages/test_codec_graphs.py 2>&1 | tail -3
+  pair() {  # pair PORT NAME "CS"
+    local port=$1 name=$2 cs=$3
+    for c in $cs; do
+      [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
+      bench "$port" "${name}_warm" "$c" --no-warmup
+      a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
+      echo "$name $c $a $b" >> "$R/windows.txt"
+    done
+  }
+  start_server 8000 off --profile high-concurrency --set engine.timeline_dir=/tmp/tl_off
+  pair 8000 off "128 64 1"
+  stop_server off
+  start_server 8001 on --profile high-concurrency --set engine.timeline_dir=/tmp/tl_on \
+    --set talker.prefill_graphs=true
+  pair 8001 on "128 64 1"
+  stop_server on
+  while read -r name c a b; do
+    echo "== timeline of the measured C=$c pass ($name)"
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" \
+      | grep -vE "_ms_by_index|chunks_by_frames"
+  done < "$R/windows.txt"
+  cp -r /tmp/tl_off /tmp/tl_on "$R/"
   ;;
 sweep)
   checkpoint
