@@ -18,7 +18,8 @@
 #                                       # with its timeline; then the talker's prefill-step profile
 #   bash docs/device_runs.sh prefill    # the GPU tests of the talker and codec graphs; then
 #                                       # high-concurrency with and without talker.prefill_graphs
-#                                       # (C=128, 64, 1, timelines), one server each, same call
+#                                       # and talker.capture_ahead (C=128, 64, 1, each level's
+#                                       # first pass shown too; timelines), one server each
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 set -u
@@ -179,7 +180,7 @@ prefill)
   pair 8000 off "128 64 1"
   stop_server off
   start_server 8001 on --profile high-concurrency --set engine.timeline_dir=/tmp/tl_on \
-    --set talker.prefill_graphs=true
+    --set talker.prefill_graphs=true --set talker.capture_ahead=true
   pair 8001 on "128 64 1"
   stop_server on
   while read -r name c a b; do

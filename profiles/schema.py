@@ -111,6 +111,11 @@ class TalkerConfig(_Section):
         "with cuda_graphs, a step's prompt chunks replay a CUDA graph per (tokens, KV blocks) "
         "bucket instead of one eager call (an eager prefill step is bound by host time); off "
         "by default until measured on a GPU (CPU-tested through the eager graph path)")] = False
+    capture_ahead: Annotated[bool, doc(
+        "with cuda_graphs, record at warm-up every decode, local-loop and prefill graph bucket "
+        "serving can meet (every sampler mode, block tables up to 2048 tokens), so the first "
+        "requests after /ready never wait for a capture; off by default until measured on a GPU "
+        "(start-up time, memory)")] = False
     compile: Annotated[bool, doc(
         "on CUDA, run the backbone layers, row embedding and the local loop + sampling through "
         "torch.compile (fused kernels; compiled at warm-up, tens of seconds)")] = True

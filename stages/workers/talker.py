@@ -211,11 +211,11 @@ class TalkerLoop:
 WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long (largest first)
 
 
-def warm_up(runner: Any, variant: Variant) -> None:
+def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     """Run short requests through the runner so first requests do not pay for lazy set-up: one
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
-    what compiles the shape-generic code). The job is the variant's (`warm_up_job`). Then the
-    runner records the graphs it can record ahead (`capture_ahead`)."""
+    what compiles the shape-generic code). The job is the variant's (`warm_up_job`). Then, with
+    `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead."""
     request = variant.build_request(variant.warm_up_job())
     batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
     for rids in batches:
@@ -228,9 +228,9 @@ def warm_up(runner: Any, variant: Variant) -> None:
                 break
         for rid in rids:
             runner.remove(rid)
-    t0 = time.perf_counter()
-    made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)
-    if made:
+    if capture_ahead:
+        t0 = time.perf_counter()
+        made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)
         log.info("talker: captured %d graphs ahead in %.1f s", made, time.perf_counter() - t0)
 
 
@@ -242,7 +242,7 @@ def main(spec: WorkerSpec) -> None:
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"talker{spec.replica}")
     try:
         runner = variant.make_talker_runner(spec.device)
-        warm_up(runner, variant)
+        warm_up(runner, variant, spec.profile.talker.capture_ahead)
         to_coord.send(Ready(stage="talker", pid=os.getpid(),
                             capacity=spec.profile.talker.max_running))
         TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),

@@ -264,7 +264,34 @@ def test_prefill_graphs_capture_ahead_leaves_requests_alone(model):
     runner = LocalV15Runner(model, **CAPACITY, graph_path="eager", prefill_graphs=True)
     made = runner.prefill_graphs.capture_ahead([1, 20, 24], [1, 3])
     assert made == len(runner.prefill_graphs.keys) == 4  # tokens 16, 24 (the budget) x blocks 1, 4
-    # the runner's own: every token bucket up to the budget x block buckets up to the pool's 96
-    assert runner.capture_ahead(60.0) == 2 * 8 - 4 and runner.capture_ahead(60.0) == 0
+    # the runner's own: 4 sampler modes x (4 x 8 decode + 4 local-loop graphs), then every token
+    # bucket up to the budget x block buckets up to the pool's 96 (4 of them made above)
+    assert runner.capture_ahead(60.0) == 4 * (4 * 8 + 4) + 2 * 8 - 4 and runner.capture_ahead(60.0) == 0
     assert drive(runner, reqs)[0] == plain
-    assert LocalV15Runner(model, **CAPACITY, graph_path="eager").capture_ahead(60.0) == 0
+    assert LocalV15Runner(model, **CAPACITY, graph_path="eager").capture_ahead(60.0) == 4 * (4 * 8 + 4)  # no prefill
+    assert LocalV15Runner(model, **CAPACITY).capture_ahead(60.0) == 0  # no graphs at all
+
+
+def test_capture_ahead_makes_every_graph_serving_meets(model):
+    """After one warm-up request, `capture_ahead` makes every decode, local-loop and prefill graph
+    of the requests' sampler mode: serving a whole workload then makes no graph of its own."""
+    reqs = {rid: (arrival, prompt, SamplingParams(seed=params.seed, forced_frames=params.forced_frames,
+                                                  max_new_frames=params.max_new_frames, temperature=1.0, top_k=5))
+            for rid, (arrival, prompt, params) in workload(10, seed=5).items()}
+    runner = LocalV15Runner(model, **CAPACITY, graph_path="eager", prefill_graphs=True)
+    warm = {-1: (0, reqs[0][1][:5], SamplingParams(seed=1, forced_frames=2, temperature=1.0, top_k=5))}
+    drive(runner, warm)
+    made = runner.capture_ahead(120.0)
+
+    def graphs():
+        return ({(mode, key) for mode, (d, _) in runner._graph_sets.items() for key in d._graphs},
+                {(mode, key) for mode, (_, f) in runner._graph_sets.items() for key in f._graphs},
+                set(runner.prefill_graphs.keys))
+
+    before = graphs()
+    # 4 sampler modes x (batch buckets 1, 2, 4, 6 x KV-block buckets 1 .. 64, 96; local loops
+    # 1, 2, 4, 6), then prefill tokens 16, 24 x the block buckets
+    assert [len(g) for g in before] == [4 * 4 * 8, 4 * 4, 2 * 8]
+    assert made > 150  # the warm-up request made a few itself
+    drive(runner, reqs)
+    assert graphs() == before

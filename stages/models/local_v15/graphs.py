@@ -20,6 +20,7 @@ bucketing, padding and scratch slot/block logic is exercised exactly as the grap
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,22 @@ class DecodeGraphs:
         return pack_decode_inputs(slots, frames, positions, slot_mapping, seq_lens, tables, batch=key[0],
                                   blocks=key[1], scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
                                   block_size=self.block_size), key
+
+    def capture_ahead(self, batches: list[int], blocks: list[int], budget_s: float | None = None) -> int:
+        """Make the (B, M) buckets of these batch sizes and block counts not made yet, every row
+        on the scratch slot and block, largest first, stopping after `budget_s`; returns how many."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        keys = {(bucket(b, self.max_batch), bucket(m, self.max_blocks)) for b in batches for m in blocks}
+        made = 0
+        for key in sorted(keys - set(self._graphs), reverse=True):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            packed = pack_decode_inputs([], [], [], [], [], [], batch=key[0], blocks=key[1],
+                                        scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
+                                        block_size=self.block_size)
+            self._build(packed, key)
+            made += 1
+        return made
 
     def run(self, packed_host: torch.Tensor, key: tuple[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (capturing first if new) the bucket's graph; returns stop [n], codes [n, n_vq]."""
@@ -110,10 +127,24 @@ class FrameGraphs:
         self.capture = capture
         self._graphs: dict[int, _FrameGraph] = {}
 
-    def run(self, hidden: torch.Tensor, slots: list[int], frames: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden [n, H] backbone states of the ready requests -> stop [n], codes [n, n_vq]."""
+    def capture_ahead(self, batches: list[int], budget_s: float | None = None) -> int:
+        """Make the batch buckets of these sizes not made yet (every row on the scratch slot),
+        largest first, stopping after `budget_s`; returns how many."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        made = 0
+        for B in sorted({bucket(b, self.max_batch) for b in batches} - set(self._graphs), reverse=True):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            self.run(torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device), [], [], batch=B)
+            made += 1
+        return made
+
+    def run(self, hidden: torch.Tensor, slots: list[int], frames: list[int],
+            batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [n, H] backbone states of the ready requests -> stop [n], codes [n, n_vq];
+        `batch`: the bucket to use (default: the bucket of n)."""
         n = len(slots)
-        B = bucket(n, self.max_batch)
+        B = bucket(n, self.max_batch) if batch is None else batch
         packed = np.zeros((B, 2), dtype=np.int64)
         packed[:, 0] = self.scratch_slot
         packed[:n, 0], packed[:n, 1] = slots, frames

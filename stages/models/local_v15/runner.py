@@ -33,6 +33,7 @@ prefilled again later (recompute), which continues them exactly where they were.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +114,12 @@ class _SlotSampler:
 
 
 PREFILL_GRAPH_SEQS = 32  # prompt chunks one prefill-graph replay holds at most (more: eager)
-PREFILL_AHEAD_TOKENS = 2048  # prefill graphs are captured ahead for sequences up to this long
+GRAPH_AHEAD_TOKENS = 2048  # graphs are captured ahead for sequences up to this long
+
+
+def powers_up_to(cap: int) -> list[int]:
+    """1, 2, 4, ... below `cap`, then `cap`: every bucket of `graph_capture.bucket` up to it."""
+    return [b for b in (1 << i for i in range(cap.bit_length())) if b < cap] + [cap]
 
 
 class LocalV15Runner(ScheduledRunner):
@@ -180,16 +186,29 @@ class LocalV15Runner(ScheduledRunner):
         self.next_row[sched.slot, 0] = self.model.config.gen_slot
 
     def capture_ahead(self, budget_s: float) -> int:
-        """The prefill graphs of every token bucket up to the step budget, for block tables of up
-        to `PREFILL_AHEAD_TOKENS` tokens (longer ones are captured when met), largest first,
-        within `budget_s`; returns how many were made (0 without prefill graphs)."""
-        if self.prefill_graphs is None:
+        """Every graph serving can replay, made now (a capture while serving stalls every stream):
+        for each sampler mode (those met so far first: the warm-up requests' at start-up), the
+        decode graphs of every (batch, KV-blocks) bucket and the local-loop graphs of every batch
+        bucket; then the
+        prefill graphs of every token bucket (with `prefill_graphs`). Block tables of up to
+        `GRAPH_AHEAD_TOKENS` tokens (longer ones are captured when met); largest first, within
+        `budget_s`. Returns how many were made (0 without graphs)."""
+        if self.graph_path == "off":
             return 0
+        deadline = time.monotonic() + budget_s
+        widest = self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
+        made = 0
+        every = [SamplerMode(candidates, penalty) for candidates in (True, False) for penalty in (False, True)]
+        for mode in list(self._graph_sets) + [m for m in every if m not in self._graph_sets]:
+            decode, frame = self._graph_set(mode)
+            made += decode.capture_ahead(powers_up_to(self.max_running), powers_up_to(min(widest, decode.max_blocks)),
+                                         deadline - time.monotonic())
+            made += frame.capture_ahead(powers_up_to(self.max_running), deadline - time.monotonic())
         g = self.prefill_graphs
-        tokens = [t for t in (16 << i for i in range(12)) if t < g.max_tokens] + [g.max_tokens]
-        widest = min(self.cache.spec.blocks_for(PREFILL_AHEAD_TOKENS), g.max_blocks)
-        blocks = [b for b in (1 << i for i in range(16)) if b < widest] + [widest]
-        return g.capture_ahead(tokens, blocks, budget_s)
+        if g is not None:
+            tokens = [t for t in (16 << i for i in range(12)) if t < g.max_tokens] + [g.max_tokens]
+            made += g.capture_ahead(tokens, powers_up_to(min(widest, g.max_blocks)), deadline - time.monotonic())
+        return made
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -258,8 +277,9 @@ class LocalV15Runner(ScheduledRunner):
         """The local-loop graphs of this step's sampler mode (None without graphs)."""
         return self._graph_set()[1] if self.graph_path != "off" else None
 
-    def _graph_set(self) -> tuple[DecodeGraphs, FrameGraphs]:
-        mode = self.mode
+    def _graph_set(self, mode: SamplerMode | None = None) -> tuple[DecodeGraphs, FrameGraphs]:
+        """The graphs of `mode` (default: this step's), made empty on first use."""
+        mode = self.mode if mode is None else mode
         found = self._graph_sets.get(mode)
         if found is None:
             n_vq, scratch = self.model.config.n_vq, self.max_running  # the padding rows' slot
