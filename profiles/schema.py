@@ -186,6 +186,13 @@ class CoalescingConfig(_Section):
         "a request's first audio chunk skips the window and any large batch: it is decoded at "
         "once in a small call of first chunks, so first audio never waits behind a steady "
         "batch")] = True
+    patient_wait_ms: Annotated[float, doc(
+        "a steady chunk (not a request's first or final) of a stream whose client holds audio "
+        "may wait up to this long for a larger dispatch, never past the moment that client's "
+        "audio would run out less buffer_margin_ms; 0 = every chunk keeps max_wait_ms", ge=0)] = 0.0
+    buffer_margin_ms: Annotated[float, doc(
+        "how early before a client's buffered audio runs out a waiting chunk is dispatched",
+        ge=0)] = 200.0
     policy: Annotated[Literal["fixed", "idle_wait"], doc(
         "fixed = always honour the window; idle_wait = sleep on the doorbell when nothing is "
         "runnable")] = "idle_wait"

@@ -4,7 +4,9 @@ A stream is *ready* while it has at least one code chunk waiting. The codec deco
 chunk per stream per batch (streaming decode is sequential within a stream). Rules:
 
 - dispatch when at least `min_batch` streams are ready (a target, not a cap; `max_batch` caps);
-- or when `max_wait_s` has passed since the oldest ready chunk arrived;
+- or when a ready chunk is due: by default `max_wait_s` after it arrived; the caller may give a
+  later due time to a chunk that can wait (its stream has audio buffered at its client), so such
+  chunks gather into larger, cheaper dispatches while urgent ones keep the short window;
 - policy `idle_wait` (default) also dispatches at once when no more streams could join
   (every alive stream is ready, or fewer streams are alive than `min_batch`), and the worker sleeps
   on its doorbells without a timeout while nothing is ready;
@@ -39,6 +41,7 @@ class Coalescer:
     max_batch: int = 1 << 30
     policy: Policy = "idle_wait"
     _ready_since: dict[int, float] = field(default_factory=dict)  # rid -> arrival of oldest chunk
+    _due: dict[int, float] = field(default_factory=dict)  # rid -> latest dispatch time of that chunk
 
     def __post_init__(self) -> None:
         if self.min_batch < 1 or self.max_batch < self.min_batch:
@@ -53,22 +56,26 @@ class Coalescer:
     def num_ready(self) -> int:
         return len(self._ready_since)
 
-    def mark_ready(self, rid: int, since: float) -> None:
-        """Stream `rid` has a chunk waiting since `since` (no-op when it is already ready).
+    def mark_ready(self, rid: int, since: float, due: float | None = None) -> None:
+        """Stream `rid` has a chunk waiting since `since`, to be dispatched by `due` (default
+        `since + max_wait_s`); a no-op when it is already ready.
 
         After a dispatch took its chunk, the caller marks it again with the arrival time of its
         next waiting chunk, so a backlog is not held for another window.
         """
-        self._ready_since.setdefault(rid, since)
+        if rid not in self._ready_since:
+            self._ready_since[rid] = since
+            self._due[rid] = since + self.max_wait_s if due is None else due
 
     def take(self, rids: tuple[int, ...]) -> None:
         """These streams are dispatched outside `decide` (express first chunks): not ready now."""
         for rid in rids:
-            self._ready_since.pop(rid, None)
+            self.forget(rid)
 
     def forget(self, rid: int) -> None:
         """Stream `rid` has nothing waiting any more (dispatched, aborted or closed)."""
         self._ready_since.pop(rid, None)
+        self._due.pop(rid, None)
 
     def wait_time(self, now: float, alive: int) -> float | None:
         """Seconds until a dispatch is due: 0 = now, None = nothing ready. Changes nothing."""
@@ -78,10 +85,10 @@ class Coalescer:
         target = self.min_batch
         if self.policy == "idle_wait":
             target = max(1, min(target, alive))
-        waited = now - min(ready.values())
-        if len(ready) >= target or waited >= self.max_wait_s:
+        due = min(self._due.values())
+        if len(ready) >= target or now >= due:
             return 0.0
-        return self.max_wait_s - waited
+        return due - now
 
     def decide(self, now: float, alive: int) -> Decision:
         """Dispatch now (the chosen streams leave the ready set) or wait; `alive` counts open
@@ -92,5 +99,5 @@ class Coalescer:
         ready = self._ready_since
         order = sorted(ready, key=ready.__getitem__)[: self.max_batch]
         for rid in order:
-            del ready[rid]
+            self.forget(rid)
         return Decision(dispatch=tuple(order))

@@ -48,6 +48,8 @@ class _Stream:
     waiting: deque[tuple[CodeChunk, np.ndarray, float]] = field(default_factory=deque)
     slot_open: bool = False
     aborted: bool = False
+    first_out: float | None = None  # when its first audio went to its client
+    audio_out_s: float = 0.0  # seconds of audio sent to its client
 
 
 class CodecLoop:
@@ -56,8 +58,10 @@ class CodecLoop:
     def __init__(self, runner: Any, from_talker: Any, from_coord: Any, to_coord: Any,
                  to_clients: list[Any], coalescer: Coalescer, encode_batch: int,
                  clock: Any = time.monotonic, client_stall_s: float = 5.0,
-                 timeline: Timeline | None = None, express_first_chunks: bool = False) -> None:
+                 timeline: Timeline | None = None, express_first_chunks: bool = False,
+                 patient_wait_s: float = 0.0, buffer_margin_s: float = 0.2) -> None:
         self.client_stall_s = client_stall_s
+        self.patient_wait_s, self.buffer_margin_s = patient_wait_s, buffer_margin_s
         self.express_first_chunks = express_first_chunks
         self.timeline = timeline
         self._dead_clients: set[int] = set()
@@ -162,12 +166,25 @@ class CodecLoop:
         now = self.clock()
         stream.waiting.append((chunk, codes, now))
         if len(codes):
-            self.coalescer.mark_ready(chunk.rid, since=stream.waiting[0][2])
+            self._mark_ready(chunk.rid, stream)
 
     # ---- work ----------------------------------------------------------------------------------
 
     def _alive(self) -> int:
         return sum(not s.aborted for s in self.streams.values())
+
+    def _mark_ready(self, rid: int, stream: _Stream) -> None:
+        """The stream's head chunk is ready. With `patient_wait_s`, a steady chunk (not the
+        request's first or final) of a stream whose client holds audio may wait up to that long,
+        never past the moment the client's buffer would run dry less `buffer_margin_s` (its
+        first audio's time plus the audio sent), for a larger, cheaper dispatch; other chunks
+        keep the window's `max_wait`."""
+        chunk, _, since = stream.waiting[0]
+        due = None
+        if self.patient_wait_s and not chunk.final and stream.first_out is not None:
+            dry = stream.first_out + stream.audio_out_s - self.buffer_margin_s
+            due = max(since + self.coalescer.max_wait_s, min(since + self.patient_wait_s, dry))
+        self.coalescer.mark_ready(rid, since=since, due=due)
 
     def _express_ready(self) -> tuple[int, ...]:
         """Streams whose waiting head is their first audio chunk, when first chunks are express
@@ -208,7 +225,7 @@ class CodecLoop:
             stream = self.streams[rid]
             if chunk.prime:  # left context only: its audio is not part of the answer
                 if stream.waiting and len(stream.waiting[0][1]):
-                    self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
+                    self._mark_ready(rid, stream)
                 continue
             t1 = time.perf_counter()
             reason = chunk.finish_reason if chunk.final else None
@@ -219,11 +236,14 @@ class CodecLoop:
             self.to_coord.send(ChunkDone(rid=rid, seq=chunk.seq, samples=pcm.shape[1],
                                          final=chunk.final, finish_reason=reason))
             emit_s += time.perf_counter() - t1
+            if stream.first_out is None:
+                stream.first_out = self.clock()
+            stream.audio_out_s += pcm.shape[1] / self.runner.sample_rate
             if chunk.final:
                 self._release(rid, stream)
             elif stream.waiting:
                 if len(stream.waiting[0][1]):
-                    self.coalescer.mark_ready(rid, since=stream.waiting[0][2])
+                    self._mark_ready(rid, stream)
         self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s,
                                        emit_s=emit_s))
         if self.timeline is not None:  # chunks: [rid, seq, frames, arrived, final, prime]
@@ -369,7 +389,8 @@ def main(spec: WorkerSpec) -> None:
         CodecLoop(runner, from_talker, from_coord, to_coord, to_clients, coalescer,
                   spec.profile.codec.encode_batch,
                   client_stall_s=spec.profile.codec.client_stall_s, timeline=timeline,
-                  express_first_chunks=c.express_first_chunks).run()
+                  express_first_chunks=c.express_first_chunks, patient_wait_s=c.patient_wait_ms / 1000.0,
+                  buffer_margin_s=c.buffer_margin_ms / 1000.0).run()
     except Exception as exc:
         log.exception("codec worker failed")
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))

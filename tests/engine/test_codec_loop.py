@@ -23,7 +23,7 @@ class Rig:
     """A CodecLoop wired to channels whose other ends this test holds."""
 
     def __init__(self, model_dir, clients: int = 2, client_ring: int = 1 << 20,
-                 coalescer: Coalescer | None = None, express: bool = False) -> None:
+                 coalescer: Coalescer | None = None, express: bool = False, **loop_options) -> None:
         variant = load_variant(model_dir, load_profile("cpu"))
         self.runner = variant.make_codec_runner("cpu")
         self.n_vq = variant.n_vq
@@ -41,7 +41,7 @@ class Rig:
         self.client_rx = [r for _, r in outs]
         self.loop = CodecLoop(self.runner, talker_r, coord_r, to_coord, [w for w, _ in outs],
                               coalescer or Coalescer(), encode_batch=4, client_stall_s=0.2,
-                              express_first_chunks=express)
+                              express_first_chunks=express, **loop_options)
         self._all = [self.talker, talker_r, self.coord, coord_r, to_coord, self.events,
                      *[c for pair_ in outs for c in pair_]]
 
@@ -101,6 +101,40 @@ def test_first_chunks_skip_the_coalescing_window(demo_model_dir, express) -> Non
         else:
             assert batches == []
         assert len(rig.loop.streams[1].waiting) == 1  # the later chunk still waits for the window
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("patient_wait_s", [0.3, 0.0])
+def test_a_steady_chunk_of_a_buffered_stream_waits_for_a_larger_dispatch(demo_model_dir, patient_wait_s):
+    """With patience, a steady chunk whose client holds over a second of audio waits past the
+    window's 10 ms (up to patient_wait_s) for other streams; a chunk of a stream with little
+    audio buffered (the second chunk here) and every chunk without patience keep the window."""
+    now = [100.0]
+    window = Coalescer(min_batch=8, max_wait_s=0.010, max_batch=8, policy="fixed")
+    rig = Rig(demo_model_dir, coalescer=window, express=True, clock=lambda: now[0],
+              patient_wait_s=patient_wait_s, buffer_margin_s=0.2)
+    try:
+        def batches() -> list[int]:
+            return [m.size for m in rig.drain_events() if isinstance(m, DecodeBatch)]
+
+        rig.chunk(1, 0, 0, 1)
+        rig.loop.step()  # the first chunk: express, 0.08 s of audio out
+        rig.chunk(1, 0, 1, 15)
+        rig.loop.step()  # little audio buffered: it waits the window's 10 ms ...
+        now[0] += 0.011
+        rig.loop.step()  # ... and is decoded: 1.28 s out
+        assert batches() == [1, 1]
+        rig.chunk(1, 0, 2, 15)
+        rig.loop.step()
+        now[0] += 0.011
+        rig.loop.step()  # 1.2 s buffered: with patience it waits on, else the window has passed
+        assert batches() == ([] if patient_wait_s else [1])
+        if patient_wait_s:
+            now[0] += patient_wait_s
+            rig.loop.step()
+            assert batches() == [1]
+        assert rig.loop.streams[1].audio_out_s == pytest.approx(31 * 0.08)
     finally:
         rig.close()
 

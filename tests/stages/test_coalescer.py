@@ -81,3 +81,19 @@ def test_wait_time_does_not_consume_the_ready_set() -> None:
     assert c.wait_time(now=0.02, alive=3) == 0.0
     assert c.wait_time(now=0.02, alive=3) == 0.0   # asking twice changes nothing
     assert c.decide(now=0.02, alive=3).dispatch == (1,)
+
+
+def test_a_later_due_time_lets_a_chunk_wait_past_the_window_until_something_is_due() -> None:
+    c = Coalescer(min_batch=4, max_wait_s=0.010, policy="fixed")
+    c.mark_ready(1, since=0.0, due=0.5)  # a chunk whose client holds audio
+    assert c.decide(now=0.1, alive=8).dispatch == () and c.wait_time(0.1, alive=8) == pytest.approx(0.4)
+    c.mark_ready(2, since=0.2)  # an urgent one: the default window
+    assert c.decide(now=0.205, alive=8).dispatch == ()
+    assert c.decide(now=0.211, alive=8).dispatch == (1, 2)  # the urgent one takes the patient one along
+    c.mark_ready(3, since=1.0, due=2.0)
+    for rid in (4, 5, 6):
+        c.mark_ready(rid, since=1.0, due=2.0)
+    assert c.decide(now=1.0, alive=8).dispatch == (3, 4, 5, 6)  # min_batch reached: no more waiting
+    c.mark_ready(7, since=3.0, due=3.5)
+    c.forget(7)
+    assert c.wait_time(3.1, alive=8) is None
