@@ -81,6 +81,15 @@ sweep() {  # sweep PORT NAME "CS" SERVE_ARGS...
   nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed "s/^/$name GPU memory: /"
   stop_server "$name"
 }
+pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured pass, its window kept
+  local port=$1 name=$2 cs=$3
+  for c in $cs; do
+    [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
+    bench "$port" "${name}_warm" "$c" --no-warmup
+    a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
+    echo "$name $c $a $b" >> "$R/windows.txt"
+  done
+}
 checkpoint() {
   [ -f /tmp/l15/config.json ] || mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
   el "checkpoint written"
@@ -111,15 +120,6 @@ timeline)
 compare)
   checkpoint
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py 2>&1 | tail -3
-  pair() {  # pair PORT NAME "CS" : a warm-up pass and a measured pass per level, windows recorded
-    local port=$1 name=$2 cs=$3
-    for c in $cs; do
-      [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
-      bench "$port" "${name}_warm" "$c" --no-warmup > /dev/null
-      a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
-      echo "$name $c $a $b" >> "$R/windows.txt"
-    done
-  }
   SERVER_PATH=/tmp/site:$BASE start_server 8000 base --profile high-concurrency
   pair 8000 base "128 64"
   stop_server base
@@ -138,15 +138,6 @@ compare)
   ;;
 knobs)
   checkpoint
-  pair() {  # pair PORT NAME "CS"
-    local port=$1 name=$2 cs=$3
-    for c in $cs; do
-      [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
-      bench "$port" "${name}_warm" "$c" --no-warmup > /dev/null
-      a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
-      echo "$name $c $a $b" >> "$R/windows.txt"
-    done
-  }
   start_server 8000 hc --profile high-concurrency --set engine.timeline_dir=/tmp/tl_hc
   pair 8000 hc "128 1"
   stop_server hc
@@ -167,15 +158,6 @@ prefill)
   checkpoint
   timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_local_v15_runner.py \
     tests/stages/test_codec_graphs.py 2>&1 | tail -3
-  pair() {  # pair PORT NAME "CS"
-    local port=$1 name=$2 cs=$3
-    for c in $cs; do
-      [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
-      bench "$port" "${name}_warm" "$c" --no-warmup
-      a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
-      echo "$name $c $a $b" >> "$R/windows.txt"
-    done
-  }
   start_server 8000 off --profile high-concurrency --set engine.timeline_dir=/tmp/tl_off
   pair 8000 off "128 64 1"
   stop_server off

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
+from stages.runtime.graph_capture import (StaticCall, bucket, decode_metadata, pack_decode_inputs,
+                                          replay_or_build)
 
 
 @dataclass
@@ -61,12 +62,7 @@ class BackboneGraphs:
         ids = np.zeros((key[0], self.width), dtype=np.int64)  # padding rows: id 0
         ids[:n] = rows
         host = torch.cat([torch.from_numpy(ids), packed], dim=1)  # [B, C + 5 + M]
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._build(host, key)
-        else:
-            g.packed.copy_(host, non_blocking=True)
-            g.call()
+        g = replay_or_build(self._graphs, key, host, self._build)
         return g.hidden[:n]
 
     def _build(self, host: torch.Tensor, key: tuple[int, int]) -> _Graph:

@@ -114,6 +114,18 @@ def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) 
     return graph
 
 
+def replay_or_build(graphs: dict, key, host: torch.Tensor, build: Callable):
+    """The graph of `key` run on `host` (a bucket's packed static input): `build(host, key)` makes,
+    runs and stores it on first use; later calls copy `host` into its `packed` input and replay
+    its `call`."""
+    g = graphs.get(key)
+    if g is None:
+        return build(host, key)
+    g.packed.copy_(host, non_blocking=True)
+    g.call()
+    return g
+
+
 @dataclass
 class StaticCall:
     """`body` over static inputs, its results copied into the static `outputs`; with a recorded

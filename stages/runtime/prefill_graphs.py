@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import StaticCall, bucket
+from stages.runtime.graph_capture import StaticCall, bucket, replay_or_build
 
 MIN_TOKENS = 16  # the smallest token bucket
 
@@ -87,12 +87,7 @@ class PrefillGraphs:
         the next call. Rows past the chunks' tokens are padding."""
         key = self.key(sum(len(c.rows) for c in chunks), max(len(c.table) for c in chunks))
         host = self._pack(chunks, *key)
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._build(host, key)
-        else:
-            g.packed.copy_(host, non_blocking=True)
-            g.call()
+        g = replay_or_build(self._graphs, key, host, self._build)
         lay = self._layout(*key)
         return g.hidden, g.packed[lay["last"]][: len(chunks)]
 

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import StaticCall, bucket, decode_metadata, pack_decode_inputs
+from stages.runtime.graph_capture import (StaticCall, bucket, decode_metadata, pack_decode_inputs,
+                                          replay_or_build)
 
 
 @dataclass
@@ -82,12 +83,7 @@ class DecodeGraphs:
 
     def run(self, packed_host: torch.Tensor, key: tuple[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (capturing first if new) the bucket's graph; returns stop [n], codes [n, n_vq]."""
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._build(packed_host, key)
-        else:
-            g.packed.copy_(packed_host, non_blocking=True)
-            g.call()
+        g = replay_or_build(self._graphs, key, packed_host, self._build)
         return g.stop[:n], g.codes[:n]
 
     def _build(self, packed_host: torch.Tensor, key: tuple[int, int]) -> _Graph:
