@@ -169,6 +169,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--graphs", action="store_true", help="also time CUDA-graph replay of the steady chunk")
     parser.add_argument("--profile", action="store_true", help="print a kernel profile of one chunk at the last batch")
+    parser.add_argument("--compile", action="store_true",
+                        help="run the codec's layers through torch.compile (CodecModel.compile_layers)")
     parser.add_argument("--grid", default="",
                         help="chunk lengths (e.g. 1,2,4,8,15): graph replay ms of each (batch, length)")
     parser.add_argument("--encode", action="store_true",
@@ -179,8 +181,11 @@ def main() -> None:
     print(f"exactness on {args.device}: max |chunked - whole| = {err:.3g}, output RMS {rms:.3g} (tiny, fp32)")
     cfg = CodecConfig.from_json(CONFIGS[(args.version, args.size)]())
     model = random_codec(cfg, args.device, getattr(torch, args.dtype))
+    if args.compile:
+        model.compile_layers()
     params = sum(p.numel() for p in model.parameters())
-    print(f"{args.version} {args.size} codec, {params / 1e9:.3f} B parameters, {args.dtype}, random weights")
+    print(f"{args.version} {args.size} codec, {params / 1e9:.3f} B parameters, {args.dtype}, random weights"
+          f"{', compiled layers' if args.compile else ''}")
     frame_s = cfg.downsample_rate / cfg.sampling_rate
     for batch in (int(b) for b in args.batches.split(",")):
         first_ms, step_ms = bench(model, batch, args.chunk, args.n_vq, args.iters, args.device)

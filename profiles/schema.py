@@ -146,6 +146,10 @@ class CodecConfig(_Section):
         "first, audio dropped, so the new audio has the reference as left context as upstream's "
         "decode-then-trim does (exact); false skips that prime (first audio sooner, the first "
         "frames decoded without left context, as vLLM-Omni does)")] = True
+    compile: Annotated[bool, doc(
+        "on CUDA, run the codec's transformer layers (norms, projections, RoPE, FFN) through "
+        "torch.compile, attention and ring writes eager; off by default until measured on a GPU "
+        "(CPU-tested through dynamo's eager backend)")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_graphs: Annotated[bool, doc(

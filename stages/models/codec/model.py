@@ -19,7 +19,8 @@ from torch import nn
 
 from stages.models.codec.config import CodecConfig, PatchStage, Stage, TransformerStage
 from stages.models.codec.quantizer import ResidualLFQ
-from stages.models.codec.transformer import LayerCache, ProjectedTransformer, patch_down, patch_up
+from stages.models.codec.transformer import (LayerCache, ProjectedTransformer, layer_inputs, layer_outputs,
+                                             patch_down, patch_up)
 
 
 class Patch(nn.Module):
@@ -73,6 +74,17 @@ class CodecModel(nn.Module):
     @property
     def compute_dtype(self) -> torch.dtype:
         return next(t.dtype for t in self.decoder.parameters())
+
+    def compile_layers(self, backend: str = "inductor") -> None:
+        """Run every transformer layer's halves around attention through `torch.compile` (norms,
+        projections, RoPE, residual gains and the FFN fused; one compilation per half and head
+        shape, dynamic in batch and length); ring writes and attention stay eager, so streaming
+        state and graphs work unchanged."""
+        parts = tuple(torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
+                      for f in (layer_inputs, layer_outputs))
+        for module in (*self.encoder, *self.decoder):
+            if isinstance(module, ProjectedTransformer):
+                module.transformer.parts = parts
 
     def decoder_stages(self) -> list[TransformerStage]:
         return [m.stage for m in self.decoder if isinstance(m, ProjectedTransformer)]

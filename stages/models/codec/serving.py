@@ -44,15 +44,18 @@ def chunk_lengths(profile: Profile) -> tuple[int, ...]:
 def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int, dtype: Any = None) -> Any:
     """The `CodecRunner` over the first `n_vq` quantizers: slots, ring headroom (the longest chunk of
     the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
-    in pieces) and CUDA graphs (`codec.cuda_graphs` for decode, `codec.encode_graphs` for reference
-    encoding; CUDA devices only) from the profile.
+    in pieces), CUDA graphs (`codec.cuda_graphs` for decode, `codec.encode_graphs` for reference
+    encoding) and compiled layers (`codec.compile`), CUDA devices only, from the profile.
     dtype: None = `model.dtype` resolved for the device."""
     from stages.models.codec.loader import load_codec
     from stages.models.codec.runner import CodecRunner
     from stages.runtime.runner_options import resolve_dtype
 
     dtype = resolve_dtype(profile.model.dtype, device) if dtype is None else dtype
-    return CodecRunner(load_codec(codec_dir, device, dtype), n_vq=n_vq,
+    model = load_codec(codec_dir, device, dtype)
+    if profile.codec.compile and str(device).startswith("cuda"):
+        model.compile_layers()
+    return CodecRunner(model, n_vq=n_vq,
                        max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),
                        encode_graphs=profile.codec.encode_graphs and str(device).startswith("cuda"),

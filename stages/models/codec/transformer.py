@@ -125,14 +125,12 @@ class CausalWindowAttention(nn.Module):
         self.in_projs = nn.ModuleList([nn.Linear(d_model, 3 * d_model, bias=False)])
         self.out_projs = nn.ModuleList([nn.Linear(d_model, d_model, bias=False)])
 
-    def forward(self, x: torch.Tensor, plan: WindowPlan, cache: LayerCache | None = None,
-                slots: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, T, D] -> [B, T, D]. With a cache, x is the next chunk of slots [B]: its keys and
-        values are written into their rings first, then the queries attend over the rings."""
-        B, T, D = x.shape
-        qkv = self.in_projs[0](x).view(B, T, 3, self.num_heads, self.head_dim)
-        qk = apply_interleaved_rope(qkv[:, :, :2], plan.rotor)  # [B, T, 2, H, Dh]
-        q, k, v = qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2]  # [B, T, H, Dh] each
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
+               cache: LayerCache | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """q, k, v [B, T, H, Dh] (RoPE applied) -> [B, H, T, Dh]. With a cache, the rows are the next
+        chunk of slots [B]: its keys and values are written into their rings first, then the
+        queries attend over the rings."""
+        B, T = q.shape[:2]
         if cache is not None:
             S, C = cache.k.shape[:2]
             cache.k.view(S * C, -1).index_copy_(0, plan.rows, k.reshape(B * T, -1))  # row copies, no reshuffle
@@ -140,10 +138,8 @@ class CausalWindowAttention(nn.Module):
             k, v = cache.k.index_select(0, slots), cache.v.index_select(0, slots)  # [B, C, H, Dh]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, *, Dh] views
         if plan.block:
-            out = _blocked_window_attention(q, k, v, plan)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask)  # [B, H, T, Dh]
-        return self.out_projs[0](out.transpose(1, 2).reshape(B, T, D))
+            return _blocked_window_attention(q, k, v, plan)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask)  # [B, H, T, Dh]
 
 
 def _blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
@@ -186,9 +182,28 @@ class TransformerLayer(nn.Module):
         self.layer_scale_2 = LayerScale(d_model)
 
     def forward(self, x: torch.Tensor, plan: WindowPlan, cache: LayerCache | None = None,
-                slots: torch.Tensor | None = None) -> torch.Tensor:
-        x = torch.addcmul(x, self.layer_scale_1.scale, self.self_attn(self.norm1(x), plan, cache, slots))
-        return torch.addcmul(x, self.layer_scale_2.scale, self.linear2(F.gelu(self.linear1(self.norm2(x)))))
+                slots: torch.Tensor | None = None, parts=None) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]; `parts`: the halves around attention (compiled ones when the
+        codec is compiled, `CodecModel.compile_layers`), default `layer_inputs`, `layer_outputs`."""
+        before, after = parts or (layer_inputs, layer_outputs)
+        q, k, v = before(self, x, plan.rotor)
+        return after(self, x, self.self_attn.attend(q, k, v, plan, cache, slots))
+
+
+def layer_inputs(layer: TransformerLayer, x: torch.Tensor, rotor: torch.Tensor):
+    """A layer up to attention: x [B, T, D] -> q, k, v [B, T, H, Dh] (RoPE on q and k)."""
+    attn = layer.self_attn
+    B, T, _ = x.shape
+    qkv = attn.in_projs[0](layer.norm1(x)).view(B, T, 3, attn.num_heads, attn.head_dim)
+    qk = apply_interleaved_rope(qkv[:, :, :2], rotor)  # [B, T, 2, H, Dh]
+    return qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2]
+
+
+def layer_outputs(layer: TransformerLayer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """A layer after attention: residual x [B, T, D], attention output o [B, H, T, Dh] -> [B, T, D]."""
+    B, T, D = x.shape
+    x = torch.addcmul(x, layer.layer_scale_1.scale, layer.self_attn.out_projs[0](o.transpose(1, 2).reshape(B, T, D)))
+    return torch.addcmul(x, layer.layer_scale_2.scale, layer.linear2(F.gelu(layer.linear1(layer.norm2(x)))))
 
 
 class Transformer(nn.Module):
@@ -199,6 +214,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(
             TransformerLayer(stage.d_model, stage.num_heads, stage.dim_feedforward) for _ in range(stage.num_layers)
         )
+        self.parts = (layer_inputs, layer_outputs)  # the layer halves (compiled: CodecModel.compile_layers)
 
 
 class ProjectedTransformer(nn.Module):
@@ -225,7 +241,7 @@ class ProjectedTransformer(nn.Module):
         plan = WindowPlan.whole(x.shape[0], x.shape[1], self.stage, x.device, self.transformer_dtype)
         x = self.input_proj(x)
         for layer in self.transformer.layers:
-            x = layer(x, plan)
+            x = layer(x, plan, parts=self.transformer.parts)
         return self.output_proj(x)
 
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
@@ -234,7 +250,7 @@ class ProjectedTransformer(nn.Module):
         plan = WindowPlan.chunk(slots, start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype)
         x = self.input_proj(x)
         for layer, cache in zip(self.transformer.layers, caches, strict=True):
-            x = layer(x, plan, cache, slots)
+            x = layer(x, plan, cache, slots, self.transformer.parts)
         return self.output_proj(x)
 
 
