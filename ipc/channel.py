@@ -20,6 +20,7 @@ import numpy as np
 
 from ipc.errors import IpcError
 from ipc.ring import Ring, RingSpec, RingStatistics, Role
+from ipc.ring_layout import RECORD_HEADER
 
 T = TypeVar("T")
 
@@ -29,6 +30,12 @@ _HAS_PAYLOAD = 1
 _ALIGN = 64
 
 ChannelStatistics = RingStatistics  # used_bytes, capacity, records
+
+
+def max_payload_bytes(capacity: int) -> int:
+    """Largest payload one record of a channel of ring ``capacity`` carries beside a message of
+    up to 56 encoded bytes (``Channel.max_payload_size`` without opening a ring)."""
+    return capacity // 2 - RECORD_HEADER - _ALIGN
 
 
 class Received(Generic[T]):
@@ -121,7 +128,7 @@ class Channel(Generic[T]):
     def max_payload_size(self) -> int:
         """Largest payload that fits one record beside a message of up to 56 encoded bytes
         (the frame header and message share the first 64-byte line)."""
-        return self._ring.max_record_size - _ALIGN
+        return self._ring.max_record_size - _ALIGN  # = max_payload_bytes(capacity)
 
     # -- writer ---------------------------------------------------------------------------------
     def send(self, msg: T, payload: Any = None, timeout: float | None = None, *,

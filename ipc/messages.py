@@ -83,7 +83,9 @@ class CodeChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=
     """Talker → codec: the next `T` frames of request `rid`. Payload: codes `[T, n_vq]` int64.
 
     `final` marks the request's last record (T may be 0: the terminal record); `finish_reason` is
-    set on it. An aborted request still gets its final record, with reason "abort".
+    set on it. An aborted request still gets its final record, with reason "abort". A chunk too
+    large for one record of the ring goes as several with the same `seq`, only the last one
+    `final`.
     """
 
     rid: int
@@ -98,7 +100,8 @@ class PcmChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=T
     """Codec → client: audio of chunk `seq` of `rid`. Payload: planar PCM `[channels, samples]`
     float32, as the codec produces it; the client interleaves it while copying it out of the ring
     (so the shared codec worker does no per-sample work). The record with `final=True` ends the
-    stream (its PCM may be empty)."""
+    stream (its PCM may be empty). PCM too large for one record goes as several with the same
+    `seq`, only the last one `final`."""
 
     rid: int
     seq: int

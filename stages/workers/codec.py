@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ipc.doorbell import wait_any
@@ -218,21 +219,25 @@ class CodecLoop:
             return
         waited = now - min(h[2] for h in heads)  # the oldest chunk's wait
         t0 = time.monotonic()
-        pcms = self.runner.decode([(rid, head[1]) for rid, head in zip(rids, heads)])
+        pcms = self._decode_items([(rid, head[1]) for rid, head in zip(rids, heads)])
         decode_s = time.monotonic() - t0
         emit_s = 0.0  # ring writes only (the record transposes and sends)
         for rid, (chunk, _, arrived), pcm in zip(rids, heads, pcms):
             stream = self.streams[rid]
+            if pcm is None:  # its decode failed: the request fails, the stream ends on its final
+                if chunk.final:
+                    self._close(rid, stream, chunk.seq, "error")
+                continue
             if chunk.prime:  # left context only: its audio is not part of the answer
                 if stream.waiting and len(stream.waiting[0][1]):
                     self._mark_ready(rid, stream)
                 continue
             t1 = time.perf_counter()
             reason = chunk.finish_reason if chunk.final else None
-            self._to_client(stream.client,  # pcm: [channels, samples], planar
-                            PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final,
-                                     finish_reason=reason, batch_size=len(rids),
-                                     waited_s=now - arrived), pcm)
+            self._send_pcm(stream.client,  # pcm: [channels, samples], planar
+                           PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final,
+                                    finish_reason=reason, batch_size=len(rids),
+                                    waited_s=now - arrived), pcm)
             self.to_coord.send(ChunkDone(rid=rid, seq=chunk.seq, samples=pcm.shape[1],
                                          final=chunk.final, finish_reason=reason))
             emit_s += time.perf_counter() - t1
@@ -251,6 +256,46 @@ class CodecLoop:
                               end=time.monotonic(), n=len(rids),
                               chunks=[[rid, c.seq, len(codes), arrived, c.final, c.prime]
                                       for rid, (c, codes, arrived) in zip(rids, heads)])
+
+    def _decode_items(self, items: list[tuple[int, np.ndarray]]) -> list[Any]:
+        """PCM per item, None for an item whose decode failed (that request fails, not the
+        worker): a failed batch is decoded again item by item to find the culprit (the runner
+        checks every item before decoding any)."""
+        try:
+            return self.runner.decode(items)
+        except Exception as exc:
+            log.warning("codec: batched decode failed (%s); decoding one by one", exc)
+        pcms: list[Any] = []
+        for rid, codes in items:
+            try:  # a copy: the runner's PCM may be a view valid only until its next decode
+                pcms.append(np.array(self.runner.decode([(rid, codes)])[0], copy=True))
+            except Exception as exc:
+                log.error("codec: decode of request %d failed: %s", rid, exc)
+                self._fail(rid, self.streams[rid], f"{type(exc).__name__}: {exc}")
+                pcms.append(None)
+        return pcms
+
+    def _fail(self, rid: int, stream: _Stream, message: str) -> None:
+        """This request fails (the coordinator tells its client); its stream ends on its final."""
+        stream.aborted = True
+        stream.waiting.clear()
+        self.coalescer.forget(rid)
+        self.to_coord.send(StageError(stage="codec", rid=rid, message=message))
+
+    def _send_pcm(self, client: int, msg: PcmChunk, pcm: np.ndarray) -> None:
+        """PCM `[channels, samples]` in records that fit the client's ring: a chunk too large for
+        one record goes as several, the last one carrying `final`."""
+        per_record = self.to_clients[client].max_payload_size // (4 * max(1, pcm.shape[0]))
+        if pcm.shape[1] <= per_record:
+            self._to_client(client, msg, pcm)
+            return
+        for start in range(0, pcm.shape[1], per_record):
+            last = start + per_record >= pcm.shape[1]
+            piece = msg if last else msgspec.structs.replace(msg, final=False, finish_reason=None)
+            self._to_client(client, piece, pcm[:, start:start + per_record])
+            stream = self.streams.get(msg.rid)
+            if stream is not None and stream.aborted:  # the client stalled or went away
+                return
 
     def _open_slot(self, rid: int, stream: _Stream) -> bool:
         """Lease a decode slot; when none is free (codec.max_slots below the requests in flight)

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ipc.errors import EndOfStream, PeerGone
@@ -140,8 +141,8 @@ class TalkerLoop:
                 self._send_final(submit.rid, submit.client, 0, None, "error")
                 continue
             if request.prime_codes is not None:  # continuation: the codec decodes these first
-                self.to_codec.send(CodeChunk(rid=submit.rid, client=submit.client, seq=-1,
-                                             final=False, prime=True), request.prime_codes)
+                self._send_codes(CodeChunk(rid=submit.rid, client=submit.client, seq=-1,
+                                           final=False, prime=True), request.prime_codes)
             self.streams[submit.rid] = _Stream(
                 client=submit.client, max_frames=request.sampling.max_new_frames,
                 chunks=ChunkAccumulator(self.schedule.with_initial(submit.initial_chunk_frames),
@@ -164,8 +165,8 @@ class TalkerLoop:
                 stream.first_frame = False
                 chunk = stream.chunks.push(np.asarray(ev.codes, dtype=np.int64))
                 if chunk is not None:
-                    self.to_codec.send(CodeChunk(rid=ev.rid, client=stream.client, seq=stream.seq,
-                                                 final=False), chunk)
+                    self._send_codes(CodeChunk(rid=ev.rid, client=stream.client, seq=stream.seq,
+                                               final=False), chunk)
                     stream.seq += 1
             reason = ev.reason if ev.finished else None
             if reason is None and stream.chunks.frames_seen >= stream.max_frames:
@@ -183,8 +184,18 @@ class TalkerLoop:
                     reason: str) -> None:
         if codes is None:
             codes = np.zeros((0, self.n_vq), dtype=np.int64)
-        self.to_codec.send(CodeChunk(rid=rid, client=client, seq=seq, final=True,
-                                     finish_reason=reason), codes)
+        self._send_codes(CodeChunk(rid=rid, client=client, seq=seq, final=True,
+                                   finish_reason=reason), codes)
+
+    def _send_codes(self, msg: CodeChunk, codes: np.ndarray) -> None:
+        """Codes `[T, n_vq]` in records that fit the codec's ring: a chunk too large for one
+        record goes as several (decoding them in turn equals decoding it whole), the last one
+        carrying `final`."""
+        per_record = max(1, self.to_codec.max_payload_size // (8 * self.n_vq))
+        for start in range(0, max(1, len(codes)), per_record):
+            last = start + per_record >= len(codes)
+            piece = msg if last else msgspec.structs.replace(msg, final=False, finish_reason=None)
+            self.to_codec.send(piece, codes[start:start + per_record])
 
     def _count_step(self, batch: int, seconds: float) -> None:
         """Aggregate step statistics: one record per run of equal batch sizes (at most 64)."""

@@ -8,16 +8,18 @@ import os
 import signal
 import time
 
+import numpy as np
 import psutil
 import pytest
 
 from engine.client import EngineFailed
 from engine.coordinator import StageNotReady
 from engine.launcher import launch
+from ipc.channel import max_payload_bytes
 from ipc.shm import list_segments
 from profiles import load_profile
 from speech.job import SpeechJob
-from tests.engine.conftest import collect, settle
+from tests.engine.conftest import collect, joined, settle
 
 
 async def wait_for(predicate, timeout: float) -> None:
@@ -79,5 +81,26 @@ async def test_request_deadline_fails_the_request_and_frees_it(demo_model_dir) -
         assert client.healthy()
         chunks = await collect(client, SpeechJob(text="short", forced_frames=2))
         assert chunks[-1].finish_reason == "stop"
+    finally:
+        await handle.stop()
+
+
+async def test_a_chunk_too_large_for_one_record_travels_in_several(demo_model_dir) -> None:
+    """A first chunk of 60 frames is 1.8 MB of 48 kHz stereo PCM and 5.8 kB of codes: with rings
+    whose records hold 17 frames of PCM and 20 of codes, both workers split it into records that
+    fit. The audio matches that of the same request cut the usual way, and the engine lives on."""
+    profile = load_profile("cpu", ["ipc.pcm_ring_bytes=1048576", "ipc.codes_ring_bytes=4096"])
+    handle = await launch(profile, demo_model_dir)
+    client = handle.client(0)
+    try:
+        job = dict(text="split", forced_frames=60, sampling={"seed": 7})
+        whole = await collect(client, SpeechJob(**job, initial_chunk_frames=60))
+        usual = await collect(client, SpeechJob(**job))
+        assert max(c.pcm.shape[0] for c in whole) <= max_payload_bytes(1048576) // 8 and len(whole) >= 4
+        assert joined(whole).shape == joined(usual).shape == (60 * 3840, 2)
+        np.testing.assert_allclose(joined(whole), joined(usual), atol=1e-4)  # chunking: float order
+        assert client.healthy() and client.ready()
+        snap = await settle(client)
+        assert snap["failed"] == 0 and snap["codec_slots"] == 0
     finally:
         await handle.stop()
