@@ -28,6 +28,7 @@ from api.limits import BodyLimitMiddleware
 from api.metrics import ApiMetrics
 from api.ref_cache import ReferenceCodeCache, codec_namespace
 from api.reference import ReferenceLoader, ReferencePolicy
+from api.request_limits import RequestLimits
 from api.routes import demo, health, metrics, models, speech, voices
 from api.schemas import openapi_document
 from api.voices import VoiceRegistry
@@ -47,6 +48,7 @@ class ApiState:
     client: EngineClient
     metrics: ApiMetrics
     references: ReferenceLoader
+    limits: RequestLimits
     ref_cache: ReferenceCodeCache
     voices: VoiceRegistry
     served_name: str
@@ -64,16 +66,19 @@ def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "") -
     namespace = codec_namespace(client.model_name, client.n_vq, client.sample_rate, client.channels, codec_id)
     policy = ReferencePolicy.from_profile(profile.api, sample_rate=client.sample_rate, channels=client.channels)
     served = profile.model.served_name
+    limits = RequestLimits.for_engine(profile, channels=client.channels, n_vq=client.n_vq,
+                                      samples_per_frame=client.variant.samples_per_frame)
     return ApiState(
         profile=profile,
         client=client,
         metrics=ApiMetrics(engine_counters=client.counters),
         references=ReferenceLoader(policy),
+        limits=limits,
         ref_cache=ReferenceCodeCache(root / "ref_codes", namespace, client.n_vq, client.encode_reference),
         voices=VoiceRegistry(root / "voices"),
         served_name=served,
         model_names={served, client.model_name},
-        openapi_json=msgspec.json.encode(openapi_document()),
+        openapi_json=msgspec.json.encode(limits.apply_to_schema(openapi_document())),
         started_at=time.time(),
     )
 

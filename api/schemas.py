@@ -18,12 +18,16 @@ from api.errors import ApiError, bad_request
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 StreamFormat = Literal["audio", "sse"]
 Probability = Annotated[float, Meta(gt=0.0, le=1.0)]
+TopK = Annotated[int, Meta(ge=0, le=1_000_000, description="0 or at least the vocabulary size: no limit")]
+Name = Annotated[str, Meta(max_length=256)]
+Tag = Annotated[str, Meta(max_length=64)]
+MAX_CONSENT_CHARS = 1000
 
 
 class VoiceObject(Struct, forbid_unknown_fields=True):
     """``voice`` given as an object, as newer OpenAI clients send it."""
 
-    id: str
+    id: Name
 
 
 class ExtraParams(Struct, forbid_unknown_fields=True):
@@ -31,7 +35,7 @@ class ExtraParams(Struct, forbid_unknown_fields=True):
 
     temperature: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
+    top_k: TopK | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
 
 
@@ -39,9 +43,9 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of ``POST /v1/audio/speech`` (OpenAI fields first, then MOSS / vLLM-Omni fields)."""
 
     input: Annotated[str, Meta(description="Text to speak.")]
-    model: str | None = None
+    model: Name | None = None
     voice: Annotated[
-        str | VoiceObject | None,
+        Name | VoiceObject | None,
         Meta(description="A registered voice name, {\"id\": name}, or 'default' / an OpenAI "
                          "built-in name for the model's own voice."),
     ] = None
@@ -57,25 +61,30 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
                          "list gives one clip per speaker (TTSD: [S1], [S2], ...)."),
     ] = None
     ref_text: str | None = None
-    language: str | None = None
-    task_type: str | None = None
+    language: Tag | None = None
+    task_type: Tag | None = None
     max_new_tokens: Annotated[int, Meta(ge=1, le=100_000)] | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=10.0)] | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
+    top_k: TopK | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
     seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
     extra_params: ExtraParams | None = None
-    initial_codec_chunk_frames: Annotated[int, Meta(ge=1, le=1000)] | None = None
+    initial_codec_chunk_frames: Annotated[
+        Annotated[int, Meta(ge=1, le=100_000)] | None,
+        Meta(description="Frames in the first audio chunk (the rest follow the server's schedule); "
+                         "at most what one record of the server's PCM ring holds."),
+    ] = None
     sample_rate: Annotated[
-        Annotated[int, Meta(gt=0)] | None,
+        Annotated[int, Meta(gt=0, le=384_000)] | None,
         Meta(description="Output sample rate: the model's own (default) or one of 8000, 11025, "
                          "12000, 16000, 22050, 24000, 32000, 44100, 48000 (resampled on the fly).")
     ] = None
     forced_frames: Annotated[
         Annotated[int, Meta(ge=1, le=100_000)] | None,
         Meta(description="Benchmark feature for random-weight checkpoints: generate exactly this "
-                         "many frames (random weights never stop by themselves)."),
+                         "many frames (random weights never stop by themselves); at most the "
+                         "server's frame cap."),
     ] = None
 
 
@@ -98,8 +107,10 @@ class VoiceUploadForm(Struct, kw_only=True):
 
     audio: Annotated[bytes, Meta(description="Reference audio file (any common format).")]
     name: Annotated[str, Meta(min_length=1, max_length=64)]
-    consent: Annotated[str, Meta(description="Consent statement or id from the voice owner.")]
-    ref_text: str | None = None
+    consent: Annotated[str, Meta(min_length=1, max_length=MAX_CONSENT_CHARS,
+                                 description="Consent statement or id from the voice owner.")]
+    ref_text: Annotated[str | None, Meta(description="Transcript of the clip; at most the server's "
+                                                     "input limit (api.max_input_chars).")] = None
 
 
 class VoiceInfo(Struct, kw_only=True):

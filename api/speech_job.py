@@ -15,6 +15,7 @@ import numpy as np
 
 from api.audio_encoding import OUTPUT_RATES
 from api.errors import ApiError, bad_request
+from api.request_limits import RequestLimits
 from api.schemas import SpeechRequest, VoiceObject
 from engine.client import EngineFailed
 
@@ -44,15 +45,15 @@ def output_plan(req: SpeechRequest) -> OutputPlan:
                       sample_rate=req.sample_rate)
 
 
-def check_request(req: SpeechRequest, *, model_names: set[str], max_input_chars: int, sample_rate: int) -> None:
+def check_request(req: SpeechRequest, *, model_names: set[str], limits: RequestLimits, sample_rate: int) -> None:
+    """What the static schema cannot check: the model name, an empty input, this engine's bounds
+    (``RequestLimits``) and the output rate."""
     if req.model is not None and req.model not in model_names:
         raise ApiError(404, f"The model '{req.model}' does not exist; this server serves "
                             f"{sorted(model_names)}", param="model", code="model_not_found")
     if not req.input.strip():
         raise bad_request("Input text cannot be empty", param="input")
-    if len(req.input) > max_input_chars:
-        raise bad_request(f"Input is {len(req.input)} characters; the limit is {max_input_chars} "
-                          f"(api.max_input_chars)", param="input")
+    limits.check(req)
     if req.sample_rate is not None and req.sample_rate not in (sample_rate, *OUTPUT_RATES):
         raise bad_request(f"sample_rate {req.sample_rate} is not supported: use the model's "
                           f"{sample_rate} Hz or one of {list(OUTPUT_RATES)}", param="sample_rate")

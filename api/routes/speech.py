@@ -105,8 +105,7 @@ async def create_speech(request: Request) -> Response:
 async def _create_speech(request: Request, state, tracker: RequestTracker) -> Response:
     req = decode_speech_request(await request.body())
     client = state.client
-    check_request(req, model_names=state.model_names, max_input_chars=state.profile.api.max_input_chars,
-                  sample_rate=client.sample_rate)
+    check_request(req, model_names=state.model_names, limits=state.limits, sample_rate=client.sample_rate)
     plan = output_plan(req)
     if not client.ready():
         raise ApiError(503, "The engine is not ready yet", code="not_ready",

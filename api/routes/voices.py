@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.errors import ApiError, bad_request
-from api.schemas import VoiceCreated, VoiceDeleted, VoiceList
+from api.schemas import MAX_CONSENT_CHARS, VoiceCreated, VoiceDeleted, VoiceList
 from api.speech_job import reference_codes
 from api.voices import valid_voice_name
 
@@ -62,6 +62,8 @@ async def create_voice(request: Request) -> Response:
         if not isinstance(upload, UploadFile):
             raise bad_request("The form needs an audio file part named 'audio'", param="audio")
         data = await upload.read(limits.max_ref_bytes + 1)
+    _check_length("consent", consent, MAX_CONSENT_CHARS, "")
+    _check_length("ref_text", ref_text or "", state.limits.max_input_chars, " (api.max_input_chars)")
     if not valid_voice_name(name):
         raise bad_request("Voice names are 1-64 characters of letters, digits, '_', '-' and '.', "
                           "starting with a letter or digit", param="name")
@@ -84,3 +86,9 @@ def _text(form, key: str, required: bool = False) -> str:
     if required and not value:
         raise bad_request(f"Form field '{key}' is required", param=key)
     return value
+
+
+def _check_length(key: str, value: str, limit: int, source: str) -> None:
+    if len(value) > limit:
+        raise bad_request(f"Form field '{key}' is {len(value)} characters; the limit is {limit}{source}",
+                          param=key)
