@@ -2,7 +2,12 @@
 
 A ``ref_audio`` value may be a ``data:`` URL, bare base64, ``file://`` URL or plain path (only
 under ``api.allowed_local_paths``), or an http(s) URL (only when ``api.allow_remote_ref_audio``).
-Any common format decodes (libsndfile first, then PyAV/FFmpeg). The clip must last between
+Any common format decodes (libsndfile first, then PyAV/FFmpeg), always from memory; FFmpeg may
+pick only demuxers of self-contained audio files (``SELF_CONTAINED_FORMATS``: WAV, FLAC, MP3,
+Ogg, AAC, MP4/M4A, Matroska/WebM) and may open no protocol, so bytes written as a concat list, a
+playlist or an image sequence cannot make it read other files. A local path is read only when it
+is a regular file (not a FIFO or a device), off the event loop, its size checked before reading.
+The clip must last between
 ``api.min_ref_seconds`` and ``api.max_ref_seconds``; errors carry the measured duration. The
 decoded samples are then fixed to the codec's channel count and rate and loudness-normalised by
 ``stages.models.codec.audio_prep.prepare_reference`` (the model's processor rules).
@@ -16,6 +21,7 @@ import binascii
 import hashlib
 import io
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -100,11 +106,11 @@ class ReferenceLoader:
                                   "send a data: URL or base64 instead", param=param)
             return await self._fetch_remote(text, param)
         if lowered.startswith("file://"):
-            return self._read_local(text, param)
+            return await asyncio.to_thread(self._read_local, text, param)
         data = _bare_base64(text)
         # Base64 may start with "/" too: a value is a path only when it is not long valid base64.
         if data is None and text.startswith(("/", "./", "../", "~")):
-            return self._read_local(text, param)
+            return await asyncio.to_thread(self._read_local, text, param)
         if data is None:
             raise bad_request("ref_audio must be a data: URL, base64 audio, an allowed local path "
                               "(file://...) or, where enabled, an http(s) URL", param=param)
@@ -137,22 +143,19 @@ class ReferenceLoader:
         return data
 
     def _read_local(self, text: str, param: str) -> bytes:
+        """The bytes of an allowed local file (blocking: run it in a thread)."""
         raw = unquote(urlparse(text).path) if text.lower().startswith("file://") else text
-        path = Path(os.path.expanduser(raw)).resolve()
+        if "\x00" in raw:
+            raise bad_request("ref_audio path contains a NUL character", param=param)
+        try:
+            path = Path(os.path.expanduser(raw)).resolve()
+        except (OSError, RuntimeError, ValueError):  # a symlink loop, a name too long, ...
+            raise bad_request("ref_audio path cannot be resolved", param=param) from None
         roots = [Path(os.path.expanduser(r)).resolve() for r in self.policy.allowed_local_paths]
         if not any(path.is_relative_to(root) for root in roots):
             raise bad_request("ref_audio path is not under an allowed directory (api.allowed_local_paths)",
                               param=param)
-        try:
-            size = path.stat().st_size
-            if size > self.policy.max_bytes:
-                raise ApiError(413, f"Reference audio is {size} bytes; the limit is "
-                                    f"{self.policy.max_bytes} bytes (api.max_ref_bytes)", param=param)
-            return self._check_size(path.read_bytes(), param)
-        except FileNotFoundError:
-            raise bad_request(f"ref_audio file not found: {raw}", param=param) from None
-        except IsADirectoryError:
-            raise bad_request(f"ref_audio is a directory: {raw}", param=param) from None
+        return self._check_size(_read_regular_file(path, self.policy.max_bytes, param), param)
 
     async def _fetch_remote(self, url: str, param: str) -> bytes:
         try:
@@ -168,6 +171,34 @@ class ReferenceLoader:
                     return self._check_size(bytes(body), param)
         except httpx.HTTPError as exc:
             raise bad_request(f"ref_audio URL could not be fetched: {exc}", param=param) from None
+
+
+def _read_regular_file(path: Path, max_bytes: int, param: str) -> bytes:
+    """At most ``max_bytes`` of a regular file; a FIFO, device or socket is refused without a
+    read (opening never blocks: O_NONBLOCK), a larger file with 413 before reading."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise bad_request(f"ref_audio file not found: {path}", param=param) from None
+    except OSError as exc:
+        raise bad_request(f"ref_audio file cannot be read: {exc.strerror or type(exc).__name__}",
+                          param=param) from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise bad_request(f"ref_audio is a directory: {path}", param=param)
+        if not stat.S_ISREG(info.st_mode):
+            raise bad_request(f"ref_audio is not a regular file: {path}", param=param)
+        if info.st_size > max_bytes:
+            raise ApiError(413, f"Reference audio is {info.st_size} bytes; the limit is {max_bytes} "
+                                f"bytes (api.max_ref_bytes)", param=param)
+        with open(fd, "rb", closefd=False) as handle:
+            return handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise bad_request(f"ref_audio file cannot be read: {exc.strerror or type(exc).__name__}",
+                          param=param) from None
+    finally:
+        os.close(fd)
 
 
 def _bare_base64(text: str) -> bytes | None:
@@ -204,8 +235,17 @@ def decode_audio_bytes(data: bytes, param: str = "ref_audio") -> tuple[np.ndarra
                           f"FLAC, MP3, OGG/Opus, AAC/M4A or WebM audio", param=param) from None
 
 
+# FFmpeg demuxers of audio files that cannot name other files or URLs (no concat, HLS/DASH,
+# playlists, image sequences); the MP4 demuxer leaves external data references off by default.
+SELF_CONTAINED_FORMATS = ("wav", "flac", "mp3", "ogg", "aac", "mov", "matroska")
+_PYAV_OPTIONS = {"format_whitelist": ",".join(SELF_CONTAINED_FORMATS),
+                 "protocol_whitelist": "none"}  # no demuxer may open a nested file or URL
+
+
 def _decode_with_pyav(data: bytes) -> tuple[np.ndarray, int]:
-    with av.open(io.BytesIO(data), mode="r") as container:
+    with av.open(io.BytesIO(data), mode="r", options=dict(_PYAV_OPTIONS)) as container:
+        if container.format.name.split(",")[0] not in SELF_CONTAINED_FORMATS:
+            raise ValueError(f"container format {container.format.name} is not accepted")
         stream = next(s for s in container.streams if s.type == "audio")
         rate = stream.codec_context.sample_rate
         channels = stream.codec_context.channels or 1

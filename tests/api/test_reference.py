@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 
@@ -131,3 +132,68 @@ async def test_remote_url_fetched_when_allowed(tmp_path):
         assert err.value.status == 413
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("name", ["ok.wav\x00.txt", "file://{root}/ok.wav%00", "{root}/" + "n" * 300 + ".wav",
+                                  "{root}/ok.wav/x", "{root}/loop.wav", "{root}/fifo.wav", "{root}/sub"])
+async def test_local_paths_that_cannot_be_read_are_400s(tmp_path, name):
+    """NUL bytes, over-long names, a file used as a directory, a symlink loop, a FIFO (refused
+    without blocking on it) and a directory: each a 400 naming ref_audio."""
+    import os
+
+    (tmp_path / "ok.wav").write_bytes(wav_bytes(1.5))
+    (tmp_path / "loop.wav").symlink_to(tmp_path / "loop.wav")
+    os.mkfifo(tmp_path / "fifo.wav")
+    (tmp_path / "sub").mkdir()
+    locator = name.format(root=tmp_path)
+    if not locator.startswith(("/", "file:")):
+        locator = f"{tmp_path}/{locator}"
+    with pytest.raises(ApiError) as err:
+        await asyncio.wait_for(ReferenceLoader(policy(tmp_path)).load(locator), 10)
+    assert (err.value.status, err.value.param) == (400, "ref_audio")
+
+
+async def test_a_local_file_over_the_size_limit_is_refused_before_reading(tmp_path):
+    (tmp_path / "big.wav").write_bytes(wav_bytes(1.5))
+    with pytest.raises(ApiError) as err:
+        await ReferenceLoader(policy(tmp_path, max_bytes=1024)).load(str(tmp_path / "big.wav"))
+    assert err.value.status == 413
+
+
+@pytest.mark.parametrize("listing", [
+    b"ffconcat version 1.0\nfile ok.wav\n",
+    b"#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:2,\nok.wav\n#EXT-X-ENDLIST\n",
+    b"[playlist]\nFile1=ok.wav\nNumberOfEntries=1\n"])
+async def test_files_that_name_other_files_are_refused(tmp_path, monkeypatch, listing):
+    """Concat lists and playlists would make FFmpeg open a file relative to the working
+    directory: they are refused, and the error does not depend on whether that file exists."""
+    (tmp_path / "ok.wav").write_bytes(wav_bytes(1.5))
+    monkeypatch.chdir(tmp_path)
+    loader = ReferenceLoader(policy())
+    with pytest.raises(ApiError) as present:
+        await loader.load("data:audio/wav;base64," + base64.b64encode(listing).decode())
+    (tmp_path / "ok.wav").unlink()
+    with pytest.raises(ApiError) as absent:
+        await loader.load("data:audio/wav;base64," + base64.b64encode(listing).decode())
+    assert present.value.status == absent.value.status == 400
+    assert present.value.message == absent.value.message
+
+
+@pytest.mark.parametrize("fmt", ["ogg", "webm", "m4a"])
+async def test_self_contained_containers_decode_through_ffmpeg(fmt):
+    import av
+
+    buf = io.BytesIO()
+    codec = "aac" if fmt == "m4a" else "libopus"
+    with av.open(buf, mode="w", format={"m4a": "ipod"}.get(fmt, fmt)) as container:
+        stream = container.add_stream(codec, rate=48000)
+        stream.layout = "mono"
+        for i in range(100):  # 2 s
+            frame = av.AudioFrame.from_ndarray(tone(0.02, 48000).T.copy(), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 48000, i * 960
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    ref = await ReferenceLoader(policy()).load(base64.b64encode(buf.getvalue()).decode())
+    assert abs(ref.duration_s - 2.0) < 0.1
