@@ -97,6 +97,10 @@ async def create_speech(request: Request) -> Response:
     except ClientGone:
         tracker.finish("cancelled")
         return Response(status_code=499)  # nobody is listening; the engine request was aborted
+    except Exception as exc:  # a bug: answer it as one (logged, counted as failed), keep serving
+        log.exception("%s: unexpected error", tracker.request_id)
+        tracker.finish("failed")
+        raise ApiError(500, f"Internal server error ({type(exc).__name__})") from None
     except BaseException:
         tracker.finish("cancelled")
         raise
