@@ -78,7 +78,7 @@ def serve(profile, model_dir: str | None) -> int:
     if not (model_dir or profile.model.path):
         log.warning("no model given: serving the embedded tiny demo model; its weights are RANDOM "
                     "(noise-like audio, length forced from the text)")
-    log.info("resolved profile (sha256 %s):\n%s", profile.sha256(), profile.to_yaml())
+    log.info("resolved profile (sha256 %s):\n%s", profile.sha256(), profile.redacted().to_yaml())
     metrics_dir = Path(tempfile.mkdtemp(prefix="mossvox-metrics-"))
     # prometheus-client's multiprocess mode is switched by this variable (read when the library
     # is imported, in each spawned API process); it is the library's mechanism, not a setting.

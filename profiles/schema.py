@@ -50,6 +50,8 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Base of every profile section: immutable, keyword-only, strict."""
 
 
+REDACTED = "<redacted>"  # what a secret (api.keys) reads as in logs and printed profiles
+SECRET_FIELDS = ("api.keys",)
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Bytes = Annotated[int, msgspec.Meta(ge=4096)]
 Device = Annotated[str, msgspec.Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$")]
@@ -245,6 +247,11 @@ class ApiConfig(_Section):
         "reference-code cache and registered voices, shared by API processes (~ expanded)",
         min_length=1)] = "~/.cache/mossvox/data"
 
+    def __repr__(self) -> str:  # keys stay out of logs and tracebacks
+        shown = msgspec.structs.replace(self, keys=tuple(REDACTED for _ in self.keys))
+        fields = ", ".join(f"{f}={getattr(shown, f)!r}" for f in self.__struct_fields__)
+        return f"ApiConfig({fields})"
+
 
 class IpcConfig(_Section):
     """Shared-memory ring sizes and peer liveness checks."""
@@ -317,6 +324,12 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     def sha256(self) -> str:
         """Hex SHA-256 of the canonical JSON (sorted keys) of the resolved tree."""
         return hashlib.sha256(msgspec.json.encode(self, order="sorted")).hexdigest()
+
+    def redacted(self) -> Profile:
+        """This profile with every secret (`SECRET_FIELDS`) replaced by `REDACTED`: what logs and
+        printed profiles show."""
+        api = msgspec.structs.replace(self.api, keys=tuple(REDACTED for _ in self.api.keys))
+        return msgspec.structs.replace(self, api=api)
 
     def to_yaml(self) -> str:
         """The tree as YAML in schema order; loading it back yields an equal profile."""

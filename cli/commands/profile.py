@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from profiles import shipped_profiles
+    from profiles.schema import REDACTED, SECRET_FIELDS
 
     if args.action == "list":
         print("\n".join(shipped_profiles()))
@@ -30,9 +31,10 @@ def run(args: argparse.Namespace) -> int:
     profile = profile_from_args(args)
     print(f"# profile: {args.profile or 'default'}")
     for override in args.overrides:
-        print(f"# --set {override}")
+        secret = override.split("=", 1)[0].strip() in SECRET_FIELDS
+        print(f"# --set {override.split('=', 1)[0]}={REDACTED}" if secret else f"# --set {override}")
     print(f"# sha256: {profile.sha256()}")
-    print(profile.to_yaml(), end="")
+    print(profile.redacted().to_yaml(), end="")  # secrets never reach a terminal or a log
     return 0
 
 

@@ -141,3 +141,11 @@ def test_profile_fields_documents_every_setting_with_its_default():
                 for f in msgspec.structs.fields(s.type)]
     assert listed == expected
     assert "coalescing.max_wait_ms = 0.0" in result.stdout
+
+
+def test_profile_show_never_prints_an_api_key():
+    result = mossvox("profile", "show", "--profile", "cpu", "--set", "api.keys=[sk-secret-1, sk-secret-2]")
+    assert result.returncode == 0, result.stderr
+    assert "sk-secret" not in result.stdout
+    assert yaml.safe_load(result.stdout)["api"]["keys"] == ["<redacted>", "<redacted>"]
+    assert "sk-secret" not in repr(load_profile("cpu", ["api.keys=[sk-secret-1]"]))
