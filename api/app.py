@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from api.auth import BearerAuthMiddleware
 from api.errors import EXCEPTION_HANDLERS
+from api.http_timeouts import BodyTimeoutMiddleware
 from api.limits import BodyLimitMiddleware
 from api.metrics import ApiMetrics
 from api.ref_cache import ReferenceCodeCache, codec_namespace
@@ -104,6 +105,7 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Sta
     ]
     middleware = [
         Middleware(BodyLimitMiddleware, max_bytes=profile.api.max_body_bytes),
+        Middleware(BodyTimeoutMiddleware, seconds=profile.api.body_timeout_s),
         Middleware(BearerAuthMiddleware, keys=tuple(profile.api.keys)),
     ]
     return Starlette(routes=routes, middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,

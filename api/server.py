@@ -198,6 +198,7 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
     import uvicorn
 
     from api.app import create_app
+    from api.http_timeouts import header_timeout_protocol
     from engine.client import EngineClient
 
     @contextlib.asynccontextmanager
@@ -209,7 +210,8 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
             await client.close()
 
     app = create_app(profile, connect, codec_id=codec_id)
-    config = uvicorn.Config(app, loop="uvloop", http="auto", lifespan="on", access_log=False,
+    config = uvicorn.Config(app, loop="uvloop", lifespan="on", access_log=False,
+                            http=header_timeout_protocol(profile.api.header_timeout_s),
                             log_level=profile.engine.log_level,
                             timeout_graceful_shutdown=graceful_s(profile))
     uvicorn.Server(config).run(sockets=[sock])

@@ -246,6 +246,12 @@ class ApiConfig(_Section):
     data_dir: Annotated[str, doc(
         "reference-code cache and registered voices, shared by API processes (~ expanded)",
         min_length=1)] = "~/.cache/mossvox/data"
+    header_timeout_s: Annotated[float, doc(
+        "a connection whose request headers are not complete this long after it opened (or after "
+        "its previous response) is closed", gt=0)] = 10.0
+    body_timeout_s: Annotated[float, doc(
+        "a request body that stalls this long between two pieces is answered 408 and its "
+        "connection closed", gt=0)] = 30.0
 
     def __repr__(self) -> str:  # keys stay out of logs and tracebacks
         shown = msgspec.structs.replace(self, keys=tuple(REDACTED for _ in self.keys))
