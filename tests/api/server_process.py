@@ -24,8 +24,9 @@ START_TIMEOUT_S = 180.0
 class ServerProcess:
     """Start with ``start()``; ``url`` is the base URL; ``stop()`` sends SIGTERM and waits."""
 
-    def __init__(self, data_dir: Path, *args: str, sets: tuple[str, ...] = ()) -> None:
+    def __init__(self, data_dir: Path, *args: str, sets: tuple[str, ...] = (), cwd: Path = REPO) -> None:
         self.data_dir = Path(data_dir)
+        self.cwd = cwd
         self.args = args
         self.sets = sets
         self.proc: subprocess.Popen | None = None
@@ -38,7 +39,7 @@ class ServerProcess:
                "--set", f"api.data_dir={self.data_dir}"]
         for item in self.sets:
             cmd += ["--set", item]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         found = threading.Event()
 
