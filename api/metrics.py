@@ -26,7 +26,7 @@ OUTCOMES = ("ok", "client_error", "rejected", "failed", "cancelled")
 # Engine counters that only grow (exported as Prometheus counters; the rest are gauges).
 ENGINE_CUMULATIVE = frozenset({"submitted", "rejected", "failed", "finished_stop", "finished_length",
                                "aborted", "chunks", "audio_s", "decode_batches", "coordinator_busy_s",
-                               "codec_emit_s", "client_route_s"})
+                               "codec_emit_s", "client_route_s", "restarts"})
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)

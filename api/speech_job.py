@@ -112,9 +112,10 @@ async def reference_codes(state, prepared) -> tuple[np.ndarray, bool]:
     """Codes of a prepared clip through the shared cache (misses go to the codec worker)."""
     try:
         codes, hit = await state.ref_cache.get_or_encode(prepared.digest, prepared.prepare)
-    except EngineFailed as exc:
-        raise ApiError(503 if not state.client.healthy() else 500,
-                       f"Reference encoding failed: {exc}", param="ref_audio") from None
+    except EngineFailed as exc:  # 503 while no replica serves (failed, or being restarted)
+        raise ApiError(503 if not state.client.ready() else 500,
+                       f"Reference encoding failed: {exc}", param="ref_audio",
+                       headers={"Retry-After": "1"}) from None
     except (ValueError, RuntimeError) as exc:
         raise ApiError(500, f"Reference encoding failed: {exc}", param="ref_audio") from None
     state.metrics.ref_cache.labels(result="hit" if hit else "miss").inc()

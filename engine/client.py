@@ -6,15 +6,16 @@ the codec worker's PCM records arrive on this client's own ring. Closing or canc
 chunk sends `Abort`, which the coordinator forwards to both workers.
 
 Reader tasks (coordinator → client control, and one per replica for codec → client data) route
-records by request id into per-request mailboxes whose `put` never awaits. A dead coordinator, or
-the last codec (`PeerGone` on its ring), fails every open request with `EngineFailed` and makes
-`healthy()` false; one replica's codec dying is the coordinator's to report (it fails that
-replica's requests with `Failed` and keeps `healthy`/`ready` while another replica is up).
+records by request id into per-request mailboxes whose `put` never awaits. A dead coordinator
+fails every open request with `EngineFailed` and makes `healthy()` false; a codec dying is the
+coordinator's to report (it fails that replica's requests with `Failed`). When a replica is
+restarted, its new codec's PCM ring arrives on the `rewire` pipe and replaces the old one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -79,6 +80,7 @@ class ClientSpec:
     counters_hist: int
     counters_replicas: int = 1
     watch_pids: tuple[int, ...] = ()   # the coordinator: healthy() is false once it exits
+    rewire: Any = None  # Connection: (replica, ChannelSpec) of a restarted codec's PCM ring
 
 
 class _Mailbox:
@@ -104,7 +106,7 @@ class EngineClient:
 
     def __init__(self, index: int, variant: Variant, to_coord: Channel, from_coord: Channel,
                  from_codecs: list[Channel], counters: CounterBlock,
-                 watch_pids: tuple[int, ...] = ()) -> None:
+                 watch_pids: tuple[int, ...] = (), rewire: Any = None) -> None:
         self.index = index
         self.variant = variant
         self.sample_rate: int = variant.sample_rate
@@ -113,7 +115,8 @@ class EngineClient:
         self.model_name: str = variant.name
         self._to_coord = to_coord
         self._from_coord, self._from_codecs = from_coord, list(from_codecs)
-        self._codecs_left = len(self._from_codecs)  # codec rings still delivering
+        self._rewire = rewire
+        self._codec_readers: list[asyncio.Task | None] = [None] * len(self._from_codecs)
         self._outbox: Outbox | None = None
         self._counters = counters
         self._ids = itertools.count(1)
@@ -130,7 +133,7 @@ class EngineClient:
         return cls(spec.index, variant, spec.to_coord.open(), spec.from_coord.open(),
                    [codec.open() for codec in spec.from_codecs],
                    CounterBlock.attach(spec.counters_name, spec.counters_hist,
-                                       spec.counters_replicas), spec.watch_pids)
+                                       spec.counters_replicas), spec.watch_pids, spec.rewire)
 
     # ---- the interface -------------------------------------------------------------------------
 
@@ -179,7 +182,8 @@ class EngineClient:
         return item
 
     def healthy(self) -> bool:
-        """Every engine process is alive and no stage has failed."""
+        """The coordinator is alive and the engine has not failed (a replica is up, or one is
+        being restarted)."""
         return (self._dead is None and self._counters["healthy"] == 1
                 and all(peer.alive() for peer in self._peers))
 
@@ -187,8 +191,11 @@ class EngineClient:
         return self.healthy() and self._counters["ready"] == 1
 
     def counters(self) -> dict:
-        """Engine counters (shared block) plus this client's own ring bytes and open requests."""
+        """Engine counters (shared block) plus this client's own ring bytes and open requests;
+        `healthy` and `ready` are this client's `healthy()` and `ready()` (so a scrape agrees
+        with `/health` and `/ready`, also when the coordinator itself is gone)."""
         snap = self._counters.snapshot()
+        snap["healthy"], snap["ready"] = float(self.healthy()), float(self.ready())
         own = sum(ch.statistics().used_bytes for ch in (self._from_coord, *self._from_codecs)
                   if not ch.closed)
         snap["client_ring_bytes"] = own
@@ -198,10 +205,15 @@ class EngineClient:
 
     async def close(self) -> None:
         """Stop the readers and close this client's channel ends."""
-        for task in self._readers:
+        tasks = [*self._readers, *(t for t in self._codec_readers if t is not None)]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._readers, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._readers.clear()
+        if self._rewire is not None and not self._rewire.closed:
+            with contextlib.suppress(ValueError, RuntimeError):  # loop closed or never added
+                asyncio.get_running_loop().remove_reader(self._rewire.fileno())
+            self._rewire.close()
         if self._outbox is not None:
             self._outbox.close()
         self._fail_all("engine client closed")
@@ -220,8 +232,41 @@ class EngineClient:
             loop = asyncio.get_running_loop()
             self._outbox = Outbox(self._to_coord, f"client{self.index}->coordinator")
             self._readers = [loop.create_task(self._read(self._from_coord, "coordinator"))]
-            self._readers += [loop.create_task(self._read(ring, f"codec of replica {k}"))
-                              for k, ring in enumerate(self._from_codecs)]
+            if self._rewire is not None:
+                self._take_rewires()  # restarts that happened before this client's first request
+                loop.add_reader(self._rewire.fileno(), self._take_rewires)
+            for k in range(len(self._from_codecs)):
+                if self._codec_readers[k] is None:
+                    self._start_codec_reader(k)
+
+    def _start_codec_reader(self, replica: int) -> None:
+        ring = self._from_codecs[replica]
+        self._codec_readers[replica] = asyncio.get_running_loop().create_task(
+            self._read(ring, f"codec of replica {replica}"))
+
+    def _take_rewires(self) -> None:
+        """Open every restarted codec's PCM ring waiting on the rewire pipe, in order."""
+        while self._rewire.poll():
+            try:
+                replica, spec = self._rewire.recv()
+                channel = spec.open()
+            except (EOFError, OSError) as exc:  # the engine is stopping
+                log.info("engine client %d: rewire pipe closed (%s)", self.index, exc)
+                asyncio.get_running_loop().remove_reader(self._rewire.fileno())
+                return
+            except Exception as exc:  # that codec is already gone again
+                log.warning("engine client %d: cannot open a restarted codec's ring: %s",
+                            self.index, exc)
+                continue
+            old, self._from_codecs[replica] = self._from_codecs[replica], channel
+            task = self._codec_readers[replica]
+            if task is None or task.done():
+                old.close()
+            else:  # close the old ring once its reader has stopped using it
+                task.add_done_callback(lambda _, old=old: old.close())
+                task.cancel()
+            self._start_codec_reader(replica)
+            log.info("engine client %d: replica %d's new codec ring attached", self.index, replica)
 
     def _open_mailbox(self) -> tuple[int, _Mailbox]:
         rid = (self.index << ID_SHIFT) | next(self._ids)
@@ -238,12 +283,9 @@ class EngineClient:
             try:
                 rec = await channel.recv_async()
             except (PeerGone, EndOfStream, RingClosed) as exc:
-                if channel is not self._from_coord:
-                    self._codecs_left -= 1
-                    if self._codecs_left > 0:  # the coordinator fails that replica's requests
-                        log.warning("engine client %d: the %s is gone (%s)", self.index, source,
-                                    exc)
-                        return
+                if channel is not self._from_coord:  # the coordinator fails its requests
+                    log.warning("engine client %d: the %s is gone (%s)", self.index, source, exc)
+                    return
                 self._on_gone(source, exc)
                 return
             t0 = time.perf_counter()

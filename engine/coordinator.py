@@ -12,6 +12,9 @@ with the most headroom, `engine.replicas`) or queue (one queue for all replicas)
 request still closes on the codec's final record, which every request gets, so counts cannot
 drift. A dead worker (`PeerGone` on its channel) fails every request of its replica at once and
 takes the replica out of service; the engine stays healthy and ready while one replica is up.
+`on_replica_failed` (the launcher's `engine.restarts.ReplicaRestarter`) may restart it in place:
+`detach_replica` / `attach_replica` swap its channels, and both workers' Ready put it back in
+service. The engine fails only when no replica is up and none is being restarted.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from engine.admission import Admission, Verdict
@@ -61,16 +64,16 @@ class Coordinator:
         self.lifecycle = Lifecycle(profile.engine.shutdown)
         self.counters = counters
         self.clients = [Outbox(ch, f"client{i}") for i, ch in enumerate(to_clients)]
-        self._inbound: list[tuple[Channel, tuple[str, int]]] = []
-        for k, ch in enumerate(replicas):
-            self._inbound += [(ch.from_talker, ("talker", k)), (ch.from_codec, ("codec", k))]
-        self._inbound += [(ch, ("client", i)) for i, ch in enumerate(from_clients)]
-        self._rings = [c for ch in replicas for c in ch.all()] + [*to_clients, *from_clients]
+        self._from_clients = from_clients
+        self._client_rings = [*to_clients, *from_clients]
         self._jobs: dict[int, int] = {}  # reference-encode job -> client
         counters["replicas"] = counters["replicas_up"] = len(replicas)
         for k in range(len(replicas)):
             counters.set_replica(k, "up", 1)
-        self._tasks: list[asyncio.Task] = []
+        self.on_replica_failed: Callable[[int, str], bool] | None = None  # True: restarting it
+        self._restarting: set[int] = set()
+        self._tasks: list[asyncio.Task] = []  # client readers
+        self._replica_tasks: dict[int, list[asyncio.Task]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._ring_recheck: asyncio.TimerHandle | None = None
@@ -81,10 +84,49 @@ class Coordinator:
         """Start one reader task per inbound channel on the running loop."""
         loop = asyncio.get_running_loop()
         for replica in self.replicas:
-            replica.ready = {s: loop.create_future() for s in ("talker", "codec")}
-        for channel, (kind, index) in self._inbound:
-            self._tasks.append(loop.create_task(self._read(channel, (kind, index)),
-                                                name=f"coordinator-read-{kind}{index}"))
+            self._start_replica(replica)
+        for i, channel in enumerate(self._from_clients):
+            self._tasks.append(loop.create_task(self._read(channel, ("client", i, 0)),
+                                                name=f"coordinator-read-client{i}"))
+
+    def _start_replica(self, replica: Replica) -> None:
+        """Ready futures and reader tasks for `replica`'s (current) workers."""
+        loop = asyncio.get_running_loop()
+        replica.ready = {s: loop.create_future() for s in ("talker", "codec")}
+        ch, k, gen = replica.channels, replica.index, replica.generation
+        self._replica_tasks[k] = [
+            loop.create_task(self._read(channel, (kind, k, gen)),
+                             name=f"coordinator-read-{kind}{k}")
+            for channel, kind in ((ch.from_talker, "talker"), (ch.from_codec, "codec"))]
+
+    def detach_replica(self, index: int) -> list[Channel]:
+        """Stop talking to replica `index`'s (dead) workers; returns its channels to close."""
+        replica = self.replicas[index]
+        for task in self._replica_tasks.pop(index, []):
+            task.cancel()
+        replica.close()
+        for fut in replica.ready.values():
+            if not fut.done():
+                fut.cancel()
+        if replica.detached:
+            return []
+        replica.detached = True
+        return replica.channels.all()
+
+    def attach_replica(self, index: int, channels: ReplicaChannels) -> Awaitable[Any]:
+        """Replica `index` restarted on `channels`: out of service until both workers say Ready
+        (the returned awaitable); then it serves again."""
+        old = self.replicas[index]
+        new = Replica(index, channels, old.capacity, up=False, generation=old.generation + 1)
+        self.replicas.replicas[index] = new
+        self._start_replica(new)
+        return asyncio.gather(*new.ready.values())
+
+    def replica_lost(self, index: int, reason: str) -> None:
+        """Replica `index` will not be restarted; with none left up, the engine fails."""
+        self._restarting.discard(index)
+        if self.replicas.num_up == 0 and not self._restarting and self.lifecycle.healthy:
+            self._engine_failed(f"replica {index}: {reason}")
 
     async def wait_ready(self, timeout: float) -> dict[str, Ready]:
         """Every worker's Ready record (keys `talker`, `codec` for replica 0, `talker.k`,
@@ -100,7 +142,7 @@ class Coordinator:
                 f"the {' and '.join(missing)} worker did not send Ready within {timeout:g} s "
                 f"(raise engine.ready_timeout_s if model loading is just slow)") from None
 
-    async def _read(self, channel: Channel, source: tuple[str, int]) -> None:
+    async def _read(self, channel: Channel, source: tuple[str, int, int]) -> None:
         """Sleep until records arrive, handle every waiting one, then update the ring gauge."""
         while True:
             try:
@@ -123,8 +165,10 @@ class Coordinator:
             self._update_ring_gauge()
             self.counters.add("coordinator_busy_s", time.perf_counter() - t0)
 
-    def _handle(self, source: tuple[str, int], msg: Any, rec: Any) -> None:
+    def _handle(self, source: tuple[str, int, int], msg: Any, rec: Any) -> None:
         replica = self.replicas[source[1]] if source[0] != "client" else None
+        if replica is not None and replica.generation != source[2]:
+            return  # from a worker that has since been replaced
         match msg:
             case Submit():
                 self._on_submit(msg, rec)
@@ -161,9 +205,10 @@ class Coordinator:
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
                 replica.capacities[stage] = msg.capacity
+                if not replica.up and all(f.done() for f in replica.ready.values()):
+                    self._replica_back(replica)
                 self._update_capacity()
-                if all(f.done() for r in self.replicas for f in r.ready.values()):
-                    self.counters["ready"] = 1
+                self._update_ready()
             case _:
                 raise UnknownMessage(f"{msg!r} from {source}")
 
@@ -284,10 +329,12 @@ class Coordinator:
 
     # ---- failure and shutdown ------------------------------------------------------------------
 
-    def _on_peer_gone(self, source: tuple[str, int], exc: BaseException) -> None:
-        stage, index = source
+    def _on_peer_gone(self, source: tuple[str, int, int], exc: BaseException) -> None:
+        stage, index, generation = source
         if stage in ("talker", "codec"):
             replica = self.replicas[index]
+            if replica.generation != generation:
+                return  # a replaced worker's channel
             if self.lifecycle.state is not EngineState.STOPPED:
                 self._replica_failed(replica,
                                      f"the {worker_name(stage, index)} worker died ({exc})")
@@ -334,10 +381,26 @@ class Coordinator:
         self.counters["replicas_up"] = self.replicas.num_up
         self.admission.max_running = max(1, self.replicas.live_capacity)
         self._update_capacity()
-        if self.replicas.num_up == 0:
+        if (self.lifecycle.accepting and self.on_replica_failed is not None
+                and self.on_replica_failed(replica.index, reason)):
+            self._restarting.add(replica.index)
+        if self.replicas.num_up == 0 and not self._restarting:
             self._engine_failed(reason)
         else:
             self._dispatch_queued()
+        self._update_ready()
+        self._update_gauges()
+
+    def _replica_back(self, replica: Replica) -> None:
+        """A restarted replica's workers both said Ready: it serves again."""
+        self._restarting.discard(replica.index)
+        replica.up = True
+        self.counters.set_replica(replica.index, "up", 1)
+        self.counters["replicas_up"] = self.replicas.num_up
+        self.admission.max_running = max(1, self.replicas.live_capacity)
+        log.info("replica %d is back in service (%d of %d up)", replica.index,
+                 self.replicas.num_up, len(self.replicas))
+        self._dispatch_queued()
         self._update_gauges()
 
     def _engine_failed(self, reason: str) -> None:
@@ -345,6 +408,7 @@ class Coordinator:
         log.error("no replica left: the engine has failed (%s)", reason)
         self.lifecycle.fail(reason)
         self.counters["healthy"] = 0
+        self.counters["ready"] = 0
         for req in self.table.all():
             self.table.remove(req.rid)
             self.counters.add("failed")
@@ -383,10 +447,12 @@ class Coordinator:
         if self._ring_recheck is not None:
             self._ring_recheck.cancel()
             self._ring_recheck = None
-        for task in self._tasks:
+        tasks = [*self._tasks, *(t for ts in self._replica_tasks.values() for t in ts)]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._replica_tasks.clear()
         for replica in self.replicas:
             replica.close()
             for fut in replica.ready.values():  # a failed launch awaited only the first one
@@ -409,6 +475,13 @@ class Coordinator:
         else:
             self._idle.clear()
 
+    def _update_ready(self) -> None:
+        """`ready`: the engine is healthy and at least one replica is up with both workers
+        warmed up (at launch: once every worker said Ready)."""
+        warm = any(r.up and r.ready and all(f.done() for f in r.ready.values())
+                   for r in self.replicas)
+        self.counters["ready"] = 1 if self.lifecycle.healthy and warm else 0
+
     def _update_capacity(self) -> None:
         """`talker_capacity` / `codec_capacity`: summed over the live replicas that said Ready."""
         for stage in ("talker", "codec"):
@@ -430,5 +503,6 @@ class Coordinator:
 
     def ring_bytes(self) -> int:
         """Bytes in use in the rings this process holds (a racy snapshot)."""
-        return sum(ch.statistics().used_bytes for ch in self._rings if not ch.closed)
+        rings = [c for r in self.replicas for c in r.channels.all()] + self._client_rings
+        return sum(ch.statistics().used_bytes for ch in rings if not ch.closed)
 

@@ -16,8 +16,8 @@ import numpy as np
 from ipc.shm import attach_segment, create_segment, segment_name, unlink_segment
 
 SCALARS = (
-    "healthy",            # 1 while every stage is alive
-    "ready",              # 1 once both workers said Ready
+    "healthy",            # 1 while the engine can serve (a replica is up or being restarted)
+    "ready",              # 1 while a replica is up with both workers warmed up
     "running",            # requests dispatched to the workers, not yet closed
     "queued",             # requests waiting for admission
     "talker_slots",       # requests inside the talker runner (reported by the talker)
@@ -42,6 +42,7 @@ SCALARS = (
     "talker_step_s",       # time the talker spent in runner.step()
     "replicas",            # talker+codec pairs launched (engine.replicas)
     "replicas_up",         # of those, still alive and serving
+    "restarts",            # replicas restarted in place after a worker failed
 )
 REPLICA_FIELDS = (
     "up",                  # 1 while this replica's talker and codec are alive
@@ -50,6 +51,7 @@ REPLICA_FIELDS = (
     "failed",              # requests that failed with it (its worker died, errors, deadlines)
     "talker_slots",        # as the engine-wide gauges, for this replica alone
     "codec_slots",
+    "restarts",            # times this replica was restarted in place
 )
 _REPLICA_INDEX = {name: i for i, name in enumerate(REPLICA_FIELDS)}
 LEAK_GAUGES = ("running", "queued", "talker_slots", "codec_slots", "encode_jobs", "ring_bytes")

@@ -13,7 +13,9 @@ a spawned API process passes to `EngineClient.connect`. `await handle.stop()` sh
 abort per `engine.shutdown`), joins all workers (SIGKILL after a grace period), closes every
 channel and removes this instance's shared-memory segments: no orphan processes, no /dev/shm
 leftovers, also after a worker crash. On cuda with `engine.mps`, a private MPS daemon runs for
-the workers from launch to stop (`engine.mps`).
+the workers from launch to stop (`engine.mps`). A replica whose worker dies is restarted in place
+(`engine.restarts`); each client slot has a pipe from the handle on which a restarted codec's PCM
+ring spec reaches the client (`ClientSpec.rewire`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,19 +33,18 @@ from engine.coordinator import Coordinator
 from engine.counters import CounterBlock
 from engine.mps import MpsDaemon, maybe_start
 from engine.replicas import ReplicaChannels, worker_name
+from engine.restarts import ReplicaRestarter, RestartPolicy
+from engine.worker_procs import (ReplicaWorkers, close_spec, join_or_kill, relay_specs,
+                                 replica_channels, spawn_replica)
 from ipc.channel import Channel, ChannelSpec
-from ipc.messages import ClientInbox, CodecInbox, CoordinatorInbox, TalkerInbox
+from ipc.messages import ClientInbox, CoordinatorInbox
 from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segment
 from profiles import Profile
 from stages.registry import load_variant
 from stages.variant import Variant
-from stages.workers import codec, talker
-from stages.workers.common import WorkerSpec
 from stages.workers.placement import replica_devices, worker_environment
 
 log = logging.getLogger(__name__)
-
-JOIN_GRACE_S = 5.0
 
 
 @dataclass
@@ -57,8 +57,8 @@ class _Wiring:
     client_pcm: list[list[ChannelSpec]] = field(default_factory=list)  # [replica][client],
     #                                                                   relayed from each codec
 
-    def all(self) -> list[Channel]:
-        return [c for r in self.replicas for c in r.all()] + [*self.to_clients, *self.from_clients]
+    def client_channels(self) -> list[Channel]:
+        return [*self.to_clients, *self.from_clients]
 
 
 def reference_ring_bytes(profile: Profile, variant: Variant) -> int:
@@ -80,16 +80,21 @@ def _create_wiring(profile: Profile, instance: str, clients: int, ref_bytes: int
                               instance=instance)
 
     return _Wiring(
-        replicas=[ReplicaChannels(
-            to_talker=make(f"r{k}-coord-talker", TalkerInbox, "writer", ref_bytes),  # prompts
-            from_talker=make(f"r{k}-talker-coord", CoordinatorInbox, "reader"),
-            to_codec=make(f"r{k}-coord-codec", CodecInbox, "writer", ref_bytes),
-            from_codec=make(f"r{k}-codec-coord", CoordinatorInbox, "reader"))
-            for k in range(replicas)],
+        replicas=[replica_channels(profile, instance, k, ref_bytes) for k in range(replicas)],
         to_clients=[make(f"coord-client{i}", ClientInbox, "writer") for i in range(clients)],
         from_clients=[make(f"client{i}-coord", CoordinatorInbox, "reader", ref_bytes)
                       for i in range(clients)],
     )
+
+
+@dataclass(frozen=True)
+class _SpawnSettings:
+    """What starting a replica's workers again needs (`engine.restarts`)."""
+
+    ctx: Any
+    devices: list[str]
+    env: tuple[tuple[str, str], ...]
+    ref_bytes: int
 
 
 class EngineHandle:
@@ -97,7 +102,7 @@ class EngineHandle:
 
     def __init__(self, profile: Profile, model_dir: Path, variant: Variant, instance: str,
                  wiring: _Wiring, coordinator: Coordinator, counters: CounterBlock,
-                 procs: dict[str, Any], mps: MpsDaemon | None = None) -> None:
+                 procs: dict[str, Any], spawn: _SpawnSettings, mps: MpsDaemon | None = None) -> None:
         self.mps = mps
         self.profile = profile
         self.model_dir = model_dir
@@ -107,8 +112,12 @@ class EngineHandle:
         self.counters = counters
         self.procs = procs
         self._wiring = wiring
+        self._spawn = spawn
         self._clients: dict[int, EngineClient] = {}
+        self._rewire = [spawn.ctx.Pipe(duplex=False) for _ in wiring.to_clients]  # (recv, send)
         self._stopped = False
+        self.restarter = ReplicaRestarter(self, RestartPolicy.from_profile(profile.engine))
+        coordinator.on_replica_failed = self.restarter.schedule
 
     @property
     def pids(self) -> dict[str, int]:
@@ -137,7 +146,8 @@ class EngineHandle:
                           counters_name=self.counters.name,
                           counters_hist=self.counters.hist_size,
                           counters_replicas=self.counters.replicas,
-                          watch_pids=(os.getpid(),))  # workers: the coordinator reports them
+                          watch_pids=(os.getpid(),),  # workers: the coordinator reports them
+                          rewire=self._rewire[index][0])
 
     def client(self, index: int = 0) -> EngineClient:
         """The in-process client for slot `index` (opened once, closed by `stop`)."""
@@ -145,24 +155,65 @@ class EngineHandle:
             self._clients[index] = EngineClient.connect(self.client_spec(index))
         return self._clients[index]
 
+    # ---- for engine.restarts ------------------------------------------------------------------
+
+    def worker_names(self, replica: int) -> list[str]:
+        return [worker_name(stage, replica) for stage in ("talker", "codec")]
+
+    def spawn_replica(self, replica: int, channels: ReplicaChannels, workers: ReplicaWorkers) -> None:
+        """Start replica `replica`'s workers on `channels` (into `workers` and `procs`)."""
+        try:
+            spawn_replica(self._spawn.ctx, self.profile, type(self.variant), str(self.model_dir),
+                          self.instance, replica, self._spawn.devices[replica], channels,
+                          self.num_clients, self._spawn.env, workers)
+        finally:
+            self.procs.update(workers.procs)
+
+    def new_replica_channels(self, replica: int, generation: int) -> ReplicaChannels:
+        return replica_channels(self.profile, self.instance, replica, self._spawn.ref_bytes,
+                                generation)
+
+    def take_client_pcm(self, replica: int) -> list[ChannelSpec]:
+        """Forget the PCM ring specs of `replica`'s old codec (returned)."""
+        specs, self._wiring.client_pcm[replica] = self._wiring.client_pcm[replica], []
+        return specs
+
+    def give_client_pcm(self, replica: int, specs: list[ChannelSpec]) -> None:
+        """A restarted codec's PCM rings, one per client: each client slot gets its own."""
+        self._wiring.client_pcm[replica] = list(specs)
+        for (_, sender), spec in zip(self._rewire, specs):
+            try:
+                sender.send((replica, spec))
+            except OSError as exc:  # that API process has gone: the supervisor handles it
+                log.warning("replica %d: cannot hand a client its new PCM ring: %s", replica, exc)
+
+    # ---- stopping -----------------------------------------------------------------------------
+
     async def stop(self, timeout_s: float | None = None) -> None:
         """Shut down; idempotent. Leaves no processes and no shared-memory segments."""
         if self._stopped:
             return
         self._stopped = True
         try:
+            await self.restarter.close()
             await self.coordinator.shutdown(timeout_s)
         finally:
             for client in self._clients.values():
                 await client.close()
-            await _join_or_kill(self.procs)
+            await join_or_kill(self.procs)
             if self.mps is not None:
                 await asyncio.to_thread(self.mps.stop)
             await self.coordinator.close()
-            for ch in self._wiring.all():
+            for replica in self.coordinator.replicas:
+                for ch in replica.channels.all():
+                    ch.close()
+            for ch in self._wiring.client_channels():
                 ch.close()
             for spec in (s for pcm in self._wiring.client_pcm for s in pcm):
-                _close_spec(spec)
+                close_spec(spec)
+            for receiver, sender in self._rewire:
+                receiver.close()
+                sender.close()
             self.counters.close()
             _remove_segments(self.instance)
 
@@ -179,48 +230,32 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     variant = load_variant(model_dir, profile)  # fails fast on an unknown model
     devices = replica_devices(profile)  # fails fast when the replicas do not fit the GPUs
     instance = new_instance_id()
-    wiring = _create_wiring(profile, instance, clients, reference_ring_bytes(profile, variant),
-                            len(devices))
+    ref_bytes = reference_ring_bytes(profile, variant)
+    wiring = _create_wiring(profile, instance, clients, ref_bytes, len(devices))
     counters = CounterBlock.create(instance, max(profile.coalescing.max_batch,
                                                  profile.talker.max_running), len(devices))
     mps = await asyncio.to_thread(maybe_start, profile.engine.mps, devices[0])
     env = tuple(mps.env.items()) if mps is not None else ()
     os.environ.update(worker_environment())  # inherited by every worker spawned below
     ctx = mp.get_context("spawn")
-    procs: dict[str, Any] = {}
-    pipes: dict[str, Any] = {}
+    workers = [ReplicaWorkers() for _ in devices]
     coordinator = Coordinator(profile, replicas=wiring.replicas, to_clients=wiring.to_clients,
                               from_clients=wiring.from_clients, counters=counters,
                               sample_rate=variant.sample_rate)
     try:
         for k, (device, ch) in enumerate(zip(devices, wiring.replicas)):
-            for stage, inbox, outbox, target in (
-                    ("codec", ch.to_codec, ch.from_codec, codec.main),
-                    ("talker", ch.to_talker, ch.from_talker, talker.main)):
-                mine, theirs = ctx.Pipe()
-                spec = WorkerSpec(stage=stage, variant=type(variant), model_dir=str(model_dir),
-                                  profile=profile, device=device, instance=instance, inbox=inbox.spec(),
-                                  to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
-                                  num_clients=clients if stage == "codec" else 0, env=env,
-                                  replica=k)
-                name = worker_name(stage, k)
-                proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{name}",
-                                   daemon=True)
-                proc.start()
-                theirs.close()
-                procs[name], pipes[name] = proc, mine
-                inbox.watch_peer(proc.pid)
-                outbox.watch_peer(proc.pid)
+            spawn_replica(ctx, profile, type(variant), str(model_dir), instance, k, device, ch,
+                          clients, env, workers[k])
         counters["healthy"] = 1
         coordinator.start()
         timeout = profile.engine.ready_timeout_s
         for k in range(len(devices)):
-            await _relay_specs(pipes, k, wiring, timeout)
+            wiring.client_pcm.append(await relay_specs(workers[k], k, timeout))
         await coordinator.wait_ready(timeout)
     except BaseException:
         await coordinator.close()
-        await _join_or_kill(procs, grace_s=0.0)
-        for ch in wiring.all():
+        await join_or_kill({n: p for w in workers for n, p in w.procs.items()}, grace_s=0.0)
+        for ch in [*(c for r in wiring.replicas for c in r.all()), *wiring.client_channels()]:
             ch.close()
         counters.close()
         _remove_segments(instance)
@@ -228,58 +263,15 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
             await asyncio.to_thread(mps.stop)
         raise
     finally:
-        for conn in pipes.values():
-            conn.close()
+        for w in workers:
+            w.close_pipes()
+    procs = {n: p for w in workers for n, p in w.procs.items()}
     for k, device in enumerate(devices):
         log.info("engine %s replica %d ready: talker pid %d, codec pid %d, %d client slot(s), "
                  "device %s", instance, k, procs[worker_name("talker", k)].pid,
                  procs[worker_name("codec", k)].pid, clients, device)
     return EngineHandle(profile, model_dir, variant, instance, wiring, coordinator, counters,
-                        procs, mps)
-
-
-async def _relay_specs(pipes: dict[str, Any], replica: int, wiring: _Wiring,
-                       timeout: float) -> None:
-    """Codec → launcher: its owned channel specs; launcher → talker: the talker → codec spec
-    (one replica; `wiring.client_pcm` gets that codec's client rings appended)."""
-    from engine.coordinator import StageNotReady
-
-    codec_name, talker_name = worker_name("codec", replica), worker_name("talker", replica)
-    codec = pipes[codec_name]
-    if not await asyncio.to_thread(codec.poll, timeout):
-        raise StageNotReady(f"the {codec_name} worker did not create its channels within "
-                            f"{timeout:g} s")
-    try:
-        talker_codec, client_pcm = codec.recv()
-    except EOFError:
-        raise StageNotReady(f"the {codec_name} worker exited during start-up (see its log)"
-                            ) from None
-    wiring.client_pcm.append(list(client_pcm))
-    try:
-        pipes[talker_name].send(talker_codec)
-    except (BrokenPipeError, OSError):
-        raise StageNotReady(f"the {talker_name} worker exited during start-up (see its log)"
-                            ) from None
-    _close_spec(talker_codec)
-
-
-def _close_spec(spec: ChannelSpec) -> None:
-    """Close the doorbell descriptors a relayed spec holds in this process."""
-    spec.ring.data_bell.close()
-    spec.ring.space_bell.close()
-
-
-async def _join_or_kill(procs: dict[str, Any], grace_s: float = JOIN_GRACE_S) -> None:
-    """Wait for the workers to exit; SIGKILL any still alive after `grace_s`; reap all."""
-    for stage, proc in procs.items():
-        if proc.pid is None:
-            continue
-        await asyncio.to_thread(proc.join, grace_s)
-        if proc.is_alive():
-            log.warning("%s worker (pid %d) did not exit: killing it", stage, proc.pid)
-            os.kill(proc.pid, signal.SIGKILL)
-            await asyncio.to_thread(proc.join, 5.0)
-        proc.close() if not proc.is_alive() else None
+                        procs, _SpawnSettings(ctx, devices, env, ref_bytes), mps)
 
 
 def _remove_segments(instance: str) -> None:

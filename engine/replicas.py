@@ -45,6 +45,8 @@ class Replica:
     slots: dict[str, int] = field(default_factory=lambda: {"talker": 0, "codec": 0})
     capacities: dict[str, int] = field(default_factory=lambda: {"talker": 0, "codec": 0})
     ready: dict[str, asyncio.Future[Ready]] = field(default_factory=dict)
+    generation: int = 0              # 0 at launch, n after its n-th restart
+    detached: bool = False           # replaced by a restart: its channels are closed
 
     def __post_init__(self) -> None:
         self.talker = Outbox(self.channels.to_talker, f"replica{self.index}-talker")

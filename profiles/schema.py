@@ -300,6 +300,16 @@ class EngineConfig(_Section):
         "device of each replica (its talker's first TP rank and its codec), e.g. [cuda:0, "
         "cuda:1]; a TP group takes the consecutive GPUs from there; empty = derive: cuda:i*tp "
         "when CUDA has enough devices, else cpu for all")] = ()
+    restart_limit: Annotated[int, doc(
+        "a replica whose worker dies is restarted in place (its requests fail, the others go "
+        "on) at most this many times within restart_window_s; past it, it stays down and with "
+        "none left the engine fails (/health 503: the orchestrator restarts the server); "
+        "0 = never restart", ge=0)] = 5
+    restart_window_s: Annotated[float, doc(
+        "the window over which restart_limit counts a replica's restarts", gt=0)] = 600.0
+    restart_backoff_s: Annotated[float, doc(
+        "wait before restarting a failed replica; doubled for each earlier restart of it within "
+        "restart_window_s (at most 60 s)", ge=0)] = 1.0
 
 
 def _section(cls: type[_Section]) -> object:

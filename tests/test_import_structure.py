@@ -115,7 +115,7 @@ def graph() -> dict[str, set[str]]:
 def test_the_graph_is_read(graph) -> None:
     # the reader sees the seams this test guards (a reader that found nothing would pass anything)
     assert "stages.variant" in graph["stages.registry"]
-    assert "stages.workers.talker" in graph["engine.launcher"]
+    assert "stages.workers.talker" in graph["engine.worker_procs"]
     assert "speech.sampling" in graph["ipc.messages"]
     assert len(graph) > 100 and sum(map(len, graph.values())) > 300
 

@@ -1,6 +1,6 @@
 """API keys, admission rejections, and engine failures mid-stream, on a real server.
 
-The last tests SIGKILL an engine worker, so this module runs its own server.
+The last test SIGKILLs an engine worker, so this module runs its own server.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.api.helpers import assert_error, parse_sse
+from tests.api.helpers import assert_error, metric, parse_sse
 from tests.api.server_process import ServerProcess
 
 KEY = "sk-test-1"
@@ -88,9 +88,11 @@ def _worker_pid(server, stage: str) -> int:
     raise AssertionError(f"no {stage} pid in the server log")
 
 
-def test_engine_failure_mid_stream_is_visible_then_503(server, http):
+def test_a_worker_death_fails_its_streams_visibly_and_the_server_recovers(server, http):
     """SIGKILL the codec worker while two streams run: SSE ends with an error event, the raw
-    stream is cut (no clean end of the chunked body), and later requests get 503."""
+    stream is cut (no clean end of the chunked body). The replica is restarted in place: /ready
+    answers 503 meanwhile (and the ready gauge says 0), then 200 again by itself, requests are
+    served, and /metrics counts the restart."""
     body = {"input": "This request outlives the codec worker.", "response_format": "pcm", "forced_frames": 400}
     with httpx.Client(base_url=server.url, timeout=30, headers=AUTH) as a, \
             httpx.Client(base_url=server.url, timeout=30, headers=AUTH) as b:
@@ -111,12 +113,20 @@ def test_engine_failure_mid_stream_is_visible_then_503(server, http):
     name, data = events[-1]
     assert name == "speech.audio.error"
     assert data["partial_audio"] is True and data["error"]["type"] == "server_error"
-    deadline = time.monotonic() + 10
-    while http.get("/health").status_code != 503 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert http.get("/health").json() == {"status": "unhealthy"}
-    assert http.get("/ready").status_code == 503
-    r = http.post("/v1/audio/speech", headers=AUTH, json={"input": "After the crash."})
-    assert_error(r, 503)
-    assert "retry-after" in r.headers
     assert any("failed after" in line for line in server.log), "the failure was not logged"
+    deadline = time.monotonic() + 10
+    while http.get("/ready").status_code != 503:
+        assert time.monotonic() < deadline, "/ready never noticed the dead worker"
+        time.sleep(0.05)
+    assert metric(http.get("/metrics").text, "mossvox_engine_ready") == 0
+    assert http.get("/health").status_code == 200  # restarting, not failed: no pod restart
+    assert_error(http.post("/v1/audio/speech", headers=AUTH, json={"input": "During."}), 503)
+    deadline = time.monotonic() + 120
+    while http.get("/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the server never became ready again"
+        time.sleep(0.2)
+    r = http.post("/v1/audio/speech", headers=AUTH, json={"input": "After the crash.", "response_format": "pcm"})
+    assert r.status_code == 200 and len(r.content) > 0
+    scrape = http.get("/metrics").text
+    assert metric(scrape, "mossvox_engine_restarts_total") == 1
+    assert metric(scrape, "mossvox_engine_ready") == 1 and metric(scrape, "mossvox_engine_healthy") == 1

@@ -24,7 +24,7 @@ BODY = {"input": "Served by whichever replica has room.", "response_format": "pc
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("data"), "--api-servers", "2",
-                      sets=("engine.replicas=2", "engine.shutdown=drain",
+                      sets=("engine.replicas=2", "engine.shutdown=drain", "engine.restart_limit=0",
                             "engine.drain_timeout_s=60")).start()
     yield s
     s.stop()

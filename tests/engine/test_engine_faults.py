@@ -1,5 +1,6 @@
-"""A SIGKILLed worker: every in-flight request fails within 2 s, the engine says it is unhealthy,
-and stopping it afterwards leaves no process and no shared-memory segment behind."""
+"""A SIGKILLed worker: every in-flight request fails within 2 s; the replica is restarted in place
+and serves again (or, with restarts off, the engine says it is unhealthy); stopping it afterwards
+leaves no process and no shared-memory segment behind. Records too large for a ring."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from engine.client import EngineFailed
 from engine.coordinator import StageNotReady
 from engine.launcher import launch
+from engine.restarts import MAX_BACKOFF_S, RestartPolicy
 from ipc.channel import max_payload_bytes
 from ipc.shm import list_segments
 from profiles import load_profile
@@ -38,7 +40,8 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("stage", ["talker", "codec"])
 async def test_sigkill_of_a_worker_fails_everything_fast(demo_model_dir, stage) -> None:
-    handle = await launch(load_profile("cpu"), demo_model_dir)
+    """Without restarts (engine.restart_limit 0) the engine of one replica fails for good."""
+    handle = await launch(load_profile("cpu", ["engine.restart_limit=0"]), demo_model_dir)
     instance, pids = handle.instance, dict(handle.pids)
     client = handle.client(0)
     try:
@@ -104,3 +107,52 @@ async def test_a_chunk_too_large_for_one_record_travels_in_several(demo_model_di
         assert snap["failed"] == 0 and snap["codec_slots"] == 0
     finally:
         await handle.stop()
+
+
+@pytest.mark.parametrize("stage", ["codec"])  # a talker death takes the same path
+async def test_a_killed_worker_is_restarted_and_the_engine_serves_again(demo_model_dir, stage) -> None:
+    """The only replica's worker is SIGKILLed mid-stream: its requests fail at once, the engine
+    is not ready while the pair restarts (new processes, new rings, the client's new PCM ring),
+    then ready again by itself, serving requests, with the restart counted."""
+    profile = load_profile("cpu", ["engine.restart_backoff_s=0.2"])
+    handle = await launch(profile, demo_model_dir)
+    instance, old = handle.instance, dict(handle.pids)
+    client = handle.client(0)
+    try:
+        tasks = [asyncio.create_task(collect(client, SpeechJob(text="long", forced_frames=3000,
+                                                               sampling={"seed": i})))
+                 for i in range(2)]
+        await wait_for(lambda: client.counters()["chunks"] >= 2, 20)
+        os.kill(old[stage], signal.SIGKILL)
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        assert all(isinstance(r, EngineFailed) for r in results), results
+        await wait_for(lambda: not client.ready(), 5)
+        assert client.healthy()  # restarting, not failed
+        await wait_for(client.ready, 90)
+        new = dict(handle.pids)
+        assert set(new) == set(old) and not set(new.values()) & set(old.values())
+        assert all(gone(pid) for pid in old.values())
+        chunks = await collect(client, SpeechJob(text="after the restart", forced_frames=3))
+        assert chunks[-1].finish_reason == "stop" and sum(len(c.pcm) for c in chunks) == 3 * 3840
+        snap = await settle(client)
+        assert snap["restarts"] == 1 and snap["replica0_restarts"] == 1 and snap["replicas_up"] == 1
+        assert snap["running"] == 0 and snap["codec_slots"] == 0 and snap["talker_slots"] == 0
+        codes = await client.encode_reference(np.zeros((client.channels, 48000), np.float32))
+        assert codes.shape[1] == client.n_vq
+    finally:
+        await asyncio.wait_for(handle.stop(), 30)
+    assert all(gone(pid) for pid in new.values())
+    assert list_segments(instance) == []
+
+
+def test_restart_policy_backs_off_and_stops_at_its_limit() -> None:
+    now = [0.0]
+    policy = RestartPolicy(limit=3, window_s=100.0, backoff_s=1.0, clock=lambda: now[0])
+    assert [policy.next_delay(0) for _ in range(3)] == [1.0, 2.0, 4.0]
+    assert policy.next_delay(0) is None  # three within the window: replica 0 stays down
+    assert policy.next_delay(1) == 1.0  # counted per replica
+    now[0] = 150.0  # the first restarts have left the window
+    assert policy.next_delay(0) == 1.0
+    assert RestartPolicy(limit=0, window_s=1.0, backoff_s=1.0).next_delay(0) is None
+    slow = RestartPolicy(limit=20, window_s=1e9, backoff_s=1.0, clock=lambda: 0.0)
+    assert max(slow.next_delay(0) for _ in range(20)) == MAX_BACKOFF_S

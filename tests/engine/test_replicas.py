@@ -28,6 +28,7 @@ from tests.engine.conftest import collect, joined, settle
 from tests.engine.test_engine_faults import gone, wait_for
 
 TWO = ["engine.replicas=2"]
+NO_RESTART = ["engine.restart_limit=0"]  # the failed replica stays down (restarts: test_engine_faults)
 
 
 def environment(pid: int) -> dict[str, str]:
@@ -81,7 +82,7 @@ async def test_two_replicas_serve_concurrently_and_sound_like_one(demo_model_dir
 
 @pytest.mark.parametrize("stage", ["talker", "codec"])
 async def test_a_killed_replica_fails_only_its_requests(demo_model_dir, stage) -> None:
-    handle = await launch(load_profile("cpu", TWO), demo_model_dir)
+    handle = await launch(load_profile("cpu", [*TWO, *NO_RESTART]), demo_model_dir)
     instance, pids = handle.instance, dict(handle.pids)
     victim = handle.replica_pids(1)
     client = handle.client(0)
@@ -124,7 +125,8 @@ async def test_a_killed_replica_fails_only_its_requests(demo_model_dir, stage) -
 async def test_queued_requests_survive_a_replica_failure(demo_model_dir) -> None:
     """One slot per replica: two long requests run (one each), two wait in the shared queue; the
     kill fails only replica 1's request, and the queued ones then run on replica 0."""
-    handle = await launch(load_profile("cpu", [*TWO, "admission.max_running=1"]), demo_model_dir)
+    handle = await launch(load_profile("cpu", [*TWO, *NO_RESTART, "admission.max_running=1"]),
+                          demo_model_dir)
     client = handle.client(0)
     try:
         long = [asyncio.create_task(collect(client, SpeechJob(text="long", forced_frames=3000,

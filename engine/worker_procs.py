@@ -1,0 +1,126 @@
+"""One replica's worker processes: its coordinator channels, spawning its talker and codec, the
+spec relay, and reaping them.
+
+The launcher starts every replica with these at launch; `engine.restarts` starts a failed replica
+again with them. A ring is opened once, by one peer, so every start gets new channels (ring
+names carry the start's generation: `r{k}-...` first, `r{k}g{n}-...` for the n-th restart) and the
+new codec creates new PCM rings for the clients, which the caller hands on to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.replicas import ReplicaChannels, worker_name
+from ipc.channel import Channel, ChannelSpec
+from ipc.messages import CodecInbox, CoordinatorInbox, TalkerInbox
+from profiles import Profile
+from stages.variant import Variant
+from stages.workers import codec, talker
+from stages.workers.common import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+JOIN_GRACE_S = 5.0
+
+
+def replica_channels(profile: Profile, instance: str, replica: int, ref_bytes: int,
+                     generation: int = 0) -> ReplicaChannels:
+    """The coordinator's four channels to replica `replica` (the rings that carry prompts and
+    reference waveforms hold `ref_bytes`)."""
+    prefix = f"r{replica}" if generation == 0 else f"r{replica}g{generation}"
+    ctl = profile.ipc.control_ring_bytes
+
+    def make(name: str, msg_type: Any, role: str, capacity: int = ctl) -> Channel:
+        return Channel.create(f"{prefix}-{name}", msg_type=msg_type, capacity=capacity, role=role,
+                              instance=instance)
+
+    return ReplicaChannels(to_talker=make("coord-talker", TalkerInbox, "writer", ref_bytes),
+                           from_talker=make("talker-coord", CoordinatorInbox, "reader"),
+                           to_codec=make("coord-codec", CodecInbox, "writer", ref_bytes),
+                           from_codec=make("codec-coord", CoordinatorInbox, "reader"))
+
+
+@dataclass
+class ReplicaWorkers:
+    """A replica's processes (by worker name) and their set-up pipes (used until the relay)."""
+
+    procs: dict[str, Any] = field(default_factory=dict)
+    pipes: dict[str, Any] = field(default_factory=dict)
+
+    def close_pipes(self) -> None:
+        for conn in self.pipes.values():
+            conn.close()
+        self.pipes.clear()
+
+
+def spawn_replica(ctx: Any, profile: Profile, variant: type[Variant], model_dir: str,
+                  instance: str, replica: int, device: str, channels: ReplicaChannels,
+                  clients: int, env: tuple[tuple[str, str], ...], workers: ReplicaWorkers) -> None:
+    """Start the codec, then the talker of `replica` on `device`; each goes into `workers` as
+    soon as it is started (so a failure half-way leaves nothing unreaped)."""
+    for stage, inbox, outbox, target in (
+            ("codec", channels.to_codec, channels.from_codec, codec.main),
+            ("talker", channels.to_talker, channels.from_talker, talker.main)):
+        mine, theirs = ctx.Pipe()
+        spec = WorkerSpec(stage=stage, variant=variant, model_dir=model_dir, profile=profile,
+                          device=device, instance=instance, inbox=inbox.spec(),
+                          to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
+                          num_clients=clients if stage == "codec" else 0, env=env,
+                          replica=replica)
+        name = worker_name(stage, replica)
+        proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{name}", daemon=True)
+        proc.start()
+        theirs.close()
+        workers.procs[name], workers.pipes[name] = proc, mine
+        inbox.watch_peer(proc.pid)
+        outbox.watch_peer(proc.pid)
+
+
+async def relay_specs(workers: ReplicaWorkers, replica: int, timeout: float) -> list[ChannelSpec]:
+    """Codec → caller: the channel specs it owns; caller → talker: the talker → codec spec.
+    Returns the codec's PCM ring specs, one per client."""
+    from engine.coordinator import StageNotReady
+
+    codec_name, talker_name = worker_name("codec", replica), worker_name("talker", replica)
+    codec = workers.pipes[codec_name]
+    if not await asyncio.to_thread(codec.poll, timeout):
+        raise StageNotReady(f"the {codec_name} worker did not create its channels within "
+                            f"{timeout:g} s")
+    try:
+        talker_codec, client_pcm = codec.recv()
+    except EOFError:
+        raise StageNotReady(f"the {codec_name} worker exited during start-up (see its log)"
+                            ) from None
+    try:
+        workers.pipes[talker_name].send(talker_codec)
+    except (BrokenPipeError, OSError):
+        raise StageNotReady(f"the {talker_name} worker exited during start-up (see its log)"
+                            ) from None
+    finally:
+        close_spec(talker_codec)
+    return list(client_pcm)
+
+
+def close_spec(spec: ChannelSpec) -> None:
+    """Close the doorbell descriptors a relayed spec holds in this process."""
+    spec.ring.data_bell.close()
+    spec.ring.space_bell.close()
+
+
+async def join_or_kill(procs: dict[str, Any], grace_s: float = JOIN_GRACE_S) -> None:
+    """Wait for the workers to exit; SIGKILL any still alive after `grace_s`; reap all."""
+    for stage, proc in procs.items():
+        if proc.pid is None or getattr(proc, "_closed", False):
+            continue
+        await asyncio.to_thread(proc.join, grace_s)
+        if proc.is_alive():
+            log.warning("%s worker (pid %d) did not exit: killing it", stage, proc.pid)
+            os.kill(proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(proc.join, 5.0)
+        proc.close() if not proc.is_alive() else None
