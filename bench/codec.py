@@ -171,6 +171,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print a kernel profile of one chunk at the last batch")
     parser.add_argument("--compile", action="store_true",
                         help="run the codec's layers through torch.compile (CodecModel.compile_layers)")
+    parser.add_argument("--ring-attention", action="store_true",
+                        help="streaming decode attends over the rings in place (CodecModel.use_ring_attention)")
     parser.add_argument("--grid", default="",
                         help="chunk lengths (e.g. 1,2,4,8,15): graph replay ms of each (batch, length)")
     parser.add_argument("--encode", action="store_true",
@@ -183,9 +185,11 @@ def main() -> None:
     model = random_codec(cfg, args.device, getattr(torch, args.dtype))
     if args.compile:
         model.compile_layers()
+    if args.ring_attention:
+        model.use_ring_attention()
     params = sum(p.numel() for p in model.parameters())
     print(f"{args.version} {args.size} codec, {params / 1e9:.3f} B parameters, {args.dtype}, random weights"
-          f"{', compiled layers' if args.compile else ''}")
+          f"{', compiled layers' if args.compile else ''}{', ring attention in place' if args.ring_attention else ''}")
     frame_s = cfg.downsample_rate / cfg.sampling_rate
     for batch in (int(b) for b in args.batches.split(",")):
         first_ms, step_ms = bench(model, batch, args.chunk, args.n_vq, args.iters, args.device)

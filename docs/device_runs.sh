@@ -20,8 +20,9 @@
 #                                       # high-concurrency with and without talker.prefill_graphs
 #                                       # and talker.capture_ahead (C=128, 64, 1, each level's
 #                                       # first pass shown too; timelines), one server each
-#   bash docs/device_runs.sh codec      # the codec's replay grid and kernel profile with and
-#                                       # without compiled layers, and its GPU tests
+#   bash docs/device_runs.sh codec      # the codec's replay grid and kernel profile: as shipped,
+#                                       # compiled layers, and compiled + ring attention in place;
+#                                       # first its GPU tests
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 set -u
@@ -177,10 +178,11 @@ prefill)
 codec)
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_compile.py \
     tests/stages/test_codec_graphs.py tests/stages/test_codec_streaming.py 2>&1 | tail -3
-  for flag in "" --compile; do
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/stages/test_codec_ring_attention.py 2>&1 | tail -2
+  for flag in "" --compile "--compile --ring-attention"; do
     [ "$(left)" -lt 120 ] && break
     timeout $(( $(left) - 20 )) python3 -m bench.codec --version v2 --size full --batches 16,64,128 \
-      --grid 1,2,4,8,15 --iters 5 --profile $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid$flag.txt" | head -40
+      --grid 1,2,4,8,15 --iters 5 --profile $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | head -40
   done
   ;;
 sweep)

@@ -152,6 +152,10 @@ class CodecConfig(_Section):
         "on CUDA, run the codec's transformer layers (norms, projections, RoPE, FFN) through "
         "torch.compile, attention and ring writes eager; off by default until measured on a GPU "
         "(CPU-tested through dynamo's eager backend)")] = False
+    ring_attention: Annotated[bool, doc(
+        "on CUDA, streaming decode attends over the slots' ring caches in place (a Triton kernel "
+        "applying the window) instead of copying each row's rings out and masking; off by default "
+        "until measured on a GPU (CPU-tested in Triton's interpreter)")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_graphs: Annotated[bool, doc(

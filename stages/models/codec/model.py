@@ -86,6 +86,14 @@ class CodecModel(nn.Module):
             if isinstance(module, ProjectedTransformer):
                 module.transformer.parts = parts
 
+    def use_ring_attention(self, on: bool = True) -> None:
+        """Streaming decode attends over the slots' rings in place (`ring_attention`, a Triton
+        kernel: CUDA, or Triton's CPU interpreter) instead of copying each row's rings out and
+        masking."""
+        for module in self.decoder:
+            if isinstance(module, ProjectedTransformer):
+                module.ring_attention = on
+
     def decoder_stages(self) -> list[TransformerStage]:
         return [m.stage for m in self.decoder if isinstance(m, ProjectedTransformer)]
 

@@ -45,7 +45,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     """The `CodecRunner` over the first `n_vq` quantizers: slots, ring headroom (the longest chunk of
     the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
     in pieces), CUDA graphs (`codec.cuda_graphs` for decode, `codec.encode_graphs` for reference
-    encoding) and compiled layers (`codec.compile`), CUDA devices only, from the profile.
+    encoding), compiled layers (`codec.compile`) and attention over the rings in place
+    (`codec.ring_attention`), CUDA devices only, from the profile.
     dtype: None = `model.dtype` resolved for the device."""
     from stages.models.codec.loader import load_codec
     from stages.models.codec.runner import CodecRunner
@@ -55,6 +56,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     model = load_codec(codec_dir, device, dtype)
     if profile.codec.compile and str(device).startswith("cuda"):
         model.compile_layers()
+    if profile.codec.ring_attention and str(device).startswith("cuda"):
+        model.use_ring_attention()
     return CodecRunner(model, n_vq=n_vq,
                        max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),

@@ -64,13 +64,16 @@ class WindowPlan:
     (whole sequence in query blocks of `block`: the first block's mask, then every later one's, over
     keys left-padded by context - 1), or [B, 1, T, C] over ring indices (streaming).
     rows [B * T]: the pool rows (slot * C + ring index) where the chunk's keys go (streaming only).
+    With `start` [B] (streaming with `ring_attention`) there is no mask: the kernel applies the
+    window from the chunk's positions.
     """
 
     rotor: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     rows: torch.Tensor | None = None
     block: int | None = None
     context: int = 0
+    start: torch.Tensor | None = None  # [B] first query position (streaming over the rings in place)
 
     @classmethod
     def whole(cls, B: int, T: int, stage: TransformerStage, device: torch.device, dtype: torch.dtype,
@@ -95,11 +98,16 @@ class WindowPlan:
 
     @classmethod
     def chunk(cls, slots: torch.Tensor, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int,
-              dtype: torch.dtype) -> WindowPlan:
-        """A chunk of T positions for each of slots [B], the first at start [B], over rings of `capacity`."""
+              dtype: torch.dtype, in_place: bool = False) -> WindowPlan:
+        """A chunk of T positions for each of slots [B], the first at start [B], over rings of
+        `capacity`; `in_place`: attention reads the rings where they are (no mask is built)."""
         if T > capacity - stage.context + 1:
             raise ValueError(f"chunk of {T} positions exceeds the ring headroom ({capacity} - {stage.context} + 1)")
         pos_q = start[:, None] + torch.arange(T, device=start.device)  # [B, T]
+        if in_place:
+            rotor = rope_rotor(pos_q, stage.head_dim, stage.max_period)
+            rows = (slots[:, None] * capacity + pos_q % capacity).reshape(-1)  # [B * T]
+            return cls(rotor, None, rows, context=stage.context, start=start)
         last = pos_q[:, -1:]  # [B, 1] newest position written
         ring = torch.arange(capacity, device=start.device)
         pos_k = last - (last - ring) % capacity  # [B, C] absolute position held at each ring index
@@ -135,6 +143,10 @@ class CausalWindowAttention(nn.Module):
             S, C = cache.k.shape[:2]
             cache.k.view(S * C, -1).index_copy_(0, plan.rows, k.reshape(B * T, -1))  # row copies, no reshuffle
             cache.v.view(S * C, -1).index_copy_(0, plan.rows, v.reshape(B * T, -1))
+            if plan.start is not None:  # the rings read in place (`ring_attention`)
+                from stages.models.codec.ring_attention import ring_attention
+
+                return ring_attention(q, cache.k, cache.v, slots, plan.start, plan.context).transpose(1, 2)
             k, v = cache.k.index_select(0, slots), cache.v.index_select(0, slots)  # [B, C, H, Dh]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, *, Dh] views
         if plan.block:
@@ -230,6 +242,7 @@ class ProjectedTransformer(nn.Module):
         keep_out = stage.project_always or stage.output_dim != stage.d_model
         self.input_proj = nn.Linear(stage.input_dim, stage.d_model, bias=False) if keep_in else nn.Identity()
         self.transformer = Transformer(stage)
+        self.ring_attention = False  # streaming attention over the rings in place (CodecModel.use_ring_attention)
         self.output_proj = nn.Linear(stage.d_model, stage.output_dim, bias=False) if keep_out else nn.Identity()
 
     @property
@@ -247,7 +260,8 @@ class ProjectedTransformer(nn.Module):
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
                           slots: torch.Tensor) -> torch.Tensor:
         """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer."""
-        plan = WindowPlan.chunk(slots, start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype)
+        plan = WindowPlan.chunk(slots, start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype,
+                                in_place=self.ring_attention)
         x = self.input_proj(x)
         for layer, cache in zip(self.transformer.layers, caches, strict=True):
             x = layer(x, plan, cache, slots, self.transformer.parts)

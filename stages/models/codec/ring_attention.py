@@ -1,0 +1,108 @@
+"""Windowed attention of a streaming chunk straight over its slots' ring caches (Triton).
+
+The plain path (`CausalWindowAttention.attend`) copies each row's whole ring out of the slot pool
+(`index_select`, ~125 MB a slot for the full v2 decoder in bf16, read and written) and hands
+SDPA an additive mask `[B, 1, T, C]` built per stage. Here one kernel reads the keys and values in
+place: a program owns (a tile of `BLOCK_M` queries, row b, head h) and walks ring indices
+0..C-1 in tiles of `BLOCK_N`, computing each index's absolute position from the chunk's last one
+(`last - (last - index) mod C`) and the window rule in registers: key visible iff it is written
+(position >= 0) and `0 <= query - key < context`. Softmax online in fp32 (exp2, scale folded in).
+
+Launch shapes depend only on tensor shapes (B, T, heads, head dim); slots and positions are read
+from device tensors, so the kernel runs inside CUDA graphs. On CPU it runs in Triton's
+interpreter (`TRITON_INTERPRET=1` set before triton is imported), which the tests use.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _ring_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, start_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    T, C, context,
+    stride_qb, stride_qt, stride_qh, stride_ks, stride_kc, stride_kh, stride_vs, stride_vc, stride_vh,
+    stride_ob, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no tf32), else None
+    DOT_FP32: tl.constexpr,  # upcast dot operands (the CPU interpreter's bf16 dot is wrong)
+):
+    """Program (query tile, row b, head h) -> out[b, tile rows, h]."""
+    tile = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    start = tl.load(start_ptr + b).to(tl.int64)  # absolute position of the chunk's first query
+    j = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = j < T
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qb + j[:, None] * stride_qt + h * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    q_pos = start + j  # [BLOCK_M]
+    last = start + T - 1  # the newest position written into the ring
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(0, C, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < C
+        pos_k = last - (((last - n) % C) + C) % C  # position held at ring index n (mod as in Python)
+        k_t = tl.load(k_ptr + slot * stride_ks + n[None, :] * stride_kc + h * stride_kh + d[:, None],
+                      mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        s = tl.dot(q, k_t.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2
+        delta = q_pos[:, None] - pos_k[None, :]
+        allowed = n_ok[None, :] & (pos_k[None, :] >= 0) & (delta >= 0) & (delta < context)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: no NaN
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + slot * stride_vs + n[:, None] * stride_vc + h * stride_vh + d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + b * stride_ob + j[:, None] * stride_ot + h * stride_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def ring_attention(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, slots: torch.Tensor,
+                   start: torch.Tensor, context: int, *, block_m: int | None = None, block_n: int | None = None,
+                   num_warps: int = 4) -> torch.Tensor:
+    """q [B, T, H, Dh] (RoPE applied) of the chunk whose first position is start [B] in slots [B];
+    k_ring, v_ring [S, C, H, Dh], the chunk's keys already written -> out [B, T, H, Dh].
+    Tiles: `block_m` queries x `block_n` keys (default 32 x 64; on CPU, where the interpreter runs
+    each program in numpy, 64 x 256: fewer, larger steps)."""
+    cpu = q.device.type == "cpu"
+    block_m = block_m or (64 if cpu else 32)
+    block_n = block_n or (256 if cpu else 64)
+    B, T, H, D = q.shape
+    C = k_ring.shape[1]
+    if q.stride(-1) != 1 or k_ring.stride(-1) != 1 or v_ring.stride(-1) != 1:
+        raise ValueError("q and the rings need a contiguous last (head_dim) dimension")
+    out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
+    block_m = min(block_m, max(16, _pow2(T)))
+    grid = (triton.cdiv(T, block_m), B, H)
+    _ring_attention_kernel[grid](
+        q, k_ring, v_ring, out, slots, start,
+        D ** -0.5 * 1.4426950408889634, T, C, context,
+        q.stride(0), q.stride(1), q.stride(2), k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+        v_ring.stride(0), v_ring.stride(1), v_ring.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        HEAD_DIM=D, BLOCK_D=max(16, _pow2(D)), BLOCK_M=block_m, BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        DOT_FP32=q.device.type == "cpu", num_warps=num_warps,
+    )
+    return out
