@@ -3,10 +3,12 @@
 Inputs: code chunks from the talker (one stream per request; a slot is opened on its first chunk
 and closed on its final record) and control from the coordinator (aborts, reference-encode jobs,
 shutdown). Each loop iteration (`CodecLoop.step`): drain both inboxes (sleeping on their doorbells
-only when nothing is runnable, up to the coalescing deadline) → run waiting encode jobs as one
-batch → hand terminal records (no frames) straight through → ask the `Coalescer` whether to decode
-now → decode one chunk of each chosen stream in one call → PCM records to each request's client
-ring, a `ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator.
+only when nothing is runnable, up to the coalescing deadline) → hand terminal records (no frames)
+straight through → decode requests' first chunks at once (express) → ask the `Coalescer` whether
+to decode now → decode one chunk of each chosen stream in one call → PCM records to each request's
+client ring, a `ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator → run
+waiting reference-encode jobs as one batch (after the streams that were due, so an encode never
+delays audio already owed).
 
 An aborted stream drops its waiting chunks at once and skips any that still arrive; it closes on
 its final record (the talker always sends one), so nothing is left behind.
@@ -85,7 +87,6 @@ class CodecLoop:
     def step(self) -> bool:
         """One iteration; False once a shutdown was received and no stream is left."""
         self._wait_and_drain()
-        self._run_encodes()
         self._pass_terminals()
         express = self._express_ready()
         if express:  # first chunks go at once, in their own small call, ahead of any batch
@@ -94,6 +95,7 @@ class CodecLoop:
         decision = self.coalescer.decide(self.clock(), alive=self._alive())
         if decision.dispatch:
             self._decode(decision.dispatch)
+        self._run_encodes()  # after the streams due now: an encode batch never delays their audio
         self._report_slots()
         return not (self.shutdown is not None and not self.encodes
                     and (not self.streams or len(self._ended) == 2))

@@ -11,7 +11,7 @@ import pytest
 
 from ipc.channel import Channel
 from ipc.messages import (Abort, ChunkDone, ClientInbox, CodecInbox, CodeChunk, CoordinatorInbox,
-                          DecodeBatch, PcmChunk, StageError)
+                          DecodeBatch, EncodeRequest, EncodeResult, PcmChunk, StageError)
 from ipc.shm import new_instance_id
 from profiles import load_profile
 from stages.registry import load_variant
@@ -135,6 +135,24 @@ def test_a_steady_chunk_of_a_buffered_stream_waits_for_a_larger_dispatch(demo_mo
             rig.loop.step()
             assert batches() == [1]
         assert rig.loop.streams[1].audio_out_s == pytest.approx(31 * 0.08)
+    finally:
+        rig.close()
+
+
+def test_a_waiting_reference_encode_goes_after_the_audio_that_is_due(demo_model_dir) -> None:
+    """A first chunk and a reference-encode job arrive together: the chunk's audio is written to
+    its client before the encode runs (an encode batch must not delay first audio)."""
+    rig = Rig(demo_model_dir, express=True)
+    try:
+        wav = np.zeros((rig.runner.channels, 2 * rig.runner.samples_per_frame), dtype=np.float32)
+        rig.coord.send(EncodeRequest(job=5, client=0), wav)
+        rig.chunk(1, 0, 0, 1)
+        rig.loop.step()
+        order = []
+        while (rec := rig.client_rx[0].try_recv()) is not None:
+            order.append(type(rec.msg))
+            rec.release()
+        assert order == [PcmChunk, EncodeResult]
     finally:
         rig.close()
 
