@@ -107,8 +107,8 @@ class TalkerConfig(_Section):
         "capture the decode step in CUDA graphs per batch bucket")] = True
     backbone_graphs: Annotated[bool, doc(
         "Delay and Realtime talkers: replay the decoding rows' backbone step from CUDA graphs "
-        "(with cuda_graphs, CUDA only); off by default until measured on a GPU (CPU-tested "
-        "through the eager graph path)")] = False
+        "(with cuda_graphs, CUDA only; the 8B Delay step: 32.8 ms eager, 9.5 ms from graphs on "
+        "an H200 at one stream)")] = True
     prefill_graphs: Annotated[bool, doc(
         "with cuda_graphs, a step's prompt chunks replay a CUDA graph per (tokens, KV blocks) "
         "bucket instead of one eager call (an eager prefill step is bound by host time); off "

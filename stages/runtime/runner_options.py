@@ -29,9 +29,8 @@ def talker_options(profile: Profile) -> dict[str, Any]:
 def talker_runner_options(profile: Profile, device: str, *, backbone_graphs: bool = False) -> dict[str, Any]:
     """`talker_options` plus the attention kernel the profile asks for (`talker.attention`) and
     `cuda_graphs`: `talker.cuda_graphs`, on CUDA only. A runner whose graphs are backbone graphs
-    (`backbone_graphs`: the Delay and Realtime runners) needs `talker.backbone_graphs` on too (off
-    by default until measured on a GPU). On CPU, "auto" attention keeps the runner's default (the
-    per-sequence reference)."""
+    (`backbone_graphs`: the Delay and Realtime runners) needs `talker.backbone_graphs` on too. On
+    CPU, "auto" attention keeps the runner's default (the per-sequence reference)."""
     t = profile.talker
     cuda = str(device).startswith("cuda")
     attention = make_attention(t.attention, device) if cuda or t.attention != "auto" else None

@@ -285,7 +285,7 @@ def test_backbone_graphs_need_both_profile_switches_and_cuda() -> None:
         options = talker_runner_options(load_profile("default", list(overrides)), device, backbone_graphs=True)
         return options["cuda_graphs"]
 
-    assert not graphs("cuda")  # talker.backbone_graphs is off by default (not yet run on a GPU)
-    assert graphs("cuda", "talker.backbone_graphs=true")
-    assert not graphs("cuda", "talker.backbone_graphs=true", "talker.cuda_graphs=false")
-    assert not graphs("cpu", "talker.backbone_graphs=true")
+    assert graphs("cuda")  # talker.backbone_graphs is on by default
+    assert not graphs("cuda", "talker.backbone_graphs=false")
+    assert not graphs("cuda", "talker.cuda_graphs=false")
+    assert not graphs("cpu")
