@@ -2,9 +2,15 @@
 
 Every response format is produced incrementally from one encoder per request: raw s16le PCM, WAV
 with a streaming header (sizes 0xFFFFFFFF), and mp3 / opus-in-Ogg / aac-ADTS / flac muxed by
-PyAV (FFmpeg) into one container whose bytes are handed out as packets are written. ``speed``
+PyAV (FFmpeg) into one container whose bytes are handed out as packets are written. Another
+channel count is mixed first (mono = the mean of the channels, stereo = mono doubled), ``speed``
 other than 1 is applied with FFmpeg's ``atempo`` filter and another output rate with FFmpeg's
-resampler, both streaming as well.
+resampler, all streaming as well. ``AudioEncoder.samples`` counts the samples per channel that
+went into the file, so the audio's length is known after speed and rate changes.
+
+A streamed FLAC cannot state its length (STREAMINFO comes first and the muxer cannot seek back),
+so its total-sample count says "unknown": FFmpeg and browsers read such a file, libsndfile
+(soundfile) opens it but reports an unbounded length. A whole FLAC file states its length.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class AudioEncoder(ABC):
 
     content_type: str
     heavy = False  # True: milliseconds per chunk (a real codec); run it off the event loop
+    samples = 0  # samples per channel handed to the file so far (at the output rate)
 
     @abstractmethod
     def encode(self, pcm: np.ndarray) -> bytes:
@@ -71,6 +78,7 @@ class PcmEncoder(AudioEncoder):
     content_type = CONTENT_TYPES["pcm"]
 
     def encode(self, pcm: np.ndarray) -> bytes:
+        self.samples += pcm.shape[0]
         return float_to_s16le(pcm)
 
     def finish(self) -> bytes:
@@ -103,6 +111,7 @@ class WavEncoder(AudioEncoder):
         self._held: list[bytes] = []
 
     def encode(self, pcm: np.ndarray) -> bytes:
+        self.samples += pcm.shape[0]
         data = float_to_s16le(pcm)
         if not self.streaming:
             self._held.append(data)
@@ -170,6 +179,7 @@ class ContainerEncoder(AudioEncoder):
         frame.sample_rate = self._in_rate
         frame.pts = self._pts
         self._pts += pcm.shape[0]
+        self.samples += pcm.shape[0]
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
         return self._take()
@@ -187,6 +197,23 @@ class ContainerEncoder(AudioEncoder):
 
     def _take(self) -> bytes:
         return self._sink.drain() if isinstance(self._sink, _ByteSink) else b""
+
+
+class ChannelMix:
+    """Another channel count: stereo to mono is the mean of the two, mono to stereo doubles it."""
+
+    def __init__(self, channels_in: int, channels_out: int) -> None:
+        _layout(channels_in)
+        _layout(channels_out)
+        self.channels_out = channels_out
+
+    def process(self, pcm: np.ndarray) -> np.ndarray:
+        """[S, C_in] float32 -> [S, C_out] float32."""
+        mono = pcm.mean(axis=1, keepdims=True, dtype=np.float32)  # [S, 1]
+        return np.repeat(mono, self.channels_out, axis=1) if self.channels_out > 1 else mono
+
+    def flush(self) -> np.ndarray:
+        return np.zeros((0, self.channels_out), np.float32)
 
 
 class SpeedChange:
@@ -291,6 +318,10 @@ class StagedEncoder(AudioEncoder):
         self.stages = stages
         self.content_type = inner.content_type
 
+    @property
+    def samples(self) -> int:  # type: ignore[override]
+        return self.inner.samples
+
     def encode(self, pcm: np.ndarray) -> bytes:
         if pcm.shape[0] == 0:  # the final chunk may be empty; FFmpeg refuses empty frames
             return b""
@@ -313,22 +344,27 @@ class StagedEncoder(AudioEncoder):
 
 
 def make_encoder(fmt: str, sample_rate: int, channels: int, *, streaming: bool,
-                 speed: float = 1.0, out_rate: int | None = None) -> AudioEncoder:
+                 speed: float = 1.0, out_rate: int | None = None,
+                 out_channels: int | None = None) -> AudioEncoder:
     """The encoder for ``response_format`` ``fmt`` (one of ``CONTENT_TYPES``): PCM at
-    ``sample_rate`` in, a file at ``out_rate`` (default: the same) out."""
+    ``sample_rate`` with ``channels`` in, a file at ``out_rate`` with ``out_channels`` (default:
+    the same) out."""
     _layout(channels)
     out_rate = out_rate or sample_rate
+    out_channels = out_channels or channels
     if fmt == "pcm":
         encoder: AudioEncoder = PcmEncoder()
     elif fmt == "wav":
-        encoder = WavEncoder(out_rate, channels, streaming=streaming)
+        encoder = WavEncoder(out_rate, out_channels, streaming=streaming)
     elif fmt in _CONTAINERS:
-        encoder = ContainerEncoder(fmt, out_rate, channels, streaming=streaming)
+        encoder = ContainerEncoder(fmt, out_rate, out_channels, streaming=streaming)
     else:
         raise ValueError(f"unknown response_format {fmt!r}")
     stages: list = []
+    if out_channels != channels:  # first: fewer channels make the later stages cheaper
+        stages.append(ChannelMix(channels, out_channels))
     if speed != 1.0:
-        stages.append(SpeedChange(speed, sample_rate, channels))
+        stages.append(SpeedChange(speed, sample_rate, out_channels))
     if out_rate != sample_rate:
-        stages.append(RateChange(sample_rate, out_rate, channels))
+        stages.append(RateChange(sample_rate, out_rate, out_channels))
     return StagedEncoder(encoder, stages) if stages else encoder

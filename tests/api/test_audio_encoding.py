@@ -109,3 +109,37 @@ def test_output_rate_conversion_streams(fmt, out_rate, speed):
     assert rate == (48000 if fmt == "opus" else out_rate)  # Opus decoders always give 48 kHz
     assert abs(pcm.shape[0] / rate - 2.0 / speed) < 0.12
     assert abs(dominant_hz(pcm, rate) - 440.0) < 10.0
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "mp3", "flac"])
+@pytest.mark.parametrize("channels_in,channels_out", [(2, 1), (1, 2)])
+def test_channel_count_is_converted(fmt, channels_in, channels_out):
+    """OpenAI's pcm layout from the 48 kHz stereo codec: mixed to mono, then resampled."""
+    encoder = make_encoder(fmt, 48000, channels_in, streaming=True, out_rate=24000, out_channels=channels_out)
+    body = b"".join(encoder.encode(c) for c in sine_chunks(48000, channels_in, 1.0)) + encoder.finish()
+    pcm, rate = decode_audio(body, fmt, sample_rate=24000, channels=channels_out)
+    assert rate == 24000 and pcm.shape[1] == channels_out
+    assert abs(pcm.shape[0] / rate - 1.0) < 0.1
+    assert abs(dominant_hz(pcm, rate) - 440.0) < 10.0
+    assert abs(np.abs(pcm).max() - 0.4) < 0.05  # the same wave in both channels: mixing keeps its level
+
+
+@pytest.mark.parametrize("speed,out_rate", [(1.0, None), (2.0, None), (0.5, 16000)])
+def test_samples_count_what_the_file_holds(speed, out_rate):
+    """The audio's length as reported (X-Audio-Seconds) is the file's, after speed and rate."""
+    encoder = make_encoder("pcm", 48000, 2, streaming=True, speed=speed, out_rate=out_rate, out_channels=1)
+    body = b"".join(encoder.encode(c) for c in sine_chunks(48000, 2, 2.0)) + encoder.finish()
+    assert encoder.samples == len(body) // 2
+    assert abs(encoder.samples / (out_rate or 48000) - 2.0 / speed) < 0.05
+
+
+def test_a_whole_flac_file_states_its_length():
+    """soundfile (libsndfile) reads a FLAC's length from its header: a whole file states it."""
+    import io
+
+    import soundfile
+
+    encoder = make_encoder("flac", 48000, 2, streaming=False)
+    body = b"".join(encoder.encode(c) for c in sine_chunks(48000, 2, 1.5)) + encoder.finish()
+    audio, rate = soundfile.read(io.BytesIO(body))
+    assert rate == 48000 and audio.shape == (72000, 2)
