@@ -52,8 +52,17 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     instructions: str | None = None
     response_format: ResponseFormat = "mp3"
     speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
-    stream_format: StreamFormat | None = None
-    stream: bool | None = None
+    stream_format: Annotated[
+        StreamFormat | None,
+        Meta(description="audio: the file's bytes as they are made (chunked transfer), the default "
+                         "for every format but flac; sse: server-sent events. Unset with "
+                         "stream=false, or for flac: the whole file at once."),
+    ] = None
+    stream: Annotated[
+        bool | None,
+        Meta(description="true: server-sent events (as stream_format=sse); false: the whole file at "
+                         "once, with its length, finish reason and usage in the headers."),
+    ] = None
     ref_audio: Annotated[
         str | Annotated[list[str], Meta(min_length=1, max_length=5)] | None,
         Meta(description="Reference audio: data: URL, bare base64, file:// or a path under an "
@@ -77,8 +86,16 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     ] = None
     sample_rate: Annotated[
         Annotated[int, Meta(gt=0, le=384_000)] | None,
-        Meta(description="Output sample rate: the model's own (default) or one of 8000, 11025, "
-                         "12000, 16000, 22050, 24000, 32000, 44100, 48000 (resampled on the fly).")
+        Meta(description="Output sample rate: the model's own or one of 8000, 11025, 12000, 16000, "
+                         "22050, 24000, 32000, 44100, 48000 (resampled on the fly). Default: the "
+                         "model's, but 24000 for pcm (OpenAI's layout) unless the server's "
+                         "api.pcm_layout is native.")
+    ] = None
+    channels: Annotated[
+        Literal[1, 2] | None,
+        Meta(description="Output channels (stereo to mono is the mean of the two). Default: the "
+                         "model's, but 1 for pcm (OpenAI's layout) unless the server's "
+                         "api.pcm_layout is native."),
     ] = None
     forced_frames: Annotated[
         Annotated[int, Meta(ge=1, le=100_000)] | None,
@@ -202,8 +219,9 @@ def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
     paths = {
         "/v1/audio/speech": {"post": {
             "operationId": "createSpeech", "requestBody": _json_body("SpeechRequest"),
-            "responses": {"200": {"description": "Audio (streamed while generated when "
-                                                 "stream_format is set)",
+            "responses": {"200": {"description": "Audio, streamed while it is generated (chunked "
+                                                 "transfer) unless stream=false or flac; SSE with "
+                                                 "stream_format=sse",
                                   "content": {t: {} for t in audio_types}}, **errors}}},
         "/v1/audio/voices": {
             "get": {"operationId": "listVoices", "responses": {"200": _json_response("VoiceList", "Voices")}},

@@ -24,25 +24,38 @@ OPENAI_VOICES = frozenset({"default", "alloy", "ash", "ballad", "coral", "echo",
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
+OPENAI_PCM_LAYOUT = (24000, 1)  # OpenAI's pcm: 24 kHz mono s16le
+
+
 @dataclass(frozen=True)
 class OutputPlan:
-    """How the response is delivered."""
+    """How the response is delivered, and the audio layout of the file."""
 
     response_format: str
     mode: str  # "file" (whole file), "audio" (raw stream) or "sse"
     speed: float
-    sample_rate: int | None  # output rate; None = the model's
+    sample_rate: int  # output rate
+    channels: int  # output channels
 
 
-def output_plan(req: SpeechRequest) -> OutputPlan:
+def output_plan(req: SpeechRequest, *, native_rate: int, native_channels: int,
+                pcm_layout: str = "openai") -> OutputPlan:
+    """Delivery and layout. Every format streams unless the request says ``stream: false``,
+    except flac, whose header can state its length only when the whole file is sent at once (a
+    streamed flac must be asked for). ``pcm`` takes OpenAI's layout unless the request or the
+    profile (``api.pcm_layout``) asks for the native one."""
     if req.stream_format is not None:
         mode = req.stream_format
-    elif req.stream:
-        mode = "sse"
+    elif req.stream is not None:
+        mode = "sse" if req.stream else "file"
     else:
-        mode = "file"
+        mode = "file" if req.response_format == "flac" else "audio"
+    rate, channels = req.sample_rate, req.channels
+    if req.response_format == "pcm" and pcm_layout == "openai":
+        rate = rate or OPENAI_PCM_LAYOUT[0]
+        channels = channels or OPENAI_PCM_LAYOUT[1]
     return OutputPlan(response_format=req.response_format, mode=mode, speed=req.speed,
-                      sample_rate=req.sample_rate)
+                      sample_rate=rate or native_rate, channels=channels or native_channels)
 
 
 def check_request(req: SpeechRequest, *, model_names: set[str], limits: RequestLimits, sample_rate: int) -> None:

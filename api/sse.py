@@ -1,7 +1,8 @@
 """Server-sent events of a streaming speech response (vLLM-Omni compatible).
 
 ``speech.audio.delta`` carries base64 bytes of the response file (one continuous container
-across events), ``speech.audio.done`` the usage (including seconds of audio), and
+across events), ``speech.audio.done`` the finish reason and the usage (including seconds of
+audio), and
 ``speech.audio.error`` replaces ``done`` when the request fails after it started. Each event is
 an ``event:`` line, one JSON ``data:`` line and a blank line; there is no ``[DONE]`` sentinel.
 """
@@ -31,8 +32,10 @@ def delta(audio: bytes, response_format: str, *, sample_rate: int | None = None,
     return event("speech.audio.delta", data)
 
 
-def done(usage: dict) -> bytes:
-    return event("speech.audio.done", {"type": "speech.audio.done", "usage": usage})
+def done(usage: dict, *, finish_reason: str) -> bytes:
+    """The end of a stream: why generation stopped (``stop`` or ``length``) and the usage."""
+    return event("speech.audio.done", {"type": "speech.audio.done", "finish_reason": finish_reason,
+                                       "usage": usage})
 
 
 def error(message: str, *, partial_audio: bool, code: int = 500, kind: str = "server_error") -> bytes:

@@ -2,9 +2,10 @@
 `vllm bench serve --omni --backend openai-audio-speech --dataset-name seed-tts`.
 
 Each of C clients posts its next prompt as soon as its previous response has ended: one
-``POST /v1/audio/speech`` per prompt with ``stream_format=audio``, ``response_format=pcm``, the
-reference clip as a ``data:audio/wav;base64,...`` URL in ``ref_audio`` and its transcript in
-``ref_text``, and (for random weights, which never stop by themselves) a forced length
+``POST /v1/audio/speech`` per prompt with ``stream_format=audio``, ``response_format=pcm`` in the
+model's own layout (``sample_rate`` and ``channels`` from ``GET /v1/models``), the reference
+clip as a ``data:audio/wav;base64,...`` URL in ``ref_audio`` and its transcript in ``ref_text``,
+and (for random weights, which never stop by themselves) a forced length
 ``forced_frames = min(cap, max(1, round(frames_per_char * len(input))))`` with
 ``max_new_tokens = cap``. Every body chunk's arrival time and size is recorded
 (`bench.report.RequestResult`); a request succeeds only with HTTP 200, a complete body and
@@ -108,11 +109,14 @@ async def server_info(config: ClientConfig) -> ServerInfo:
     return ServerInfo(card["id"], int(card["sample_rate"]), int(card["channels"]))
 
 
-def request_body(prompt: Prompt, index: int, config: ClientConfig, model: str) -> bytes:
-    """The JSON body for one prompt; reads its reference clip (OSError if unreadable). The
-    base64 clip (hundreds of KB, nothing to escape) is spliced in rather than JSON-encoded."""
+def request_body(prompt: Prompt, index: int, config: ClientConfig, info: ServerInfo) -> bytes:
+    """The JSON body for one prompt; reads its reference clip (OSError if unreadable). The PCM
+    layout asked for is the model's own (the server's pcm default is OpenAI's 24 kHz mono), so
+    the figures measure the native stream. The base64 clip (hundreds of KB, nothing to escape)
+    is spliced in rather than JSON-encoded."""
     clip = base64.b64encode(prompt.prompt_wav.read_bytes())
-    fields = {"model": model, "input": prompt.target_text, "response_format": "pcm",
+    fields = {"model": info.model, "input": prompt.target_text, "response_format": "pcm",
+              "sample_rate": info.sample_rate, "channels": info.channels,
               "stream_format": "audio", "ref_text": prompt.prompt_text,
               "seed": (config.seed + index) % 2**63}
     if config.forced is not None:
@@ -126,7 +130,7 @@ async def _one_request(client: httpx.AsyncClient, prompt: Prompt, index: int, co
     result = RequestResult(index, prompt.utt_id, len(prompt.target_text),
                            config.forced.frames(prompt.target_text) if config.forced else None)
     try:
-        body = request_body(prompt, index, config, info.model)
+        body = request_body(prompt, index, config, info)
     except OSError as exc:
         result.error = f"reference clip unreadable: {exc}"
         return result

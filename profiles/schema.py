@@ -256,6 +256,10 @@ class ApiConfig(_Section):
     body_timeout_s: Annotated[float, doc(
         "a request body that stalls this long between two pieces is answered 408 and its "
         "connection closed", gt=0)] = 30.0
+    pcm_layout: Annotated[Literal["openai", "native"], doc(
+        "response_format pcm when a request names no sample_rate or channels: openai = 24 kHz "
+        "mono s16le, what OpenAI speech clients assume; native = the model's own rate and "
+        "channels")] = "openai"
 
     def __repr__(self) -> str:  # keys stay out of logs and tracebacks
         shown = msgspec.structs.replace(self, keys=tuple(REDACTED for _ in self.keys))

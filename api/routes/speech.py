@@ -1,21 +1,26 @@
-"""``POST /v1/audio/speech``: whole files, raw audio streams and SSE, in every format.
+"""``POST /v1/audio/speech``: streamed files (the default), whole files and SSE, in every format.
 
-The first audio chunk is awaited before the response starts, so admission rejections and bad
-sampling values still get their HTTP status; after that, audio is encoded and sent as it arrives.
-A client that disconnects aborts its engine request (closing the chunk iterator does that). An
-engine failure after audio went out ends the stream visibly: an SSE error event, or a cut raw
-stream (the connection closes without the final chunk), and is logged.
+Without ``stream_format`` the file's bytes go out as they are made (chunked transfer, one
+container per response), as OpenAI's endpoint does; ``stream: false`` (and flac, unless streamed
+on request) sends the whole file at once, with its finish reason and usage in the headers. The
+first audio chunk is awaited before the response starts, so admission rejections and bad sampling
+values still get their HTTP status; after that, audio is encoded and sent as it arrives. A client
+that disconnects aborts its engine request (closing the chunk iterator does that). An engine
+failure after audio went out ends the stream visibly: an SSE error event, or a cut raw stream (the
+connection closes without the final chunk), and is logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -23,8 +28,8 @@ from starlette.responses import Response
 from api import sse
 from api.audio_encoding import AudioEncoder, make_encoder
 from api.errors import ApiError, bad_request
-from api.schemas import decode_speech_request
-from api.speech_job import check_request, output_plan, resolve_voice, sampling_overrides
+from api.schemas import SpeechRequest, decode_speech_request
+from api.speech_job import OutputPlan, check_request, output_plan, resolve_voice, sampling_overrides
 from api.streaming import AudioStreamResponse, ClientGone, run_until_disconnect
 from engine.client import EngineFailed, EngineRejected
 from speech.job import SpeechJob
@@ -37,13 +42,17 @@ class StreamCut(Exception):
 
 
 class RequestTracker:
-    """Per-request timing and outcome, recorded into the process's metrics once."""
+    """Per-request timing, outcome and usage, recorded into the process's metrics once."""
 
-    def __init__(self, metrics, sample_rate: int, started: float) -> None:
+    def __init__(self, metrics, sample_rate: int, started: float, *, samples_per_frame: int = 0) -> None:
         self.metrics = metrics
         self.sample_rate = sample_rate
+        self.samples_per_frame = samples_per_frame
         self.started = started
-        self.samples = 0
+        self.samples = 0  # model samples per channel received from the engine
+        self.encoder: AudioEncoder | None = None  # what the file holds, once it is being encoded
+        self.out_rate = sample_rate
+        self.finish_reason: str | None = None
         self.last_chunk: float | None = None
         self.first_audio: float | None = None
         self.submitted: float | None = None  # body parsed and the voice resolved: handed to the engine
@@ -56,6 +65,8 @@ class RequestTracker:
             self.metrics.chunk_interval.observe(now - self.last_chunk)
         self.last_chunk = now
         self.samples += chunk.pcm.shape[0]
+        if chunk.final:
+            self.finish_reason = chunk.finish_reason
         if getattr(chunk, "batch_size", 0):  # this chunk went through a codec decode batch
             self.metrics.coalesce_wait.observe(chunk.coalesce_wait_s)
 
@@ -66,33 +77,59 @@ class RequestTracker:
 
     @property
     def audio_seconds(self) -> float:
+        """Seconds of audio in the response (after ``speed``)."""
+        if self.encoder is not None:
+            return self.encoder.samples / self.out_rate
         return self.samples / self.sample_rate
 
-    def finish(self, outcome: str) -> None:
+    @property
+    def frames(self) -> int:
+        """Frames (audio tokens) the model generated for the response."""
+        return self.samples // self.samples_per_frame if self.samples_per_frame else 0
+
+    def usage(self, text: str) -> dict:
+        """The usage record of SSE ``done`` events and batch items."""
+        return {"input_characters": len(text), "output_tokens": self.frames, "output_frames": self.frames,
+                "audio_seconds": round(self.audio_seconds, 4)}
+
+    def usage_headers(self, text: str) -> dict[str, str]:
+        """Finish reason and usage of a whole response, as headers."""
+        return {"X-Finish-Reason": self.finish_reason or "stop", "X-Audio-Seconds": f"{self.audio_seconds:.3f}",
+                "X-Output-Tokens": str(self.frames), "X-Input-Characters": str(len(text))}
+
+    def finish(self, outcome: str, reason: str | None = None) -> None:
         if self.done:
             return
         self.done = True
         elapsed = time.perf_counter() - self.started
-        first = f"{1000 * (self.first_audio - self.started):.0f} ms" if self.first_audio else "-"
-        prep = f"{1000 * (self.submitted - self.started):.0f} ms" if self.submitted else "-"
-        log.info("%s %s: %.2f s of audio in %.2f s, first audio %s (request + voice preparation %s)",
-                 self.request_id, outcome, self.audio_seconds, elapsed, first, prep)
+        if reason is not None:
+            log.info("%s %s after %.2f s: %s", self.request_id, outcome, elapsed, reason)
+        else:
+            first = f"{1000 * (self.first_audio - self.started):.0f} ms" if self.first_audio else "-"
+            prep = f"{1000 * (self.submitted - self.started):.0f} ms" if self.submitted else "-"
+            log.info("%s %s: %.2f s of audio in %.2f s, first audio %s (request + voice preparation %s)",
+                     self.request_id, outcome, self.audio_seconds, elapsed, first, prep)
         self.metrics.requests.labels(outcome=outcome).inc()
         if self.samples:
             self.metrics.audio_seconds.inc(self.audio_seconds)
-        if outcome == "ok" and self.samples:
+        if outcome == "ok" and self.samples and self.audio_seconds:
             self.metrics.rtf.observe((time.perf_counter() - self.started) / self.audio_seconds)
+
+
+def new_tracker(state) -> RequestTracker:
+    """A tracker for one request served by ``state``'s engine client."""
+    client = state.client
+    return RequestTracker(state.metrics, client.sample_rate, time.perf_counter(),
+                          samples_per_frame=client.variant.samples_per_frame)
 
 
 async def create_speech(request: Request) -> Response:
     state = request.state.api
-    started = time.perf_counter()
-    tracker = RequestTracker(state.metrics, state.client.sample_rate, started)
+    tracker = new_tracker(state)
     try:
         return await _create_speech(request, state, tracker)
     except ApiError as exc:
-        tracker.finish("rejected" if exc.status in (429, 503) else
-                       "failed" if exc.status >= 500 else "client_error")
+        tracker.finish(outcome_of(exc), reason=f"{exc.status} {exc.message}")
         raise
     except ClientGone:
         tracker.finish("cancelled")
@@ -106,11 +143,32 @@ async def create_speech(request: Request) -> Response:
         raise
 
 
-async def _create_speech(request: Request, state, tracker: RequestTracker) -> Response:
-    req = decode_speech_request(await request.body())
+def outcome_of(exc: ApiError) -> str:
+    """The metrics outcome of a request that ended with ``exc``."""
+    return "rejected" if exc.status in (429, 503) else "failed" if exc.status >= 500 else "client_error"
+
+
+@dataclass
+class Started:
+    """A request handed to the engine: its first chunk is in, the rest to come from ``chunks``."""
+
+    plan: OutputPlan
+    encoder: AudioEncoder
+    first: object  # the first AudioChunk, or None when the stream ended at once
+    chunks: AsyncIterator
+    headers: dict[str, str]
+
+
+async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, receive, *,
+                       whole: bool = False) -> Started:
+    """Check ``req``, resolve its voice, submit it and wait for its first chunk (``ApiError`` on
+    any refusal, nothing left running). ``whole`` sends the file at once whatever ``req`` asks."""
     client = state.client
     check_request(req, model_names=state.model_names, limits=state.limits, sample_rate=client.sample_rate)
-    plan = output_plan(req)
+    plan = output_plan(req, native_rate=client.sample_rate, native_channels=client.channels,
+                       pcm_layout=state.profile.api.pcm_layout)
+    if whole:
+        plan = dataclasses.replace(plan, mode="file")
     if not client.ready():
         raise ApiError(503, "The engine is not ready yet", code="not_ready",
                        headers={"Retry-After": "1"})
@@ -119,31 +177,43 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
                     ref_codes=voice.codes, ref_text=voice.ref_text, extra_ref_codes=list(voice.extra_codes),
                     sampling=sampling_overrides(req),
                     initial_chunk_frames=req.initial_codec_chunk_frames, forced_frames=req.forced_frames)
-    out_rate = plan.sample_rate or client.sample_rate
     try:
         encoder = make_encoder(plan.response_format, client.sample_rate, client.channels,
-                               streaming=plan.mode != "file", speed=plan.speed, out_rate=out_rate)
+                               streaming=plan.mode != "file", speed=plan.speed, out_rate=plan.sample_rate,
+                               out_channels=plan.channels)
     except ValueError as exc:
         raise bad_request(str(exc), param="response_format") from None
-    request_id = tracker.request_id
+    tracker.encoder, tracker.out_rate = encoder, plan.sample_rate
     tracker.submitted = time.perf_counter()
     chunks = client.generate(job)
-    first = await run_until_disconnect(_first_chunk(chunks), request.receive)
-    headers = {"X-Request-Id": request_id, "X-Audio-Sample-Rate": str(out_rate),
-               "X-Audio-Channels": str(client.channels), "X-Audio-Format": plan.response_format,
+    first = await run_until_disconnect(_first_chunk(chunks), receive)
+    headers = {"X-Request-Id": tracker.request_id, "X-Audio-Sample-Rate": str(plan.sample_rate),
+               "X-Audio-Channels": str(plan.channels), "X-Audio-Format": plan.response_format,
                "Cache-Control": "no-store", "X-Api-Process": str(os.getpid())}
     if voice.cache_hit is not None:
         headers["X-Ref-Cache"] = "hit" if voice.cache_hit else "miss"
+    return Started(plan, encoder, first, chunks, headers)
+
+
+async def whole_file(started: Started, tracker: RequestTracker, receive) -> bytes:
+    """The rest of a started request encoded as one file (``ApiError`` 500 if the engine fails)."""
+    return await run_until_disconnect(
+        _whole_file(started.first, started.chunks, started.encoder, tracker, tracker.request_id), receive)
+
+
+async def _create_speech(request: Request, state, tracker: RequestTracker) -> Response:
+    req = decode_speech_request(await request.body())
+    started = await start_speech(req, state, tracker, request.receive)
+    plan, encoder, headers = started.plan, started.encoder, started.headers
     if plan.mode == "file":
-        body = await run_until_disconnect(_whole_file(first, chunks, encoder, tracker, request_id),
-                                          request.receive)
-        headers["X-Audio-Seconds"] = f"{tracker.audio_seconds:.3f}"
+        body = await whole_file(started, tracker, request.receive)
+        headers.update(tracker.usage_headers(req.input))
         return Response(body, media_type=encoder.content_type, headers=headers)
     if plan.mode == "sse":
-        body_iter = _sse_stream(first, chunks, encoder, tracker, request_id, req.input, plan.response_format,
-                                out_rate, client.channels)
+        body_iter = _sse_stream(started.first, started.chunks, encoder, tracker, tracker.request_id, req.input,
+                                plan.response_format, plan.sample_rate, plan.channels)
         return AudioStreamResponse(body_iter, media_type=sse.CONTENT_TYPE, headers=headers)
-    body_iter = _raw_stream(first, chunks, encoder, tracker, request_id)
+    body_iter = _raw_stream(started.first, started.chunks, encoder, tracker, tracker.request_id)
     return AudioStreamResponse(body_iter, media_type=encoder.content_type, headers=headers)
 
 
@@ -258,9 +328,7 @@ async def _sse_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
         tail = await _finish(encoder)
         if tail:
             yield delta(tail)
-        frames = round(tracker.audio_seconds * 12.5)
-        yield sse.done({"input_characters": len(text), "output_tokens": frames, "output_frames": frames,
-                        "audio_seconds": round(tracker.audio_seconds, 4)})
+        yield sse.done(tracker.usage(text), finish_reason=tracker.finish_reason or "stop")
         outcome = "ok"
     except EngineFailed as exc:
         outcome = "failed"

@@ -80,6 +80,7 @@ def test_openapi_states_the_bounds(http):
 
 def test_the_largest_first_chunk_allowed_is_served(http):
     r = http.post("/v1/audio/speech", json={"input": "Big first chunk.", "response_format": "pcm",
+                                            "sample_rate": 48000, "channels": 2,  # the ring's own layout
                                             "initial_codec_chunk_frames": 273, "forced_frames": MAX_FRAMES})
     assert r.status_code == 200 and len(r.content) == MAX_FRAMES * 3840 * 2 * 2
 

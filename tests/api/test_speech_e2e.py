@@ -11,10 +11,12 @@ import base64
 import json
 import time
 
+import av
 import httpx
 import numpy as np
 import openai
 import pytest
+import soundfile
 
 from tests.api.audio_decode import decode_audio
 from tests.api.helpers import (FRAME_S, assert_error, data_url, expected_seconds, labelled, metric,
@@ -57,13 +59,14 @@ def rate_channels(http):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_openai_client_whole_file_every_format(oai, rate_channels, fmt):
-    rate, channels = rate_channels
+def test_openai_client_gets_every_format(oai, rate_channels, fmt):
     response = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format=fmt,
                                        extra_body={"seed": 1})
-    assert response.response.headers["content-type"] == CONTENT_TYPES[fmt]
-    assert response.response.headers["x-audio-sample-rate"] == str(rate)
-    assert response.response.headers["x-audio-channels"] == str(channels)
+    headers = response.response.headers
+    assert headers["content-type"] == CONTENT_TYPES[fmt]
+    # pcm is OpenAI's 24 kHz mono; every other format is the model's own layout
+    rate, channels = (24000, 1) if fmt == "pcm" else rate_channels
+    assert (headers["x-audio-sample-rate"], headers["x-audio-channels"]) == (str(rate), str(channels))
     pcm, got_rate = decode_audio(response.content, fmt, sample_rate=rate, channels=channels)
     assert got_rate == rate  # 48 kHz: also what Opus decoders produce
     assert pcm.shape[1] == channels
@@ -71,9 +74,106 @@ def test_openai_client_whole_file_every_format(oai, rate_channels, fmt):
     assert abs(pcm.shape[0] / rate - expected_seconds(TEXT)) <= tolerance
 
 
+LONG = {"input": "A request long enough that its first bytes arrive well before it ends.", "forced_frames": 120}
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "wav", "pcm"])
+def test_default_response_streams_and_the_saved_file_decodes(oai, http, tmp_path, fmt):
+    """No stream_format: the first bytes arrive while the engine still generates (as from OpenAI),
+    and the file saved from the stream decodes with soundfile and PyAV at the declared layout."""
+    saved = tmp_path / f"speech.{fmt}"
+    with oai.audio.speech.with_streaming_response.create(
+            model="mossvox", voice="alloy", input=LONG["input"], response_format=fmt,
+            extra_body={"forced_frames": LONG["forced_frames"]}) as response:
+        assert "content-length" not in response.headers  # chunked: the length is not known yet
+        pieces = response.iter_bytes()
+        first = next(pieces)
+        assert first and metric(http.get("/metrics").text, "mossvox_engine_running") == 1
+        saved.write_bytes(first + b"".join(pieces))
+        rate, channels = int(response.headers["x-audio-sample-rate"]), int(response.headers["x-audio-channels"])
+    assert (rate, channels) == ((24000, 1) if fmt == "pcm" else (48000, 2))
+    seconds = LONG["forced_frames"] * FRAME_S
+    if fmt != "aac":  # libsndfile has no AAC decoder
+        raw = {"format": "RAW", "subtype": "PCM_16", "samplerate": rate, "channels": channels} if fmt == "pcm" else {}
+        audio, sf_rate = soundfile.read(saved, always_2d=True, **raw)
+        assert sf_rate == (48000 if fmt == "opus" else rate) and audio.shape[1] == channels
+        assert abs(len(audio) / sf_rate - seconds) < 0.12
+    options = {"format": "s16le", "options": {"sample_rate": str(rate), "ch_layout": "mono"}} if fmt == "pcm" else {}
+    with av.open(str(saved), **options) as container:
+        stream = container.streams.audio[0]
+        assert stream.codec_context.sample_rate == rate and stream.codec_context.channels == channels
+        samples = sum(frame.samples for frame in container.decode(stream))
+    assert abs(samples / rate - seconds) < 0.12
+
+
+def test_flac_is_sent_whole_unless_streamed_on_request(http, tmp_path):
+    """A streamed FLAC cannot state its length (libsndfile then cannot read it whole), so flac
+    comes whole by default, with its length in the header; streamed on request it still decodes."""
+    r = http.post("/v1/audio/speech", json={**LONG, "response_format": "flac"})
+    assert r.status_code == 200 and int(r.headers["content-length"]) == len(r.content)
+    (tmp_path / "whole.flac").write_bytes(r.content)
+    audio, rate = soundfile.read(tmp_path / "whole.flac", always_2d=True)
+    assert rate == 48000 and audio.shape == (LONG["forced_frames"] * 3840, 2)
+    with http.stream("POST", "/v1/audio/speech", json={**LONG, "response_format": "flac",
+                                                        "stream_format": "audio"}) as streamed:
+        pieces = streamed.iter_raw()
+        first = next(pieces)
+        assert first[:4] == b"fLaC" and metric(http.get("/metrics").text, "mossvox_engine_running") == 1
+        body = first + b"".join(pieces)
+    pcm, got_rate = decode_audio(body, "flac")
+    assert got_rate == 48000 and pcm.shape == (LONG["forced_frames"] * 3840, 2)
+
+
+def test_pcm_is_openais_layout_unless_the_native_one_is_asked(oai, rate_channels):
+    rate, channels = rate_channels
+    default = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format="pcm")
+    headers = default.response.headers
+    assert (headers["x-audio-sample-rate"], headers["x-audio-channels"]) == ("24000", "1")
+    assert len(default.content) == pytest.approx(expected_seconds(TEXT) * 24000 * 2, abs=2 * 480)
+    native = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format="pcm",
+                                     extra_body={"sample_rate": rate, "channels": channels})
+    headers = native.response.headers
+    assert (headers["x-audio-sample-rate"], headers["x-audio-channels"]) == (str(rate), str(channels))
+    assert len(native.content) == round(expected_seconds(TEXT) * rate) * channels * 2
+    mono = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format="pcm",
+                                   extra_body={"sample_rate": rate})
+    assert mono.response.headers["x-audio-channels"] == "1"
+    assert len(mono.content) == round(expected_seconds(TEXT) * rate) * 2  # mono at the native rate
+
+
+def test_whole_response_states_finish_reason_and_usage(http):
+    r = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "wav", "stream": False})
+    frames = round(expected_seconds(TEXT) / FRAME_S)
+    assert r.status_code == 200 and int(r.headers["content-length"]) == len(r.content)
+    assert r.headers["x-finish-reason"] == "stop"
+    assert r.headers["x-output-tokens"] == str(frames) and r.headers["x-input-characters"] == str(len(TEXT))
+    assert float(r.headers["x-audio-seconds"]) == pytest.approx(frames * FRAME_S, abs=1e-3)
+    capped = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm", "stream": False,
+                                                 "forced_frames": 20, "max_new_tokens": 5})
+    assert capped.headers["x-finish-reason"] == "length" and capped.headers["x-output-tokens"] == "5"
+    events = parse_sse(http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm", "stream": True,
+                                                           "forced_frames": 20, "max_new_tokens": 5}).content)
+    assert events[-1][1]["finish_reason"] == "length" and events[-1][1]["usage"]["output_tokens"] == 5
+
+
+def test_audio_seconds_are_counted_after_speed(http):
+    """speed 2 halves the file, and the reported length with it (whole-file header and SSE usage)."""
+    half = expected_seconds(TEXT) / 2
+    whole = http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "wav", "speed": 2.0,
+                                                "stream": False})
+    pcm, rate = decode_audio(whole.content, "wav")
+    assert abs(pcm.shape[0] / rate - half) < 0.1
+    assert float(whole.headers["x-audio-seconds"]) == pytest.approx(pcm.shape[0] / rate, abs=1e-3)
+    events = parse_sse(http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm", "speed": 2.0,
+                                                           "stream_format": "sse"}).content)
+    audio = b"".join(base64.b64decode(data["audio"]) for name, data in events[:-1])
+    assert events[-1][1]["usage"]["audio_seconds"] == pytest.approx(len(audio) / (2 * 24000), abs=1e-3)
+    assert abs(events[-1][1]["usage"]["audio_seconds"] - half) < 0.1
+
+
 def test_streamed_pcm_equals_whole_file_for_the_same_seed(oai, http):
     whole = oai.audio.speech.create(model="mossvox", voice="default", input=TEXT, response_format="pcm",
-                                    extra_body={"seed": 7}).content
+                                    extra_body={"seed": 7, "stream": False}).content
     chunks = []
     with oai.audio.speech.with_streaming_response.create(
             model="mossvox", voice="default", input=TEXT, response_format="pcm", stream_format="audio",
@@ -88,19 +188,20 @@ def test_streamed_pcm_equals_whole_file_for_the_same_seed(oai, http):
     assert other != whole
 
 
-def test_concurrent_streams_each_get_their_own_audio(server, http):
+def test_concurrent_streams_each_get_their_own_audio(server, http, rate_channels):
     """Six streams at once (different texts and seeds) get what each produces alone.
 
     Batched codec decoding may round differently from a lone decode, so samples may differ by one
     int16 step; a mix-up between requests would differ everywhere."""
     import asyncio
 
-    bodies = [{"input": f"Concurrent request number {i}.", "seed": 100 + i, "response_format": "pcm"}
-              for i in range(6)]
+    rate, channels = rate_channels  # the model's own samples, not mixed or resampled
+    bodies = [{"input": f"Concurrent request number {i}.", "seed": 100 + i, "response_format": "pcm",
+               "sample_rate": rate, "channels": channels, "stream": False} for i in range(6)]
     alone = [http.post("/v1/audio/speech", json=b).content for b in bodies]
 
     async def stream(client, body):
-        async with client.stream("POST", "/v1/audio/speech", json={**body, "stream_format": "audio"}) as r:
+        async with client.stream("POST", "/v1/audio/speech", json={**body, "stream": None}) as r:
             return b"".join([piece async for piece in r.aiter_raw()])
 
     async def together():
@@ -127,8 +228,8 @@ def test_streaming_container_formats_decode(oai, rate_channels, fmt):
     assert abs(pcm.shape[0] / rate - expected_seconds(TEXT)) <= 0.12
 
 
-def test_sse_events_and_usage(http, rate_channels):
-    rate, channels = rate_channels
+def test_sse_events_and_usage(http):
+    rate, channels = 24000, 1  # pcm: OpenAI's layout
     for body in ({"input": TEXT, "response_format": "pcm", "stream": True},
                  {"input": TEXT, "response_format": "pcm", "stream_format": "sse"}):
         r = http.post("/v1/audio/speech", json=body)
@@ -136,12 +237,14 @@ def test_sse_events_and_usage(http, rate_channels):
         events = parse_sse(r.content)
         names = [name for name, _ in events]
         assert names[-1] == "speech.audio.done" and set(names[:-1]) == {"speech.audio.delta"}
+        assert events[-1][1]["finish_reason"] == "stop"
         assert events[0][1]["sample_rate"] == rate and events[0][1]["channels"] == channels
         audio = b"".join(base64.b64decode(data["audio"]) for name, data in events[:-1])
         seconds = len(audio) / (2 * channels * rate)
         usage = events[-1][1]["usage"]
         assert usage["audio_seconds"] == pytest.approx(seconds, abs=1e-3)
-        assert seconds == pytest.approx(expected_seconds(TEXT), abs=1e-3)
+        assert seconds == pytest.approx(expected_seconds(TEXT), abs=2e-3)
+        assert usage["output_tokens"] == usage["output_frames"] == round(expected_seconds(TEXT) / FRAME_S)
 
 
 def test_sse_carries_one_continuous_mp3(http, rate_channels):
@@ -157,7 +260,7 @@ def test_sse_carries_one_continuous_mp3(http, rate_channels):
 
 @pytest.mark.parametrize("fmt,mode", [("wav", None), ("pcm", "audio"), ("pcm", "sse")])
 def test_output_sample_rate_is_converted(http, rate_channels, fmt, mode):
-    _, channels = rate_channels
+    channels = 1 if fmt == "pcm" else rate_channels[1]  # pcm: OpenAI's mono unless asked
     body = {"input": TEXT, "response_format": fmt, "sample_rate": 16000}
     if mode:
         body["stream_format"] = mode
@@ -170,13 +273,6 @@ def test_output_sample_rate_is_converted(http, rate_channels, fmt, mode):
         data = b"".join(base64.b64decode(d["audio"]) for name, d in events[:-1])
     pcm, rate = decode_audio(data, fmt, sample_rate=16000, channels=channels)
     assert rate == 16000 and abs(pcm.shape[0] / rate - expected_seconds(TEXT)) < 0.01
-
-
-def test_speed_is_applied(oai, rate_channels):
-    rate, channels = rate_channels
-    fast = oai.audio.speech.create(model="mossvox", voice="alloy", input=TEXT, response_format="wav", speed=2.0)
-    pcm, _ = decode_audio(fast.content, "wav")
-    assert abs(pcm.shape[0] / rate - expected_seconds(TEXT) / 2) < 0.1
 
 
 def test_reference_audio_forms_and_cache(http, server):
@@ -260,7 +356,8 @@ def test_voice_upload_errors_and_cap(http):
 @pytest.mark.parametrize("initial,frames", [(None, 1), (3, 3)])
 def test_first_chunk_size_follows_initial_codec_chunk_frames(http, rate_channels, initial, frames):
     rate, channels = rate_channels
-    body = {"input": TEXT, "response_format": "pcm", "stream_format": "sse"}
+    body = {"input": TEXT, "response_format": "pcm", "stream_format": "sse", "sample_rate": rate,
+            "channels": channels}
     if initial is not None:
         body["initial_codec_chunk_frames"] = initial
     events = parse_sse(http.post("/v1/audio/speech", json=body).content)
@@ -369,7 +466,7 @@ def test_disconnect_during_a_whole_file_request_aborts_it(server, http):
     with httpx.Client(base_url=server.url, timeout=httpx.Timeout(60, read=1.0)) as impatient:
         with pytest.raises(httpx.ReadTimeout):  # gives up and closes the connection
             impatient.post("/v1/audio/speech", json={"input": "Too long to wait for.", "response_format": "wav",
-                                                     "forced_frames": 500})
+                                                     "forced_frames": 500, "stream": False})
     idle = wait_engine_idle(http)
     assert idle["running"] == idle["client_open"] == idle["talker_slots"] == idle["codec_slots"] == 0
     assert idle["aborted"] == aborted_before + 1

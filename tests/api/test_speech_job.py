@@ -26,16 +26,44 @@ def test_top_level_sampling_beats_extra_params_and_names_map_to_the_adapter():
     assert sampling_overrides(req()) == {}
 
 
-@pytest.mark.parametrize("fields,mode", [({}, "file"), ({"stream": True}, "sse"),
+def plan(pcm_layout="openai", **fields):
+    return output_plan(req(**fields), native_rate=48000, native_channels=2, pcm_layout=pcm_layout)
+
+
+@pytest.mark.parametrize("fields,mode", [({}, "audio"), ({"stream": True}, "sse"), ({"stream": False}, "file"),
                                          ({"stream_format": "audio"}, "audio"),
                                          ({"stream": True, "stream_format": "audio"}, "audio"),
-                                         ({"stream_format": "sse", "stream": False}, "sse")])
-def test_output_mode(fields, mode):
-    assert output_plan(req(**fields)).mode == mode
+                                         ({"stream_format": "sse", "stream": False}, "sse"),
+                                         ({"response_format": "flac"}, "file"),
+                                         ({"response_format": "flac", "stream_format": "audio"}, "audio"),
+                                         ({"response_format": "pcm"}, "audio")])
+def test_output_mode_streams_unless_asked_not_to(fields, mode):
+    assert plan(**fields).mode == mode
 
 
 def test_openai_default_format_is_mp3():
-    assert output_plan(req()).response_format == "mp3"
+    assert plan().response_format == "mp3"
+
+
+@pytest.mark.parametrize("fields,layout,rate,channels", [
+    ({"response_format": "pcm"}, "openai", 24000, 1),
+    ({"response_format": "pcm"}, "native", 48000, 2),
+    ({"response_format": "pcm", "sample_rate": 48000}, "openai", 48000, 1),
+    ({"response_format": "pcm", "channels": 2}, "openai", 24000, 2),
+    ({"response_format": "pcm", "sample_rate": 16000, "channels": 1}, "native", 16000, 1),
+    ({"response_format": "wav"}, "openai", 48000, 2),
+    ({"response_format": "mp3", "channels": 1}, "openai", 48000, 1),
+    ({"response_format": "opus", "sample_rate": 24000}, "native", 24000, 2)])
+def test_pcm_takes_openais_layout_unless_asked_and_other_formats_the_models(fields, layout, rate, channels):
+    got = plan(layout, **fields)
+    assert (got.sample_rate, got.channels) == (rate, channels)
+
+
+def test_channels_are_one_or_two():
+    for bad in (0, 3, "2"):
+        with pytest.raises(ApiError) as err:
+            req(channels=bad)
+        assert err.value.param == "channels"
 
 
 @pytest.mark.parametrize("fields,status,param", [

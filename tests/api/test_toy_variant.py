@@ -142,7 +142,9 @@ async def test_a_toy_variant_is_served_over_http(toy_dir, tmp_path) -> None:
     variant = ToyVariant(toy_dir, profile)
     async with serving(profile, toy_dir) as url:
         async with httpx.AsyncClient(base_url=url, timeout=120) as http:
-            response = await http.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"})
+            response = await http.post("/v1/audio/speech", json={  # the codec's own samples
+                "input": TEXT, "response_format": "pcm", "sample_rate": variant.sample_rate,
+                "channels": variant.channels})
             refused = await http.post("/v1/audio/speech", json={"input": "why?", "response_format": "pcm"})
     assert response.status_code == 200, response.text
     assert int(response.headers["X-Audio-Sample-Rate"]) == variant.sample_rate

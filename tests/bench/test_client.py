@@ -130,6 +130,8 @@ def test_small_run_against_a_real_server_reports_sane_figures(server, clips, tmp
     (run,) = doc["runs"]
     assert run["concurrency"] == 2 and run["num_requests"] == 8 and run["num_failed"] == 0
     assert run["warmup"]["num_requests"] == 8 and run["warmup"]["num_failed"] == 0  # discarded pass
+    # the model's own stream (48 kHz stereo), not the server's default pcm layout (24 kHz mono)
+    assert (doc["sample_rate"], doc["channels"]) == (48000, 2)
     bytes_per_s = doc["sample_rate"] * doc["channels"] * 2
     requests = run["requests"]
     for r in requests:
