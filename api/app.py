@@ -53,7 +53,7 @@ class ApiState:
     ref_cache: ReferenceCodeCache
     voices: VoiceRegistry
     served_name: str
-    model_names: set[str]
+    model_names: tuple[str, ...]  # every name a request may use, the served name first
     openapi_json: bytes
     started_at: float
 
@@ -78,7 +78,7 @@ def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "") -
         ref_cache=ReferenceCodeCache(root / "ref_codes", namespace, client.n_vq, client.encode_reference),
         voices=VoiceRegistry(root / "voices"),
         served_name=served,
-        model_names={served, client.model_name},
+        model_names=tuple(dict.fromkeys((served, client.model_name, *profile.model.aliases))),
         openapi_json=msgspec.json.encode(limits.apply_to_schema(openapi_document())),
         started_at=time.time(),
     )
@@ -97,6 +97,7 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Sta
         Route("/v1/audio/voices/{name}", voices.get_voice, methods=["GET"]),
         Route("/v1/audio/voices/{name}", voices.delete_voice, methods=["DELETE"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/health", health.health, methods=["GET"]),
         Route("/ready", health.ready, methods=["GET"]),
         Route("/metrics", metrics.metrics, methods=["GET"]),

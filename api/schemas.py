@@ -207,7 +207,8 @@ def _json_response(name: str, description: str) -> dict:
 def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
     """The OpenAPI 3.1 document, built from the Structs above."""
     _, components = msgspec.json.schema_components(
-        [SpeechRequest, VoiceUploadForm, ModelList, VoiceList, VoiceCreated, VoiceDeleted, ErrorEnvelope],
+        [SpeechRequest, VoiceUploadForm, ModelList, ModelCard, VoiceList, VoiceCreated, VoiceDeleted,
+         ErrorEnvelope],
         ref_template="#/components/schemas/{name}",
     )
     audio_types = ["audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm",
@@ -237,6 +238,10 @@ def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
                        "responses": {"200": _json_response("VoiceDeleted", "Deleted"), **errors}}},
         "/v1/models": {"get": {"operationId": "listModels",
                                "responses": {"200": _json_response("ModelList", "Models")}}},
+        "/v1/models/{model}": {
+            "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "get": {"operationId": "retrieveModel",
+                    "responses": {"200": _json_response("ModelCard", "Model"), **errors}}},
         "/health": {"get": {"operationId": "health", "responses": {"200": {"description": "Alive"}}}},
         "/ready": {"get": {"operationId": "ready", "responses": {
             "200": {"description": "Models loaded and warmed up"}, "503": {"description": "Not ready"}}}},

@@ -58,12 +58,17 @@ def output_plan(req: SpeechRequest, *, native_rate: int, native_channels: int,
                       sample_rate=rate or native_rate, channels=channels or native_channels)
 
 
-def check_request(req: SpeechRequest, *, model_names: set[str], limits: RequestLimits, sample_rate: int) -> None:
-    """What the static schema cannot check: the model name, an empty input, this engine's bounds
-    (``RequestLimits``) and the output rate."""
+def model_not_found(name: str, model_names) -> ApiError:
+    """404 for a model name this server does not serve, listing the ones it does."""
+    return ApiError(404, f"The model '{name}' does not exist; this server serves {', '.join(model_names)}",
+                    param="model", code="model_not_found")
+
+
+def check_request(req: SpeechRequest, *, model_names, limits: RequestLimits, sample_rate: int) -> None:
+    """What the static schema cannot check: the model name (one of ``model_names``), an empty
+    input, this engine's bounds (``RequestLimits``) and the output rate."""
     if req.model is not None and req.model not in model_names:
-        raise ApiError(404, f"The model '{req.model}' does not exist; this server serves "
-                            f"{sorted(model_names)}", param="model", code="model_not_found")
+        raise model_not_found(req.model, model_names)
     if not req.input.strip():
         raise bad_request("Input text cannot be empty", param="input")
     limits.check(req)

@@ -74,6 +74,10 @@ class ModelConfig(_Section):
         "mossvox_variant, else n_vq 32 = moss-tts (16-codebook checkpoints must be named)")] = None
     served_name: Annotated[str, doc(
         "model name accepted in requests and listed by /v1/models", min_length=1)] = "mossvox"
+    aliases: Annotated[tuple[Annotated[str, msgspec.Meta(min_length=1)], ...], doc(
+        "other model names requests may use for the served model, listed by /v1/models after "
+        "served_name; by default OpenAI's speech model names, which many clients hard-code")] = (
+        "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
     force_length_from_text: Annotated[bool, doc(
         "force each request's frame count from its text (frames_per_char); random weights never "
         "stop by themselves; a benchmark/demo feature, logged when on")] = False

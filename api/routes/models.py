@@ -1,4 +1,6 @@
-"""``GET /v1/models``: the one model this server serves (OpenAI list shape)."""
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: the one model this server serves, under each
+name a request may use (the served name first, then the checkpoint's and the aliases), in
+OpenAI's shapes."""
 
 from __future__ import annotations
 
@@ -7,10 +9,22 @@ from starlette.responses import Response
 
 from api.routes.voices import json_response
 from api.schemas import ModelCard, ModelList
+from api.speech_job import model_not_found
+
+
+def _card(state, name: str) -> ModelCard:
+    return ModelCard(id=name, created=int(state.started_at), sample_rate=state.client.sample_rate,
+                     channels=state.client.channels)
 
 
 async def list_models(request: Request) -> Response:
     state = request.state.api
-    card = ModelCard(id=state.served_name, created=int(state.started_at),
-                     sample_rate=state.client.sample_rate, channels=state.client.channels)
-    return json_response(ModelList(data=[card]))
+    return json_response(ModelList(data=[_card(state, name) for name in state.model_names]))
+
+
+async def get_model(request: Request) -> Response:
+    state = request.state.api
+    name = request.path_params["model_id"]
+    if name not in state.model_names:
+        raise model_not_found(name, state.model_names)
+    return json_response(_card(state, name))

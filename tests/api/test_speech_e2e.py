@@ -380,7 +380,7 @@ def test_first_chunk_size_follows_initial_codec_chunk_frames(http, rate_channels
     ({"input": "hi", "ref_audio": "definitely not audio"}, 400, "ref_audio", None),
     ({"input": "hi", "ref_audio": "file:///etc/passwd"}, 400, "ref_audio", "allowed"),
     ({"input": "hi", "ref_audio": "https://example.com/a.wav"}, 400, "ref_audio", "allow_remote"),
-    ({"input": "hi", "model": "gpt-4o-mini-tts"}, 404, "model", "gpt-4o-mini-tts"),
+    ({"input": "hi", "model": "gpt-4o-tts-ultra"}, 404, "model", "gpt-4o-tts-ultra"),
     ({"input": "hi", "voice": "nobody"}, 404, "voice", "nobody"),
 ])
 def test_error_statuses_and_envelope(http, body, status, param, contains):
@@ -405,7 +405,7 @@ def test_openai_client_raises_typed_errors(oai):
     with pytest.raises(openai.BadRequestError):
         oai.audio.speech.create(model="mossvox", voice="alloy", input="")
     with pytest.raises(openai.NotFoundError):
-        oai.audio.speech.create(model="tts-1", voice="alloy", input="hi")
+        oai.audio.speech.create(model="no-such-model", voice="alloy", input="hi")
 
 
 def test_service_routes(http):
