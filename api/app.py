@@ -30,7 +30,7 @@ from api.metrics import ApiMetrics
 from api.ref_cache import ReferenceCodeCache, codec_namespace
 from api.reference import ReferenceLoader, ReferencePolicy
 from api.request_limits import RequestLimits
-from api.routes import demo, health, metrics, models, speech, voices
+from api.routes import batch, demo, health, metrics, models, speech, voices
 from api.schemas import openapi_document
 from api.voices import VoiceRegistry
 
@@ -92,6 +92,7 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Sta
 
     routes = [
         Route("/v1/audio/speech", speech.create_speech, methods=["POST"]),
+        Route("/v1/audio/speech/batch", batch.create_speech_batch, methods=["POST"]),
         Route("/v1/audio/voices", voices.list_voices, methods=["GET"]),
         Route("/v1/audio/voices", voices.create_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", voices.get_voice, methods=["GET"]),

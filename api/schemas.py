@@ -105,6 +105,60 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     ] = None
 
 
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(Struct):
+    error: ErrorDetail
+
+
+class SpeechBatchRequest(Struct, kw_only=True):
+    """Body of ``POST /v1/audio/speech/batch`` as documented; ``api.routes.batch`` parses it."""
+
+    items: Annotated[list[SpeechRequest], Meta(
+        min_length=1, description="1 to api.max_batch_items (32 by default) speech requests. Any other "
+                                  "field of a speech request but input, stream and stream_format may "
+                                  "also stand beside items, as a default for every item.")]
+
+
+class SpeechUsage(Struct):
+    """What one response took and made."""
+
+    input_characters: int
+    output_tokens: int  # frames generated
+    output_frames: int
+    audio_seconds: float  # the file's length, after speed
+
+
+class SpeechBatchItem(Struct, kw_only=True, omit_defaults=True):
+    """One item of a batch response: the file and its facts, or the item's error."""
+
+    index: int
+    status: Literal["success", "error"]
+    audio_data: Annotated[str | None, Meta(description="The whole file, base64.")] = None
+    media_type: str | None = None
+    response_format: str | None = None
+    sample_rate: int | None = None
+    channels: int | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    usage: SpeechUsage | None = None
+    status_code: Annotated[int | None, Meta(description="The HTTP status the item alone would get.")] = None
+    error: ErrorDetail | None = None
+
+
+class SpeechBatchResponse(Struct, kw_only=True):
+    id: str
+    object: str = "speech.batch"
+    results: list[SpeechBatchItem]
+    total: int
+    succeeded: int
+    failed: int
+
+
 class ModelCard(Struct):
     id: str
     object: str = "model"
@@ -156,17 +210,6 @@ class VoiceDeleted(Struct):
     name: str
 
 
-class ErrorDetail(Struct):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorEnvelope(Struct):
-    error: ErrorDetail
-
-
 _PATH_RE = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN_RE = re.compile(r"unknown field `([^`]*)`")
 _speech_decoder = msgspec.json.Decoder(SpeechRequest)
@@ -180,6 +223,15 @@ def decode_speech_request(body: bytes) -> SpeechRequest:
         raise _validation_error(exc) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"Request body is not valid JSON: {exc}") from None
+
+
+def speech_request_from(fields: dict) -> SpeechRequest:
+    """A speech request from already decoded JSON (a batch item); errors as in
+    ``decode_speech_request``."""
+    try:
+        return msgspec.convert(fields, SpeechRequest)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(exc) from None
 
 
 def _validation_error(exc: msgspec.ValidationError) -> ApiError:
@@ -207,8 +259,8 @@ def _json_response(name: str, description: str) -> dict:
 def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
     """The OpenAPI 3.1 document, built from the Structs above."""
     _, components = msgspec.json.schema_components(
-        [SpeechRequest, VoiceUploadForm, ModelList, ModelCard, VoiceList, VoiceCreated, VoiceDeleted,
-         ErrorEnvelope],
+        [SpeechRequest, SpeechBatchRequest, SpeechBatchResponse, VoiceUploadForm, ModelList, ModelCard,
+         VoiceList, VoiceCreated, VoiceDeleted, ErrorEnvelope],
         ref_template="#/components/schemas/{name}",
     )
     audio_types = ["audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm",
@@ -224,6 +276,11 @@ def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
                                                  "transfer) unless stream=false or flac; SSE with "
                                                  "stream_format=sse",
                                   "content": {t: {} for t in audio_types}}, **errors}}},
+        "/v1/audio/speech/batch": {"post": {
+            "operationId": "createSpeechBatch", "requestBody": _json_body("SpeechBatchRequest"),
+            "responses": {"200": _json_response("SpeechBatchResponse", "Each item's file or error, "
+                                                                       "in the items' order"),
+                          **errors}}},
         "/v1/audio/voices": {
             "get": {"operationId": "listVoices", "responses": {"200": _json_response("VoiceList", "Voices")}},
             "post": {"operationId": "createVoice",

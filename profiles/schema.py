@@ -260,6 +260,8 @@ class ApiConfig(_Section):
     body_timeout_s: Annotated[float, doc(
         "a request body that stalls this long between two pieces is answered 408 and its "
         "connection closed", gt=0)] = 30.0
+    max_batch_items: Annotated[int, doc(
+        "most speech requests in one POST /v1/audio/speech/batch", ge=1, le=1024)] = 32
     pcm_layout: Annotated[Literal["openai", "native"], doc(
         "response_format pcm when a request names no sample_rate or channels: openai = 24 kHz "
         "mono s16le, what OpenAI speech clients assume; native = the model's own rate and "

@@ -162,7 +162,9 @@ class Started:
 async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, receive, *,
                        whole: bool = False) -> Started:
     """Check ``req``, resolve its voice, submit it and wait for its first chunk (``ApiError`` on
-    any refusal, nothing left running). ``whole`` sends the file at once whatever ``req`` asks."""
+    any refusal, nothing left running). ``whole`` sends the file at once whatever ``req`` asks.
+    ``receive`` (the ASGI one) stops the wait when the client leaves; ``None`` leaves that to
+    the caller."""
     client = state.client
     check_request(req, model_names=state.model_names, limits=state.limits, sample_rate=client.sample_rate)
     plan = output_plan(req, native_rate=client.sample_rate, native_channels=client.channels,
@@ -186,7 +188,7 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
     tracker.encoder, tracker.out_rate = encoder, plan.sample_rate
     tracker.submitted = time.perf_counter()
     chunks = client.generate(job)
-    first = await run_until_disconnect(_first_chunk(chunks), receive)
+    first = await _until_disconnect(_first_chunk(chunks), receive)
     headers = {"X-Request-Id": tracker.request_id, "X-Audio-Sample-Rate": str(plan.sample_rate),
                "X-Audio-Channels": str(plan.channels), "X-Audio-Format": plan.response_format,
                "Cache-Control": "no-store", "X-Api-Process": str(os.getpid())}
@@ -197,8 +199,12 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
 
 async def whole_file(started: Started, tracker: RequestTracker, receive) -> bytes:
     """The rest of a started request encoded as one file (``ApiError`` 500 if the engine fails)."""
-    return await run_until_disconnect(
+    return await _until_disconnect(
         _whole_file(started.first, started.chunks, started.encoder, tracker, tracker.request_id), receive)
+
+
+async def _until_disconnect(work, receive):
+    return await (work if receive is None else run_until_disconnect(work, receive))
 
 
 async def _create_speech(request: Request, state, tracker: RequestTracker) -> Response:
