@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from api.auth import BearerAuthMiddleware
@@ -84,6 +85,21 @@ def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "") -
     )
 
 
+# What a page on another origin may read of a response (the rest of the headers stay hidden).
+EXPOSED_HEADERS = ("X-Audio-Sample-Rate", "X-Audio-Channels", "X-Audio-Format", "X-Audio-Seconds",
+                   "X-Finish-Reason", "X-Output-Tokens", "X-Input-Characters", "X-Request-Id",
+                   "X-Ref-Cache", "Retry-After")
+
+
+def cors_middleware(origins: tuple[str, ...]) -> list[Middleware]:
+    """Starlette's CORS middleware for ``api.cors_origins`` (none when empty). It goes first, so
+    a preflight is answered before the key check (browsers send no key with it)."""
+    if not origins:
+        return []
+    return [Middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST", "DELETE"],
+                       allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS), max_age=600)]
+
+
 def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -105,7 +121,7 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Sta
         Route("/openapi.json", demo.openapi, methods=["GET"]),
         Route("/", demo.index, methods=["GET"]),
     ]
-    middleware = [
+    middleware = cors_middleware(profile.api.cors_origins) + [
         Middleware(BodyLimitMiddleware, max_bytes=profile.api.max_body_bytes),
         Middleware(BodyTimeoutMiddleware, seconds=profile.api.body_timeout_s),
         Middleware(BearerAuthMiddleware, keys=tuple(profile.api.keys)),

@@ -262,6 +262,9 @@ class ApiConfig(_Section):
         "connection closed", gt=0)] = 30.0
     max_batch_items: Annotated[int, doc(
         "most speech requests in one POST /v1/audio/speech/batch", ge=1, le=1024)] = 32
+    cors_origins: Annotated[tuple[str, ...], doc(
+        "origins (scheme://host[:port], or *) whose browser pages may call the API across "
+        "origins; empty = no CORS headers, so browsers keep such pages out")] = ()
     pcm_layout: Annotated[Literal["openai", "native"], doc(
         "response_format pcm when a request names no sample_rate or channels: openai = 24 kHz "
         "mono s16le, what OpenAI speech clients assume; native = the model's own rate and "

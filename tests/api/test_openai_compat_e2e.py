@@ -1,6 +1,7 @@
-"""What an OpenAI speech client and a batch client meet: model aliases and ``GET /v1/models/{id}``,
-``POST /v1/audio/speech/batch``. One real `mossvox serve` on loopback (tiny demo model, cpu
-profile), with an API key."""
+"""What an OpenAI speech client, a batch client and a browser page on another origin meet: model
+aliases and ``GET /v1/models/{id}``, ``POST /v1/audio/speech/batch`` and CORS. One real
+`mossvox serve` on loopback (tiny demo model, cpu profile), with an API key so that preflights
+are seen to pass before the key check."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from tests.api.server_process import ServerProcess
 
 KEY = "compat-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+APP = "http://app.example"
 ALIASES = ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = ServerProcess(tmp_path_factory.mktemp("data"), "--api-key", KEY, sets=("api.max_batch_items=4",)).start()
+    s = ServerProcess(tmp_path_factory.mktemp("data"), "--api-key", KEY, sets=(
+        f"api.cors_origins=[{APP}]", "api.max_batch_items=4")).start()
     yield s
     s.stop()
 
@@ -110,3 +113,29 @@ def test_an_item_that_asks_to_stream_fails_alone(http):
                                                             {"input": "Streamed?", "stream": True}]})
     ok, refused = r.json()["results"]
     assert ok["status"] == "success" and refused["status_code"] == 400 and refused["error"]["param"] == "stream"
+
+
+def test_cors_preflight_from_an_allowed_origin_passes_before_the_key_check(server):
+    preflight = {"Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    with httpx.Client(base_url=server.url, timeout=30) as anonymous:  # browsers send no key with it
+        allowed = anonymous.options("/v1/audio/speech", headers={"Origin": APP, **preflight})
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == APP
+        assert "POST" in allowed.headers["access-control-allow-methods"]
+        assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+        other = anonymous.options("/v1/audio/speech", headers={"Origin": "http://other.example", **preflight})
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+        refused = anonymous.post("/v1/audio/speech", json={"input": "No key."}, headers={"Origin": APP})
+        assert refused.status_code == 401
+
+
+def test_cors_responses_let_the_page_read_the_audio_layout(http):
+    r = http.post("/v1/audio/speech", json={"input": "Cross origin.", "response_format": "pcm"},
+                  headers={"Origin": APP})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == APP
+    exposed = r.headers["access-control-expose-headers"].lower()
+    assert "x-audio-sample-rate" in exposed and "x-audio-channels" in exposed
+    other = http.post("/v1/audio/speech", json={"input": "Elsewhere.", "response_format": "pcm"},
+                      headers={"Origin": "http://other.example"})
+    assert other.status_code == 200 and "access-control-allow-origin" not in other.headers

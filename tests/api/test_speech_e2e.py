@@ -427,6 +427,10 @@ def test_service_routes(http):
         metric(text, name)
     assert labelled(text, "mossvox_requests_total", outcome="ok") > 0
     assert labelled(text, "mossvox_requests_total", outcome="client_error") > 0
+    # this server sets no api.cors_origins: no CORS, a preflight is an unknown method
+    preflight = http.options("/v1/audio/speech", headers={"Origin": "http://app.example",
+                                                          "Access-Control-Request-Method": "POST"})
+    assert preflight.status_code == 405 and "access-control-allow-origin" not in preflight.headers
 
 
 def wait_engine_idle(http, timeout_s: float = 10.0) -> dict:
