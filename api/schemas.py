@@ -174,7 +174,8 @@ class ModelList(Struct):
 
 
 class VoiceUploadForm(Struct, kw_only=True):
-    """Multipart form of ``POST /v1/audio/voices`` (``audio`` is the file part)."""
+    """Multipart form of ``POST /v1/audio/voices`` (``audio`` is the file part). ``name`` may not
+    be a built-in voice's; a registered one is replaced only with ``overwrite`` (else 409)."""
 
     audio: Annotated[bytes, Meta(description="Reference audio file (any common format).")]
     name: Annotated[str, Meta(min_length=1, max_length=64)]
@@ -182,6 +183,7 @@ class VoiceUploadForm(Struct, kw_only=True):
                                  description="Consent statement or id from the voice owner.")]
     ref_text: Annotated[str | None, Meta(description="Transcript of the clip; at most the server's "
                                                      "input limit (api.max_input_chars).")] = None
+    overwrite: Annotated[bool, Meta(description="Replace a voice registered under this name.")] = False
 
 
 class VoiceInfo(Struct, kw_only=True):
@@ -267,8 +269,8 @@ def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
                    "text/event-stream"]
     errors = {str(s): _json_response("ErrorEnvelope", d) for s, d in [
         (400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown model or voice"),
-        (413, "Body too large"), (429, "Admission rejected; see Retry-After"),
-        (503, "Not ready or overloaded; see Retry-After")]}
+        (409, "Voice name taken; see overwrite"), (413, "Body too large"),
+        (429, "Admission rejected; see Retry-After"), (503, "Not ready or overloaded; see Retry-After")]}
     paths = {
         "/v1/audio/speech": {"post": {
             "operationId": "createSpeech", "requestBody": _json_body("SpeechRequest"),

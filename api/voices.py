@@ -34,6 +34,10 @@ class Voice:
     namespace: str  # model + codec setup the codes were encoded with
 
 
+class VoiceExists(Exception):
+    """``put`` without ``overwrite`` found the name taken (maybe by another API process)."""
+
+
 def valid_voice_name(name: str) -> bool:
     return bool(NAME_RE.match(name)) and not name.endswith(".")
 
@@ -82,8 +86,9 @@ class VoiceRegistry:
         return [voice.info for name in self.names() if (voice := self.get(name)) is not None]
 
     def put(self, *, name: str, codes: np.ndarray, namespace: str, consent: str,
-            duration_s: float, ref_text: str | None) -> Voice:
-        """Register (or replace) ``name``; atomic for readers in any process."""
+            duration_s: float, ref_text: str | None, overwrite: bool = False) -> Voice:
+        """Register ``name`` (replace it with ``overwrite``, else ``VoiceExists`` if it is taken,
+        decided atomically across processes); atomic for readers in any process."""
         info = VoiceInfo(name=name, consent=consent, created_at=time.time(), duration_s=round(duration_s, 3),
                          frames=int(codes.shape[0]), ref_text=ref_text)
         meta = {"name": name, "consent": consent, "created_at": info.created_at,
@@ -95,7 +100,15 @@ class VoiceRegistry:
             np.savez(handle, codes=np.asarray(codes, dtype=np.int64), meta=np.array(json.dumps(meta)))
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, final)
+        if overwrite:
+            os.replace(tmp, final)
+        else:
+            try:
+                os.link(tmp, final)  # fails if the name exists, whoever wrote it
+            except FileExistsError:
+                raise VoiceExists(name) from None
+            finally:
+                tmp.unlink()
         return Voice(info=info, codes=codes, namespace=namespace)
 
     def delete(self, name: str) -> bool:

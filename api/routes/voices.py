@@ -1,8 +1,10 @@
 """Voice registry routes: ``POST/GET /v1/audio/voices``, ``GET/DELETE /v1/audio/voices/{name}``.
 
-Upload is multipart (``audio`` file, ``name``, ``consent``, optional ``ref_text``). The clip is
-decoded and validated like ``ref_audio``, encoded at once (through the shared reference-code
-cache) and stored with its codes, so the first synthesis with the voice is already hot.
+Upload is multipart (``audio`` file, ``name``, ``consent``, optional ``ref_text`` and
+``overwrite``). The clip is decoded and validated like ``ref_audio``, encoded at once (through the
+shared reference-code cache) and stored with its codes, so the first synthesis with the voice is
+already hot. A built-in voice name (``alloy``, ``default``, ...) is refused, so an upload never
+shadows one; a name already registered is a 409 unless the upload says ``overwrite=true``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from starlette.responses import Response
 
 from api.errors import ApiError, bad_request
 from api.schemas import MAX_CONSENT_CHARS, VoiceCreated, VoiceDeleted, VoiceList
-from api.speech_job import reference_codes
-from api.voices import valid_voice_name
+from api.speech_job import OPENAI_VOICES, reference_codes
+from api.voices import VoiceExists, valid_voice_name
 
 _json = msgspec.json.Encoder()
 
@@ -58,6 +60,7 @@ async def create_voice(request: Request) -> Response:
         name = _text(form, "name", required=True)
         consent = _text(form, "consent", required=True)
         ref_text = _text(form, "ref_text") or None
+        overwrite = _flag(form, "overwrite")
         upload = form.get("audio") or form.get("audio_sample")
         if not isinstance(upload, UploadFile):
             raise bad_request("The form needs an audio file part named 'audio'", param="audio")
@@ -67,15 +70,38 @@ async def create_voice(request: Request) -> Response:
     if not valid_voice_name(name):
         raise bad_request("Voice names are 1-64 characters of letters, digits, '_', '-' and '.', "
                           "starting with a letter or digit", param="name")
+    if name.lower() in OPENAI_VOICES:
+        raise bad_request(f"'{name}' is a built-in voice name (the model's own voice); choose another "
+                          f"name", param="name", code="reserved_voice_name")
     existing = await asyncio.to_thread(state.voices.names)
+    if name in existing and not overwrite:
+        raise _taken(name)
     if name not in existing and len(existing) >= limits.max_voices:
         raise bad_request(f"The server already holds {len(existing)} voices (api.max_voices); "
                           f"delete one first", param="name")
     prepared = await asyncio.to_thread(state.references.prepare_bytes, data, param="audio")
     codes, _ = await reference_codes(state, prepared)
-    voice = await asyncio.to_thread(state.voices.put, name=name, codes=codes, namespace=state.ref_cache.namespace,
-                                    consent=consent, duration_s=prepared.duration_s, ref_text=ref_text)
+    try:
+        voice = await asyncio.to_thread(state.voices.put, name=name, codes=codes, namespace=state.ref_cache.namespace,
+                                        consent=consent, duration_s=prepared.duration_s, ref_text=ref_text,
+                                        overwrite=overwrite)
+    except VoiceExists:  # registered meanwhile, through another request or API process
+        raise _taken(name) from None
     return json_response(VoiceCreated(success=True, voice=voice.info))
+
+
+def _taken(name: str) -> ApiError:
+    return ApiError(409, f"Voice '{name}' already exists; send overwrite=true to replace it, or choose "
+                         f"another name", param="name", code="voice_exists")
+
+
+def _flag(form, key: str) -> bool:
+    value = _text(form, key).lower()
+    if value in ("", "false", "0", "no", "off"):
+        return False
+    if value in ("true", "1", "yes", "on"):
+        return True
+    raise bad_request(f"Form field '{key}' must be true or false", param=key)
 
 
 def _text(form, key: str, required: bool = False) -> str:

@@ -342,11 +342,16 @@ def test_voice_upload_errors_and_cap(http):
     assert_error(upload(audio=tone_wav(0.4)), 400, param="audio", contains="0.40 s")
     assert_error(upload(audio=tone_wav(10.0)), 413, contains="api.max_ref_bytes")
     assert_error(http.post("/v1/audio/voices", json={"name": "v"}), 400)
+    for builtin in ("alloy", "Default", "NOVA"):  # would shadow the model's own voice
+        assert_error(upload(name=builtin), 400, param="name", contains="built-in")
+    assert_error(upload(name="v", overwrite="maybe"), 400, param="overwrite")
     try:
         assert upload(name="cap1").status_code == 200
         assert upload(name="cap2").status_code == 200
         assert_error(upload(name="cap3"), 400, param="name", contains="max_voices")
-        assert upload(name="cap1", ref_text="replaced").status_code == 200  # replacing is not adding
+        assert_error(upload(name="cap1", ref_text="replaced"), 409, param="name", contains="overwrite")
+        assert http.get("/v1/audio/voices/cap1").json()["ref_text"] is None  # the first one stays
+        assert upload(name="cap1", ref_text="replaced", overwrite="true").status_code == 200  # not adding
         assert http.get("/v1/audio/voices/cap1").json()["ref_text"] == "replaced"
     finally:
         http.delete("/v1/audio/voices/cap1")

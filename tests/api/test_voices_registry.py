@@ -1,11 +1,12 @@
-"""Voice registry on disk: round trip, replacement, deletion, names, sharing across instances."""
+"""Voice registry on disk: round trip, replacement only when asked, deletion, names, sharing across
+instances."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from api.voices import VoiceRegistry, valid_voice_name
+from api.voices import VoiceExists, VoiceRegistry, valid_voice_name
 
 
 def codes(frames: int = 5, n_vq: int = 4, base: int = 0) -> np.ndarray:
@@ -27,10 +28,20 @@ def test_second_instance_sees_uploads_replacements_and_deletions(tmp_path):
     a, b = VoiceRegistry(tmp_path), VoiceRegistry(tmp_path)
     a.put(name="v1", codes=codes(), namespace="ns", consent="c", duration_s=1.0, ref_text=None)
     assert b.get("v1").info.frames == 5
-    a.put(name="v1", codes=codes(frames=9, base=7), namespace="ns", consent="c", duration_s=1.0, ref_text=None)
+    a.put(name="v1", codes=codes(frames=9, base=7), namespace="ns", consent="c", duration_s=1.0, ref_text=None,
+          overwrite=True)
     np.testing.assert_array_equal(b.get("v1").codes, codes(frames=9, base=7))
     b.delete("v1")
     assert a.get("v1") is None
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_taken_name_is_refused_whichever_instance_wrote_it(tmp_path):
+    a, b = VoiceRegistry(tmp_path), VoiceRegistry(tmp_path)
+    a.put(name="v1", codes=codes(), namespace="ns", consent="first", duration_s=1.0, ref_text=None)
+    with pytest.raises(VoiceExists):
+        b.put(name="v1", codes=codes(frames=9), namespace="ns", consent="second", duration_s=1.0, ref_text=None)
+    assert a.get("v1").info.consent == "first" and a.get("v1").info.frames == 5
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
