@@ -343,11 +343,14 @@ class Coordinator:
                 fut.set_exception(StageNotReady(
                     f"the {worker_name(stage, index)} worker exited before Ready"))
             return
+        mine = [req for req in self.table.all() if req.client == index]
+        if not mine:  # a client closing with nothing open (a clean shutdown, `synth`) is no news
+            log.debug("client %d closed (%s)", index, exc)
+            return
         report = log.warning if self.lifecycle.accepting else log.info
-        report("client %d went away (%s): aborting its requests", index, exc)
-        for req in self.table.all():
-            if req.client == index:
-                self._abort(req.rid, notify=None)
+        report("client %d went away (%s) with %d open request(s): aborting them", index, exc, len(mine))
+        for req in mine:
+            self._abort(req.rid, notify=None)
 
     def _replica_failed(self, replica: Replica, reason: str) -> None:
         """A worker of `replica` is gone: its requests and encode jobs fail now, its surviving

@@ -52,7 +52,8 @@ class ServerProcess:
                     self.url = match.group(1)
                     found.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not found.wait(0.2):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -78,6 +79,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._pump.join(10)  # every line the server wrote is in `log`
         return self.proc.returncode
 
 

@@ -1,7 +1,7 @@
 """What an OpenAI speech client, a batch client and a browser page on another origin meet: model
-aliases and ``GET /v1/models/{id}``, ``POST /v1/audio/speech/batch`` and CORS. One real
-`mossvox serve` on loopback (tiny demo model, cpu profile), with an API key so that preflights
-are seen to pass before the key check."""
+aliases and ``GET /v1/models/{id}``, ``POST /v1/audio/speech/batch``, CORS, and the logs a clean
+shutdown leaves. One real `mossvox serve` on loopback (tiny demo model, cpu profile), with an
+API key so that preflights are seen to pass before the key check."""
 
 from __future__ import annotations
 
@@ -139,3 +139,14 @@ def test_cors_responses_let_the_page_read_the_audio_layout(http):
     other = http.post("/v1/audio/speech", json={"input": "Elsewhere.", "response_format": "pcm"},
                       headers={"Origin": "http://other.example"})
     assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+
+
+def test_failed_requests_are_logged_with_their_reason(http, server):
+    assert_error(http.post("/v1/audio/speech", json={"input": " "}), 400)
+    assert any("client_error" in line and "Input text cannot be empty" in line for line in server.log)
+
+
+def test_a_clean_shutdown_warns_of_nothing(server):
+    """Runs last: it stops the module's server. Clients closing with nothing open are no news."""
+    assert server.stop() == 0
+    assert not [line for line in server.log if "went away" in line], server.log[-20:]

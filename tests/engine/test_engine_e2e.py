@@ -238,6 +238,7 @@ async def test_synth_command_goes_through_the_engine(engine, direct, tmp_path, c
     import soundfile as sf
 
     caplog.set_level(logging.INFO, logger="mossvox.synth")
+    caplog.set_level(logging.INFO, logger="engine.coordinator")
     from cli.main import main as cli
 
     out = tmp_path / "out.wav"
@@ -245,6 +246,7 @@ async def test_synth_command_goes_through_the_engine(engine, direct, tmp_path, c
     argv = ["synth", text, "--model", str(engine.model_dir), "--seed", "8", "-o", str(out)]
     assert await asyncio.to_thread(cli, argv) == 0   # its own event loop, in a thread
     assert "through the engine" in caplog.text
+    assert "went away" not in caplog.text  # its client closing with nothing open is no news
     got, rate = sf.read(str(out), dtype="float32")
     expected, _ = direct.synthesize(text, seed=8)
     assert rate == engine.variant.sample_rate
