@@ -1,10 +1,13 @@
-"""`mossvox synth`: synthesise text to a WAV file without a server.
+"""`mossvox synth`: synthesise text to an audio file without a server.
 
 By default it goes through the engine (`engine.engine.Engine`: talker and codec worker processes,
 the coordinator in this process); `--direct` runs the models in this process without workers.
+The file's format is `--format`, else the output's extension (.wav, .mp3, .opus/.ogg, .aac,
+.flac, .pcm/.raw): WAV as 32-bit float, the others encoded as the server encodes them, in the
+model's own rate and channels.
 
     mossvox synth "text" [--model DIR] [--ref-audio FILE ...] [--ref-text TEXT] [--language L]
-                  [--instructions I] [--seed N] [--profile P --set k=v] -o out.wav
+                  [--instructions I] [--seed N] [--format F] [--profile P --set k=v] -o out.wav
 
 Without `--model` (and no `model.path` in the profile) it uses the embedded demo model: a tiny
 checkpoint with RANDOM weights, created on first use, whose audio is noise-like. The default
@@ -20,10 +23,17 @@ from pathlib import Path
 
 log = logging.getLogger("mossvox.synth")
 
+FORMATS = ("wav", "mp3", "opus", "aac", "flac", "pcm")
+EXTENSIONS = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".aac": "aac",
+              ".flac": "flac", ".pcm": "pcm", ".raw": "pcm"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", help="the text to speak ([pause 1.5s] markers pass through)")
-    parser.add_argument("-o", "--out", required=True, type=Path, help="output WAV file")
+    parser.add_argument("-o", "--out", required=True, type=Path,
+                        help="output file; its extension names the format unless --format does")
+    parser.add_argument("--format", choices=FORMATS, default=None,
+                        help="audio format of the output file (default: from its extension)")
     parser.add_argument("--model", type=Path, default=None,
                         help="checkpoint directory; default: the profile's model.path, else the demo model")
     parser.add_argument("--ref-audio", type=Path, action="append", default=None,
@@ -60,6 +70,15 @@ def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     profile = profile_from_args(args, default="cpu")
+    if not args.text.strip():
+        print("mossvox: the text to speak is empty", file=sys.stderr)
+        return 2
+    fmt = args.format or EXTENSIONS.get(args.out.suffix.lower())
+    if fmt is None:
+        print(f"mossvox: cannot tell the audio format from '{args.out.name}': name a "
+              f"{', '.join(sorted(EXTENSIONS))} file or pass --format", file=sys.stderr)
+        return 2
+    args.format = fmt
     refs: list[Path] = args.ref_audio or []
     if args.ref_text and not refs:
         print("mossvox: --ref-text needs --ref-audio", file=sys.stderr)
@@ -92,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a field the variant rejects
         print(f"mossvox: {exc}", file=sys.stderr)
         return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(str(args.out), pcm.T, synth.sample_rate, subtype="FLOAT", format="WAV")
+    write_audio(args.out, args.format, pcm.T, synth.sample_rate)
     seconds = pcm.shape[1] / synth.sample_rate
     log.info("wrote %s: %.2f s of %d-channel %d Hz audio, %d frames (%s), %.2f s wall, first chunk %.2f s",
              args.out, seconds, pcm.shape[0], synth.sample_rate, stats.frames, stats.finish_reason,
@@ -140,8 +158,24 @@ def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
     except ValueError as exc:  # a field the variant rejects (its request adapter)
         print(f"mossvox: {exc}", file=sys.stderr)
         return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(str(args.out), pcm, rate, subtype="FLOAT", format="WAV")
+    write_audio(args.out, args.format, pcm, rate)
     log.info("wrote %s: %.2f s of %d-channel %d Hz audio (%s) through the engine, %.2f s wall",
              args.out, len(pcm) / rate, pcm.shape[1], rate, reason, wall)
     return 0
+
+
+def write_audio(path: Path, fmt: str, pcm, sample_rate: int) -> None:
+    """Write ``pcm`` ([samples, channels] float32) to ``path`` as ``fmt``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "wav":
+        import soundfile as sf
+
+        sf.write(str(path), pcm, sample_rate, subtype="FLOAT", format="WAV")
+        return
+    import numpy as np
+
+    from api.audio_encoding import make_encoder
+
+    pcm = np.asarray(pcm, dtype=np.float32).reshape(len(pcm), -1)
+    encoder = make_encoder(fmt, sample_rate, pcm.shape[1], streaming=False)
+    path.write_bytes(encoder.encode(pcm) + encoder.finish())

@@ -1,5 +1,6 @@
 """Direct synthesis on the tiny demo model (random weights): `mossvox synth` writes a 48 kHz stereo
-WAV of the forced duration, with and without a reference clip; streaming chunks add up."""
+file of the forced duration (WAV, or the format its name or --format says), with and without a
+reference clip; streaming chunks add up."""
 
 import logging
 
@@ -83,6 +84,29 @@ def test_cli_rejects_ref_text_without_audio_and_undecodable_references(cache_dir
     assert run_cli(cache_dir, tmp_path / "x.wav", "Hi.", "--ref-audio", str(bogus)) == 2
     assert "cannot decode" in capsys.readouterr().err
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_cli_synth_writes_the_format_its_output_names(cache_dir, tmp_path):
+    """-o x.mp3 is an mp3 (not a WAV under an mp3 name); --format wins over the extension."""
+    import av
+
+    text = "Hello there, tiny model."
+    assert run_cli(cache_dir, tmp_path / "speech.mp3", text, "--direct") == 0
+    assert run_cli(cache_dir, tmp_path / "speech.audio", text, "--direct", "--format", "flac") == 0
+    with av.open(str(tmp_path / "speech.mp3")) as container:
+        stream = container.streams.audio[0]
+        assert container.format.name == "mp3" and stream.codec_context.sample_rate == 48000
+        samples = sum(frame.samples for frame in container.decode(stream))
+    assert abs(samples - forced_frames(text) * SAMPLES_PER_FRAME) < 0.1 * 48000
+    audio, rate = sf.read(tmp_path / "speech.audio", always_2d=True)
+    assert (rate, audio.shape) == (48000, (forced_frames(text) * SAMPLES_PER_FRAME, 2))
+
+
+def test_cli_synth_refuses_empty_text_and_an_unknown_extension(cache_dir, tmp_path, capsys):
+    assert run_cli(cache_dir, tmp_path / "empty.wav", "  ") == 2
+    assert "empty" in capsys.readouterr().err and not (tmp_path / "empty.wav").exists()
+    assert run_cli(cache_dir, tmp_path / "speech.xyz", "Hi.") == 2
+    assert "--format" in capsys.readouterr().err and not (tmp_path / "speech.xyz").exists()
 
 
 def test_seeded_output_is_reproducible_and_streams_in_schedule_chunks(synth):
