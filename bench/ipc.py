@@ -236,8 +236,8 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ipc", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "mossvox bench ipc") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer records (under 30 s)")
     parser.add_argument("--json", metavar="PATH", help="also write the raw figures as JSON")
     args = parser.parse_args(argv)
@@ -250,4 +250,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(prog="python -m bench.ipc"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +69,18 @@ COMMANDS: tuple[Entry, ...] = (
 
 
 def main(argv: Sequence[str] | None = None, commands: tuple[Entry, ...] = COMMANDS) -> int:
-    """Run `mossvox ARGV`; returns the exit status (2 for usage and profile errors)."""
+    """Run `mossvox ARGV`; returns the exit status (2 for usage and profile errors). When the
+    reader of the output goes away (`mossvox profile fields | head`), it stops quietly."""
+    try:
+        status = _main(argv, commands)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at exit
+        return status
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
+
+
+def _main(argv: Sequence[str] | None, commands: tuple[Entry, ...]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     path, rest = _selected(argv, commands)
     leaf = path[-1] if path else None

@@ -7,7 +7,7 @@
 Shipped profiles live beside this file (`default`, `low-latency`, `high-concurrency`, `cpu`).
 """
 
-from profiles.loader import load_profile, parse_override, shipped_profiles
+from profiles.loader import load_profile, parse_override, profile_summary, shipped_profiles
 from profiles.schema import (
     AdmissionConfig,
     ApiConfig,
@@ -26,5 +26,5 @@ from profiles.schema import (
 __all__ = [
     "AdmissionConfig", "ApiConfig", "ChunkingConfig", "CoalescingConfig", "CodecConfig",
     "CrossFieldError", "EngineConfig", "IpcConfig", "ModelConfig", "Profile", "ProfileError",
-    "TalkerConfig", "load_profile", "parse_override", "shipped_profiles",
+    "TalkerConfig", "load_profile", "parse_override", "profile_summary", "shipped_profiles",
 ]

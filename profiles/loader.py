@@ -52,6 +52,12 @@ def shipped_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
+def profile_summary(name: str) -> str:
+    """What a shipped profile is for: its file's first line, ``# name: summary``."""
+    first = (PROFILE_DIR / f"{name}.yaml").read_text(encoding="utf-8").partition("\n")[0]
+    return first.lstrip("#").strip().removeprefix(f"{name}:").strip()
+
+
 def load_profile(name_or_path: str = "default", overrides: Iterable[str] = ()) -> Profile:
     """Load a shipped profile by name, or a YAML file by path, plus `key.path=value` overrides.
 

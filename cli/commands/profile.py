@@ -14,16 +14,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                           "overrides applied) as YAML, headed by its SHA-256. "
                                           "The output is itself a loadable profile.")
     add_profile_options(show)
-    actions.add_parser("list", help="list the shipped profiles")
+    actions.add_parser("list", help="list the shipped profiles and what each is for")
     actions.add_parser("fields", help="every setting: key path, default and what it does")
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiles import shipped_profiles
+    from profiles import profile_summary, shipped_profiles
     from profiles.schema import REDACTED, SECRET_FIELDS
 
     if args.action == "list":
-        print("\n".join(shipped_profiles()))
+        names = shipped_profiles()
+        width = max(map(len, names))
+        print("\n".join(f"{name:<{width}}  {profile_summary(name)}" for name in names))
         return 0
     if args.action == "fields":
         print(_fields_reference())

@@ -7,6 +7,7 @@ whose weights are random, under the `cpu` profile.
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
     default = "default" if args.model_dir else "cpu"
     profile = profile_from_args(args, default=default)
+    problem = checkpoint_problem(args.model_dir or profile.model.path, profile)
+    if problem:
+        print(f"mossvox: {problem}", file=sys.stderr)
+        return 2
     api = profile.api
     changes = {}
     if args.host is not None:
@@ -41,3 +46,22 @@ def run(args: argparse.Namespace) -> int:
     if changes:
         profile = msgspec.structs.replace(profile, api=msgspec.structs.replace(api, **changes))
     return serve(profile, args.model_dir)
+
+
+def checkpoint_problem(model_dir: str | None, profile) -> str | None:
+    """Why ``model_dir`` cannot be served, said before anything starts (None: it can, or no
+    directory was named and the demo model is served)."""
+    if not model_dir:
+        return None
+    from pathlib import Path
+
+    from stages.registry import load_variant
+
+    path = Path(model_dir).expanduser()
+    if not path.is_dir():
+        return f"{path}: no such checkpoint directory"
+    try:
+        load_variant(path, profile)  # config.json and the family: cheap, no weights
+    except (ValueError, OSError) as exc:
+        return str(exc)
+    return None

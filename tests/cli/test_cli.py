@@ -1,5 +1,6 @@
 """The `mossvox` console script: help, lazy commands, passthrough, `profile show`."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -66,9 +67,12 @@ def test_profile_error_is_one_line_and_exit_status_2():
     assert "talker.max_runing" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_profile_list_names_the_shipped_profiles():
+def test_profile_list_names_the_shipped_profiles_and_what_each_is_for():
     result = mossvox("profile", "list")
-    assert result.stdout.split() == ["cpu", "default", "high-concurrency", "low-latency"]
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["cpu", "default", "high-concurrency", "low-latency"]
+    assert "GPU-oriented serving of one model on one GPU." in lines[1]
+    assert all(len(line.split()) > 3 for line in lines)  # a description after every name
 
 
 def test_usage_errors_exit_2(capsys):
@@ -149,3 +153,32 @@ def test_profile_show_never_prints_an_api_key():
     assert "sk-secret" not in result.stdout
     assert yaml.safe_load(result.stdout)["api"]["keys"] == ["<redacted>", "<redacted>"]
     assert "sk-secret" not in repr(load_profile("cpu", ["api.keys=[sk-secret-1]"]))
+
+
+def test_user_facing_text_names_no_issue_numbers():
+    for args in (("profile", "fields"), ("--help",), ("serve", "--help"), ("synth", "--help")):
+        text = mossvox(*args).stdout
+        assert text and not re.search(r"#\d|\bissue", text, re.IGNORECASE), args
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`mossvox profile fields | head` when head has already gone: no BrokenPipeError traceback."""
+    proc = subprocess.Popen([str(MOSSVOX), "profile", "fields"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.close()  # the reader leaves before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_bench_ipc_help_names_the_command_that_runs_it():
+    result = mossvox("bench", "ipc", "--help")
+    assert result.returncode == 0 and result.stdout.startswith("usage: mossvox bench ipc")
+
+
+def test_serve_a_missing_checkpoint_is_one_line_and_a_failure(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for target, says in ((tmp_path / "nonexistent" / "dir", "no such checkpoint directory"),
+                         (tmp_path / "empty", "no config.json")):
+        result = mossvox("serve", str(target))
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.count("\n") == 1 and says in result.stderr and str(target) in result.stderr
