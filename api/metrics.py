@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -27,6 +28,62 @@ OUTCOMES = ("ok", "client_error", "rejected", "failed", "cancelled")
 ENGINE_CUMULATIVE = frozenset({"submitted", "rejected", "failed", "finished_stop", "finished_length",
                                "aborted", "chunks", "audio_s", "decode_batches", "coordinator_busy_s",
                                "codec_emit_s", "client_route_s", "restarts"})
+
+# HELP text of each engine counter (`engine.counters`, plus the API process's own `client_*`).
+ENGINE_HELP = MappingProxyType({
+    "healthy": "1 while the engine can serve: a replica is up or being restarted",
+    "ready": "1 once every worker has loaded its model and warmed up",
+    "running": "Requests in the workers: dispatched and not yet closed",
+    "queued": "Requests waiting for admission",
+    "talker_slots": "Requests held by the talker runners",
+    "codec_slots": "Streaming-decode slots open in the codec workers",
+    "encode_jobs": "Reference-audio encode jobs in flight",
+    "ring_bytes": "Bytes in use in the coordinator's shared-memory rings",
+    "submitted": "Requests submitted to the engine",
+    "rejected": "Requests admission turned away (queue full, not ready, shutting down)",
+    "failed": "Requests that failed in the engine (a worker died, a deadline passed, an error)",
+    "finished_stop": "Requests that ended by themselves (finish reason stop)",
+    "finished_length": "Requests that ended at their frame cap (finish reason length)",
+    "aborted": "Requests aborted because their client left or gave up",
+    "chunks": "PCM chunks the codec delivered to the API processes",
+    "audio_s": "Seconds of audio the codec delivered",
+    "decode_batches": "Coalesced codec decode dispatches",
+    "decode_batch_wait_max_s": "Longest time a chunk waited in the codec's coalescing window, seconds",
+    "talker_capacity": "Requests the live talkers can hold at once",
+    "codec_capacity": "Streaming-decode slots of the live codecs",
+    "coordinator_busy_s": "Seconds the coordinator spent in its handlers (engine overhead)",
+    "codec_emit_s": "Seconds the codec spent writing PCM and chunk records (ring overhead)",
+    "codec_decode_s": "Seconds the codec spent in decode calls",
+    "talker_step_s": "Seconds the talker spent in runner steps",
+    "replicas": "Talker and codec pairs launched",
+    "replicas_up": "Replicas alive and serving",
+    "restarts": "Replicas restarted in place after a worker failed",
+    "client_ring_bytes": "Bytes of PCM waiting in this API process's rings",
+    "client_open": "Requests open in this API process",
+    "client_route_s": "Seconds this API process spent routing engine records",
+    "decode_batch_sizes": "Streams decoded together per coalesced codec dispatch",
+    "talker_batch_sizes": "Requests per talker step",
+})
+REPLICA_HELP = MappingProxyType({
+    "up": "1 while this replica's talker and codec are alive",
+    "running": "Requests dispatched to this replica, not yet closed",
+    "dispatched": "Requests ever dispatched to this replica",
+    "failed": "Requests that failed with this replica",
+    "talker_slots": "Requests held by this replica's talker",
+    "codec_slots": "Streaming-decode slots open in this replica's codec",
+    "restarts": "Times this replica was restarted in place after a worker failed",
+})
+
+
+def engine_help(key: str) -> str:
+    """The HELP text of engine counter ``key`` (``replica<k>_<field>`` names its replica)."""
+    if key in ENGINE_HELP:
+        return ENGINE_HELP[key]
+    replica, _, field = key.partition("_")
+    if replica.startswith("replica") and replica[7:].isdigit() and field in REPLICA_HELP:
+        return f"Replica {replica[7:]}: {REPLICA_HELP[field][0].lower()}{REPLICA_HELP[field][1:]}"
+    return f"Engine counter {key}"
+
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
@@ -109,9 +166,9 @@ class EngineCollector(Collector):
             if isinstance(value, (int, float)):
                 if name.endswith("_total") or key in ENGINE_CUMULATIVE:
                     base = name[: -len("_total")] if name.endswith("_total") else name
-                    metric = CounterMetricFamily(base, f"engine counter {key}")
+                    metric = CounterMetricFamily(base, engine_help(key))
                 else:
-                    metric = GaugeMetricFamily(name, f"engine counter {key}")
+                    metric = GaugeMetricFamily(name, engine_help(key))
                 metric.add_metric([], float(value))
                 yield metric
             elif isinstance(value, Mapping) and value:
@@ -127,7 +184,7 @@ def _size_histogram(name: str, key: str, counts: Mapping) -> HistogramMetricFami
         total += size * count
         buckets.append((f"{size:g}", running))
     buckets.append(("+Inf", running))
-    metric = HistogramMetricFamily(name, f"engine distribution {key}")
+    metric = HistogramMetricFamily(name, engine_help(key))
     metric.add_metric([], buckets, sum_value=total)
     return metric
 

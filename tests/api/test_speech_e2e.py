@@ -432,6 +432,10 @@ def test_service_routes(http):
         metric(text, name)
     assert labelled(text, "mossvox_requests_total", outcome="ok") > 0
     assert labelled(text, "mossvox_requests_total", outcome="client_error") > 0
+    helps = [line for line in text.splitlines() if line.startswith("# HELP mossvox_engine_")]
+    assert len(helps) > 20
+    for line in helps:  # every engine figure says what it measures, not just its key
+        assert "engine counter" not in line.lower() and "engine distribution" not in line.lower(), line
     # this server sets no api.cors_origins: no CORS, a preflight is an unknown method
     preflight = http.options("/v1/audio/speech", headers={"Origin": "http://app.example",
                                                           "Access-Control-Request-Method": "POST"})
