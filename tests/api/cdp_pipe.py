@@ -82,8 +82,11 @@ class Chromium:
         self.call("Page.enable")
         self.call("Page.navigate", {"url": url})
 
-    def evaluate(self, expression: str):
-        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+    def evaluate(self, expression: str, *, await_promise: bool = False):
+        """The value of ``expression`` in the page (with ``await_promise``, of the promise it
+        returns, once settled)."""
+        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                "awaitPromise": await_promise})
         return result.get("result", {}).get("value")
 
     def screenshot(self) -> bytes:

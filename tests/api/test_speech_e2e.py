@@ -552,35 +552,67 @@ def valid_value(prop: dict, schemas: dict, rng, name: str):
     return None
 
 
-def test_demo_page_plays_the_stream_in_headless_chromium(server, tmp_path):
+def test_demo_page_plays_the_stream_and_its_controls_work_in_headless_chromium(server, tmp_path):
+    """The page plays the PCM stream as it arrives, starts quiet, offers what it received as a
+    download, and sends its format, speed and seed controls with the request."""
     from tests.api.cdp_pipe import Chromium, find_chromium
 
     binary = find_chromium()
     if binary is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium) - demo page not exercised")
     browser = Chromium(binary)
+
+    def dataset() -> dict:
+        return json.loads(browser.evaluate("JSON.stringify(document.body.dataset)"))
+
+    def wait_for(states: tuple[str, ...], timeout_s: float = 30) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while (state := dataset())["state"] not in states + ("error",) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return state
+
+    def downloaded_bytes() -> int:
+        return browser.evaluate("fetch(document.getElementById('download').href)"
+                                ".then(r => r.arrayBuffer()).then(b => b.byteLength)", await_promise=True)
+
     try:
         browser.open_page(server.url + "/")
         deadline = time.monotonic() + 20
         while browser.evaluate("document.readyState") != "complete" and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert float(dataset()["volume"]) <= 0.25  # the demo model's noise is full scale
+        assert browser.evaluate("document.getElementById('download').getAttribute('aria-disabled')") == "true"
         browser.evaluate("document.getElementById('text').value = 'The demo page plays this as it arrives.'")
         browser.evaluate("document.getElementById('play').click()")
         state, played, clocks = {}, 0.0, []
         while time.monotonic() < deadline:
-            state = browser.evaluate("JSON.stringify(document.body.dataset)")
-            state = json.loads(state)
+            state = dataset()
             clocks.append(float(state.get("clock", 0)))
             played = float(state.get("playedSeconds", 0))
             if state["state"] == "error" or float(state.get("playerTime", 0)) > 0.5:
                 break
             time.sleep(0.1)
         (tmp_path / "demo.png").write_bytes(browser.screenshot())
+        assert state["state"] != "error", state
+        assert int(state["chunks"]) >= 1 and int(state["bytes"]) > 0
+        assert played > 0 and clocks[-1] > clocks[0]  # the WebAudio clock advanced while it played
+        assert float(state["playerTime"]) > 0  # and the page's <audio> element played the stream
+        streamed = wait_for(("received", "done"))
+        assert streamed["download"] == "speech.wav" and downloaded_bytes() == int(streamed["bytes"]) + 44
+
+        text = "Twice as fast, in a file."
+        browser.evaluate(f"document.getElementById('text').value = {json.dumps(text)}")
+        browser.evaluate("document.getElementById('format').value = 'mp3'")
+        browser.evaluate("document.getElementById('speed').value = '2'")
+        browser.evaluate("document.getElementById('seed').value = '7'")
+        browser.evaluate("document.getElementById('play').click()")
+        done = wait_for(("done",))
+        assert done["state"] == "done", done
+        assert json.loads(done["request"]) == {"input": text, "response_format": "mp3", "speed": 2, "seed": 7,
+                                               "stream": False}
+        assert abs(float(done["audioSeconds"]) - expected_seconds(text) / 2) < 0.1
+        assert done["download"] == "speech.mp3" and downloaded_bytes() == int(done["bytes"])
     finally:
         browser.close()
-    assert state["state"] != "error", state
-    assert int(state["chunks"]) >= 1 and int(state["bytes"]) > 0
-    assert played > 0 and clocks[-1] > clocks[0]  # the WebAudio clock advanced while it played
-    assert float(state["playerTime"]) > 0  # and the page's <audio> element played the stream
     png = (tmp_path / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
