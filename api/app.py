@@ -21,7 +21,7 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from api.auth import BearerAuthMiddleware
 from api.errors import EXCEPTION_HANDLERS
@@ -32,6 +32,7 @@ from api.ref_cache import ReferenceCodeCache, codec_namespace
 from api.reference import ReferenceLoader, ReferencePolicy
 from api.request_limits import RequestLimits
 from api.routes import batch, demo, health, metrics, models, speech, voices
+from api.routes.speech_stream import StreamSessions, speech_stream
 from api.schemas import openapi_document
 from api.voices import VoiceRegistry
 
@@ -53,6 +54,7 @@ class ApiState:
     limits: RequestLimits
     ref_cache: ReferenceCodeCache
     voices: VoiceRegistry
+    streams: StreamSessions
     served_name: str
     model_names: tuple[str, ...]  # every name a request may use, the served name first
     openapi_json: bytes
@@ -70,14 +72,16 @@ def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "") -
     served = profile.model.served_name
     limits = RequestLimits.for_engine(profile, channels=client.channels, n_vq=client.n_vq,
                                       samples_per_frame=client.variant.samples_per_frame)
+    metrics = ApiMetrics(engine_counters=client.counters)
     return ApiState(
         profile=profile,
         client=client,
-        metrics=ApiMetrics(engine_counters=client.counters),
+        metrics=metrics,
         references=ReferenceLoader(policy),
         limits=limits,
         ref_cache=ReferenceCodeCache(root / "ref_codes", namespace, client.n_vq, client.encode_reference),
         voices=VoiceRegistry(root / "voices"),
+        streams=StreamSessions(profile.stream.max_sessions, metrics.stream_sessions),
         served_name=served,
         model_names=tuple(dict.fromkeys((served, client.model_name, *profile.model.aliases))),
         openapi_json=msgspec.json.encode(limits.apply_to_schema(openapi_document())),
@@ -109,6 +113,7 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Sta
     routes = [
         Route("/v1/audio/speech", speech.create_speech, methods=["POST"]),
         Route("/v1/audio/speech/batch", batch.create_speech_batch, methods=["POST"]),
+        WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         Route("/v1/audio/voices", voices.list_voices, methods=["GET"]),
         Route("/v1/audio/voices", voices.create_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", voices.get_voice, methods=["GET"]),

@@ -1,7 +1,8 @@
 """Prometheus metrics of the API processes, multiprocess-safe.
 
 Per-request figures (requests by outcome, time to first audio, chunk intervals, real-time
-factor, audio seconds, reference-cache hits and misses) are recorded by whichever API process
+factor, audio seconds, reference-cache hits and misses; WebSocket sessions open, utterances and
+their time to first audio) are recorded by whichever API process
 served the request; with several API processes prometheus-client's multiprocess mode (its
 ``PROMETHEUS_MULTIPROC_DIR`` directory, set up by ``api.server``) sums them at scrape time.
 Engine-wide figures (running and queued requests, talker and codec slots in use, ring bytes,
@@ -15,7 +16,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -115,6 +116,16 @@ class ApiMetrics:
         self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Seconds of audio produced", registry=r)
         self.ref_cache = Counter(f"{PREFIX}_ref_cache_lookups", "Reference-code cache lookups by result",
                                  ["result"], registry=r)
+        self.stream_sessions = Gauge(f"{PREFIX}_stream_sessions_open",
+                                     "Open WebSocket speech sessions (/v1/audio/speech/stream)",
+                                     multiprocess_mode="livesum", registry=r)
+        self.stream_utterances = Counter(f"{PREFIX}_stream_utterances",
+                                         "Utterances spoken to the end over WebSocket sessions",
+                                         registry=r)
+        self.stream_ttfa = Histogram(f"{PREFIX}_stream_time_to_first_audio_seconds",
+                                     "WebSocket sessions: the input.text that completed an "
+                                     "utterance's first sentence to its first audio frame",
+                                     buckets=_LATENCY_BUCKETS, registry=r)
         self._engine_counters = engine_counters
 
     def render(self) -> bytes:

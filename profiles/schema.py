@@ -276,6 +276,29 @@ class ApiConfig(_Section):
         return f"ApiConfig({fields})"
 
 
+class StreamConfig(_Section):
+    """The WebSocket speech endpoint (`/v1/audio/speech/stream`): text in as it is written."""
+
+    max_sessions: Annotated[int, doc(
+        "open WebSocket sessions per API process; one more is refused (error frame, close "
+        "1013)", ge=1)] = 64
+    idle_timeout_s: Annotated[float, doc(
+        "a session that sends nothing for this long while nothing is being spoken is closed",
+        gt=0)] = 60.0
+    max_session_chars: Annotated[int, doc(
+        "text one session may send in all; input.text beyond it is refused (error frame)",
+        ge=1)] = 100_000
+    min_segment_chars: Annotated[int, doc(
+        "a sentence or clause shorter than this joins the next one (one word is not an "
+        "utterance)", ge=1)] = 10
+    max_segment_chars: Annotated[int, doc(
+        "text without a boundary is cut at a space before this many characters (and never "
+        "past api.max_input_chars)", ge=1)] = 400
+    context_frames: Annotated[int, doc(
+        "models that continue audio (Local-v1.5): a sentence after the first continues the "
+        "previous one's codes when it has at most this many frames (0 = never)", ge=0)] = 250
+
+
 class IpcConfig(_Section):
     """Shared-memory ring sizes and peer liveness checks."""
 
@@ -343,6 +366,7 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     coalescing: CoalescingConfig = _section(CoalescingConfig)
     admission: AdmissionConfig = _section(AdmissionConfig)
     api: ApiConfig = _section(ApiConfig)
+    stream: StreamConfig = _section(StreamConfig)
     ipc: IpcConfig = _section(IpcConfig)
     engine: EngineConfig = _section(EngineConfig)
 
@@ -394,6 +418,8 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
             "one prefill chunk must fit in one step's prefill budget")
     at_most("api.min_ref_seconds", p.api.min_ref_seconds, "api.max_ref_seconds",
             p.api.max_ref_seconds, "the accepted reference duration range would be empty")
+    at_most("stream.min_segment_chars", p.stream.min_segment_chars, "stream.max_segment_chars",
+            p.stream.max_segment_chars, "a segment must be able to reach its minimum length")
     e = p.engine
     if e.devices and len(e.devices) != e.replicas:
         out.append((f"engine.devices lists {len(e.devices)} device(s) but engine.replicas is "

@@ -26,3 +26,6 @@ class SpeechJob:
     #   repetition_penalty, seed, max_new_frames, greedy
     initial_chunk_frames: int | None = None
     forced_frames: int | None = None       # benchmark / random-weights forced length
+    context_codes: np.ndarray | None = None  # [T, n_vq] int64: audio spoken just before this
+    #   text (the previous sentence of a stream), for variants that continue it; others ignore it
+    context_text: str | None = None        # the transcript of context_codes

@@ -115,6 +115,8 @@ class Variant:
     tensor_parallel: ClassVar[bool] = False       # whether `talker.tensor_parallel` > 1 is served
     named_variants: ClassVar[tuple[str, ...]] = ()  # what the profile's `model.variant` may name
     processor_class: ClassVar[type[PromptProcessor]]  # the family's prompt processor
+    continues_context: ClassVar[bool] = False     # uses `SpeechJob.context_codes` (the audio
+    #                                               spoken just before) as a continuation prompt
 
     name: str                                     # the served model's name
     sampling_defaults: SamplingParams = SamplingParams()

@@ -13,6 +13,7 @@ import time
 import httpx
 import openai
 import pytest
+import websockets
 
 from tests.api.helpers import assert_error, metric, parse_sse
 from tests.api.server_process import ServerProcess
@@ -49,6 +50,22 @@ def test_open_routes_and_both_keys(http):
         assert http.get(path).status_code == 200, path
     for key in (KEY, "sk-test-2"):
         assert http.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+
+
+async def test_the_speech_websocket_needs_a_key_too(server):
+    from tests.api.stream_client import connect, next_event, send
+
+    for headers, query in (({}, ""), ({"Authorization": "Bearer nope"}, ""), ({}, "?api_key=nope")):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with connect(server.url, query=query, additional_headers=headers):
+                pass
+        assert refused.value.response.status_code == 403
+    for headers, query in (({"Authorization": f"Bearer {KEY}"}, ""), ({}, "?api_key=sk-test-2")):
+        async with connect(server.url, query=query, additional_headers=headers) as ws:
+            await send(ws, "session.config", response_format="pcm")
+            await send(ws, "input.done")
+            assert await next_event(ws) == {"type": "session.done", "utterance_index": 0,
+                                            "total_sentences": 0}
 
 
 def test_openai_client_with_right_and_wrong_key(server):

@@ -10,7 +10,7 @@ def test_every_field_has_a_description():
     defs = msgspec.json.schema(Profile)["$defs"]
     sections = defs["Profile"]["properties"]
     assert set(sections) == {"model", "talker", "codec", "chunking", "coalescing", "admission",
-                             "api", "ipc", "engine"}
+                             "api", "stream", "ipc", "engine"}
     undocumented = [
         f"{section}.{name}"
         for section, ref in sections.items()

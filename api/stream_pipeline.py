@@ -1,0 +1,223 @@
+"""Speaking a session's sentences in order: one engine request per sentence, no overlap, no gap.
+
+`add` queues a complete sentence, `end` closes an utterance (its `session.done` follows its last
+sentence). Two tasks run per pipeline: the *starter* begins each sentence's generation as soon
+as there is room (the sentence being spoken plus one ahead), so the next sentence is generated
+while the previous one streams; the *speaker* sends each sentence's audio in order
+(`audio.start`, binary frames, `audio.done`), buffering the one ahead until its turn.
+
+Where the model continues audio (`Variant.continues_context`, Local-v1.5), a sentence after the
+first of its utterance waits until the previous one's codes are complete and continues them (its
+text and codes as the continuation prompt, when it has at most `context_frames` frames); the
+voice reference is the same for every sentence.
+
+`close()` stops everything at once: every request in flight is aborted (closing its chunk
+iterator reaches both workers), queued sentences are dropped, nothing more is sent. Barge-in
+closes the pipeline and starts a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from api.errors import ApiError
+from api.stream_output import Outbound, PeerGone
+from api.stream_protocol import audio_done, audio_start, error_event, session_done
+from api.stream_settings import SessionSettings
+from engine.client import EngineFailed, EngineRejected
+
+log = logging.getLogger("mossvox.api")
+
+LOOKAHEAD = 1  # sentences generated ahead of the one being spoken
+
+
+@dataclass(eq=False)
+class Sentence:
+    utterance: int
+    index: int
+    text: str
+    ready_at: float  # perf_counter when its text was complete
+    chunks: asyncio.Queue = field(default_factory=asyncio.Queue)  # AudioChunk | Exception | None
+    codes: list[np.ndarray] = field(default_factory=list)  # [T, n_vq] each, when echoed
+    generated: asyncio.Event = field(default_factory=asyncio.Event)
+    failed: bool = False
+    task: asyncio.Task | None = None
+
+
+@dataclass(frozen=True)
+class UtteranceEnd:
+    utterance: int
+    sentences: int
+
+
+class SentencePipeline:
+    def __init__(self, client, out: Outbound, settings: SessionSettings, metrics, *,
+                 context_frames: int) -> None:
+        self.client, self.out, self.settings, self.metrics = client, out, settings, metrics
+        self.continues = client.variant.continues_context and context_frames > 0
+        self.context_frames = context_frames
+        self._todo: asyncio.Queue = asyncio.Queue()   # Sentence | UtteranceEnd, in order
+        self._ready: asyncio.Queue = asyncio.Queue()  # the same, once started
+        self._room = asyncio.Semaphore(1 + LOOKAHEAD)
+        self._live: set[Sentence] = set()
+        self._pending = 0  # items added and not yet spoken
+        self.speaking: Sentence | None = None
+        self._first_audio_done: set[int] = set()  # utterances whose first audio went out
+        self._tasks = [asyncio.get_running_loop().create_task(self._start_loop()),
+                       asyncio.get_running_loop().create_task(self._speak_loop())]
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @property
+    def busy(self) -> bool:
+        return self._pending > 0
+
+    def add(self, sentence: Sentence) -> None:
+        self._put(sentence)
+
+    def end(self, utterance: int, sentences: int) -> None:
+        self._put(UtteranceEnd(utterance, sentences))
+
+    def _put(self, item) -> None:
+        self._pending += 1
+        self.idle.clear()
+        self._todo.put_nowait(item)
+
+    async def close(self) -> None:
+        """Stop now: abort every request in flight, drop the rest."""
+        tasks = [*self._tasks, *(s.task for s in self._live if s.task is not None)]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._live.clear()
+        self._pending = 0
+        self.idle.set()
+
+    # ---- starting generation ---------------------------------------------------------------
+
+    async def _start_loop(self) -> None:
+        previous: Sentence | None = None
+        while True:
+            item = await self._todo.get()
+            if isinstance(item, UtteranceEnd):
+                previous = None
+                self._ready.put_nowait(item)
+                continue
+            await self._room.acquire()
+            context = None
+            if self.continues and previous is not None:
+                await previous.generated.wait()
+                context = self._context(previous)
+            item.task = asyncio.get_running_loop().create_task(self._generate(item, context))
+            self._live.add(item)
+            self._ready.put_nowait(item)
+            previous = item
+
+    def _context(self, previous: Sentence) -> tuple[np.ndarray, str] | None:
+        if previous.failed or not previous.codes:
+            return None
+        codes = np.concatenate(previous.codes)
+        return (codes, previous.text) if len(codes) <= self.context_frames else None
+
+    async def _generate(self, sentence: Sentence, context) -> None:
+        codes, text = context if context is not None else (None, None)
+        job = self.settings.job(sentence.text, context_codes=codes, context_text=text)
+        chunks = self.client.generate(job)
+        try:
+            async for chunk in chunks:
+                sentence.chunks.put_nowait(chunk)
+        except (EngineRejected, EngineFailed, ValueError) as exc:
+            sentence.failed = True
+            sentence.chunks.put_nowait(exc)
+        finally:
+            await chunks.aclose()
+            sentence.chunks.put_nowait(None)
+            sentence.generated.set()
+
+    # ---- speaking in order -----------------------------------------------------------------
+
+    async def _speak_loop(self) -> None:
+        while True:
+            item = await self._ready.get()
+            try:
+                if isinstance(item, UtteranceEnd):
+                    await self.out.send_json(session_done(item.utterance, item.sentences))
+                    self.metrics.stream_utterances.inc()
+                else:
+                    self.speaking = item
+                    try:
+                        await self._speak(item)
+                    finally:
+                        self.speaking = None
+                        self._live.discard(item)
+                        self._room.release()
+            except PeerGone:
+                return  # the session sees the disconnect and closes this pipeline
+            finally:
+                self._pending -= 1
+                if self._pending == 0:
+                    self.idle.set()
+
+    async def _speak(self, s: Sentence) -> None:
+        settings, out = self.settings, self.out
+        await out.send_json(audio_start(s.utterance, s.index, s.text, settings.response_format,
+                                        settings.out_rate, settings.channels))
+        encoder = settings.encoder()
+        total, samples, held, reason, error = 0, 0, [], None, False
+
+        async def emit(data: bytes) -> None:
+            nonlocal total
+            if not data:
+                return
+            total += len(data)
+            if s.utterance not in self._first_audio_done:
+                self._first_audio_done.add(s.utterance)
+                self.metrics.stream_ttfa.observe(time.perf_counter() - s.ready_at)
+            if settings.stream_audio:
+                await out.send_bytes(data)
+            else:
+                held.append(data)
+
+        while (item := await s.chunks.get()) is not None:
+            if isinstance(item, Exception):
+                error = True
+                await out.send_json(error_event(_as_api_error(item, s)))
+                continue
+            samples += item.pcm.shape[0]
+            if item.final:
+                reason = item.finish_reason
+            await emit(await _run(encoder, encoder.encode, item.pcm))
+        if not error:
+            await emit(await _run(encoder, encoder.finish))
+        if held:
+            await out.send_bytes(b"".join(held))
+        seconds = samples / settings.sample_rate
+        if samples:
+            self.metrics.audio_seconds.inc(seconds)
+        await out.send_json(audio_done(s.utterance, s.index, total, seconds, reason, error))
+
+
+async def _run(encoder, call, *args) -> bytes:
+    """Real codecs (mp3 ~30 ms per second of stereo audio) run in a thread; PCM/WAV inline."""
+    return await asyncio.to_thread(call, *args) if encoder.heavy else call(*args)
+
+
+def _as_api_error(exc: Exception, s: Sentence) -> ApiError:
+    where = f"sentence {s.index} of utterance {s.utterance}"
+    if isinstance(exc, EngineRejected):
+        return ApiError(429, f"{where} was rejected by admission: {exc.reason}", code="overloaded")
+    if isinstance(exc, ValueError):
+        return ApiError(400, f"{where}: {exc}")
+    return ApiError(500, f"the engine failed {where}: {exc}")
+
+
+async def close_quietly(pipeline: SentencePipeline | None) -> None:
+    if pipeline is not None:
+        with contextlib.suppress(Exception):
+            await pipeline.close()
