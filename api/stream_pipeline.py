@@ -128,9 +128,11 @@ class SentencePipeline:
     async def _generate(self, sentence: Sentence, context) -> None:
         codes, text = context if context is not None else (None, None)
         job = self.settings.job(sentence.text, context_codes=codes, context_text=text)
-        chunks = self.client.generate(job)
+        chunks = self.client.generate(job, echo_codes=self.continues)
         try:
             async for chunk in chunks:
+                if chunk.codes is not None:
+                    sentence.codes.append(chunk.codes)
                 sentence.chunks.put_nowait(chunk)
         except (EngineRejected, EngineFailed, ValueError) as exc:
             sentence.failed = True

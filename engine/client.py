@@ -30,7 +30,7 @@ from engine.counters import CounterBlock
 from engine.outbox import Outbox
 from ipc.channel import Channel, ChannelSpec
 from ipc.errors import EndOfStream, PeerGone, RingClosed
-from ipc.messages import Abort, EncodeRequest, EncodeResult, Failed, PcmChunk, Rejected, Submit
+from ipc.messages import Abort, Codes, EncodeRequest, EncodeResult, Failed, PcmChunk, Rejected, Submit
 from ipc.peer import Peer
 from profiles import Profile
 from speech.job import SpeechJob
@@ -50,6 +50,7 @@ class AudioChunk:
     finish_reason: str | None  # "stop" | "length" on the final chunk
     batch_size: int = 0        # streams the codec decoded together with this chunk (0: none)
     coalesce_wait_s: float = 0.0  # time this chunk waited in the codec's coalescing window
+    codes: np.ndarray | None = None  # [T, n_vq] int64 this audio was decoded from (`echo_codes`)
 
 
 class EngineRejected(Exception):
@@ -137,22 +138,29 @@ class EngineClient:
 
     # ---- the interface -------------------------------------------------------------------------
 
-    async def generate(self, job: SpeechJob) -> AsyncIterator[AudioChunk]:
+    async def generate(self, job: SpeechJob, *, echo_codes: bool = False) -> AsyncIterator[AudioChunk]:
         """Stream `job`'s audio. Raises `EngineRejected`, `EngineFailed`, or `ValueError` (bad
-        job fields, before anything is submitted)."""
+        job fields, before anything is submitted). With `echo_codes` every chunk also carries the
+        codes it was decoded from (`AudioChunk.codes`)."""
         request = self.variant.build_request(job)  # prompt [S, 1 + n_vq], sampling, priming
         self._check_alive()
         rid, box = self._open_mailbox()
         self._send(Submit(rid=rid, client=self.index, sampling=request.sampling,
                           initial_chunk_frames=job.initial_chunk_frames,
-                          prime_frames=request.prime_frames), request.payload())
+                          prime_frames=request.prime_frames, echo_codes=echo_codes), request.payload())
         finished = False
+        codes = None
         try:
             while True:
                 item = await box.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                if isinstance(item, np.ndarray):  # the codes of the chunk that follows
+                    codes = item
+                    continue
+                if codes is not None:
+                    item.codes, codes = codes, None
                 if item.final:
                     finished = True
                 yield item
@@ -306,6 +314,10 @@ class EngineClient:
                     pcm = np.ascontiguousarray(planar.T)  # [samples, channels], owned
                     box.put(AudioChunk(pcm=pcm, final=msg.final, finish_reason=msg.finish_reason,
                                        batch_size=msg.batch_size, coalesce_wait_s=msg.waited_s))
+            case Codes(rid=rid):
+                box = self._boxes.get(rid)
+                if box is not None:
+                    box.put(rec.array(np.int64).reshape(-1, self.n_vq).copy())
             case EncodeResult(job=job, error=error):
                 box = self._boxes.get(job)
                 if box is not None:

@@ -15,7 +15,7 @@ Channels (all SPSC; `coord` = coordinator, `client` = one `EngineClient` per API
     coord  → codec   : CodecInbox        (Abort, EncodeRequest, Shutdown)
     talker → codec   : CodecInbox        (CodeChunk)
     codec  → coord   : CoordinatorInbox  (Ready, Slots, ChunkDone, DecodeBatch, EncodeDone, StageError)
-    codec  → client  : ClientInbox       (PcmChunk, EncodeResult)
+    codec  → client  : ClientInbox       (PcmChunk, Codes, EncodeResult)
 
 With `engine.replicas: R` every replica has its own talker and codec channels (the coordinator
 routes a request to one replica; each client reads one codec → client ring per replica).
@@ -54,6 +54,7 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=Tru
     prime_frames: int = 0   # the payload's last prime_frames rows are not prompt but left
     #                         context: codes [T, n_vq] in columns 1.. (column 0 unused) that the
     #                         codec decodes first, dropping their audio (continuation)
+    echo_codes: bool = False  # the client also gets the codes of every chunk (`Codes`)
 
 
 class Abort(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
@@ -94,6 +95,7 @@ class CodeChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=
     final: bool
     finish_reason: FinishReason | None = None
     prime: bool = False    # left context (continuation): decode into the slot, drop the audio
+    echo_codes: bool = False  # the request asked for its codes: the codec sends them on (`Codes`)
 
 
 class PcmChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
@@ -109,6 +111,15 @@ class PcmChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=T
     finish_reason: FinishReason | None = None
     batch_size: int = 0        # streams decoded together with this chunk (0: no decode needed)
     waited_s: float = 0.0      # this chunk's wait in the coalescing window
+
+
+class Codes(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Codec → client: the codes chunk `seq` of `rid` is decoded from, sent just before that
+    chunk's `PcmChunk`, for a request submitted with `echo_codes` (a stream continues them in its
+    next sentence). Payload: codes `[T, n_vq]` int64."""
+
+    rid: int
+    seq: int
 
 
 class EncodeResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
@@ -206,4 +217,4 @@ CoordinatorInbox = (
 )
 TalkerInbox = Submit | Abort | Shutdown
 CodecInbox = CodeChunk | Abort | EncodeRequest | Shutdown
-ClientInbox = PcmChunk | EncodeResult | Rejected | Failed
+ClientInbox = PcmChunk | EncodeResult | Rejected | Failed | Codes

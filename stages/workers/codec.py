@@ -28,7 +28,7 @@ import numpy as np
 
 from ipc.doorbell import wait_any
 from ipc.errors import ChannelTimeout, EndOfStream, PeerGone, RingClosed
-from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, DecodeBatch, EncodeDone,
+from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, Codes, DecodeBatch, EncodeDone,
                           EncodeRequest, EncodeResult, PcmChunk, Ready, Shutdown, Slots,
                           StageError)
 from stages.models.codec.serving import chunk_lengths
@@ -224,7 +224,7 @@ class CodecLoop:
         pcms = self._decode_items([(rid, head[1]) for rid, head in zip(rids, heads)])
         decode_s = time.monotonic() - t0
         emit_s = 0.0  # ring writes only (the record transposes and sends)
-        for rid, (chunk, _, arrived), pcm in zip(rids, heads, pcms):
+        for rid, (chunk, codes, arrived), pcm in zip(rids, heads, pcms):
             stream = self.streams[rid]
             if pcm is None:  # its decode failed: the request fails, the stream ends on its final
                 if chunk.final:
@@ -235,6 +235,8 @@ class CodecLoop:
                     self._mark_ready(rid, stream)
                 continue
             t1 = time.perf_counter()
+            if chunk.echo_codes:  # the client continues them later: they go just ahead of the audio
+                self._to_client(stream.client, Codes(rid=rid, seq=chunk.seq), codes)
             reason = chunk.finish_reason if chunk.final else None
             self._send_pcm(stream.client,  # pcm: [channels, samples], planar
                            PcmChunk(rid=rid, seq=chunk.seq, final=chunk.final,

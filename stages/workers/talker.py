@@ -42,6 +42,7 @@ class _Stream:
     max_frames: int
     seq: int = 0
     first_frame: bool = True
+    echo: bool = False  # the client wants the codes too (`Submit.echo_codes`)
 
 
 class UnknownMessage(RuntimeError):
@@ -146,7 +147,7 @@ class TalkerLoop:
             self.streams[submit.rid] = _Stream(
                 client=submit.client, max_frames=request.sampling.max_new_frames,
                 chunks=ChunkAccumulator(self.schedule.with_initial(submit.initial_chunk_frames),
-                                        self.n_vq))
+                                        self.n_vq), echo=submit.echo_codes)
             admitted += 1
             if self.timeline is not None:
                 self.timeline.add("talker_admit", time.monotonic(), rid=submit.rid, rows=len(request.prompt))
@@ -166,7 +167,7 @@ class TalkerLoop:
                 chunk = stream.chunks.push(np.asarray(ev.codes, dtype=np.int64))
                 if chunk is not None:
                     self._send_codes(CodeChunk(rid=ev.rid, client=stream.client, seq=stream.seq,
-                                               final=False), chunk)
+                                               final=False, echo_codes=stream.echo), chunk)
                     stream.seq += 1
             reason = ev.reason if ev.finished else None
             if reason is None and stream.chunks.frames_seen >= stream.max_frames:
@@ -178,14 +179,14 @@ class TalkerLoop:
                 del self.streams[ev.rid]
                 self.runner.remove(ev.rid)
                 self._send_final(ev.rid, stream.client, stream.seq, stream.chunks.finish(),
-                                 reason or "stop")
+                                 reason or "stop", echo=stream.echo)
 
     def _send_final(self, rid: int, client: int, seq: int, codes: np.ndarray | None,
-                    reason: str) -> None:
+                    reason: str, echo: bool = False) -> None:
         if codes is None:
             codes = np.zeros((0, self.n_vq), dtype=np.int64)
         self._send_codes(CodeChunk(rid=rid, client=client, seq=seq, final=True,
-                                   finish_reason=reason), codes)
+                                   finish_reason=reason, echo_codes=echo), codes)
 
     def _send_codes(self, msg: CodeChunk, codes: np.ndarray) -> None:
         """Codes `[T, n_vq]` in records that fit the codec's ring: a chunk too large for one

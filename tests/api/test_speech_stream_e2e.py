@@ -69,6 +69,7 @@ async def test_text_in_small_pieces_speaks_the_same_audio_as_one_message(server)
             pieces.append(TEXT[at:at + size])
             at += size
         split = await speak(ws, pieces)  # the config is sticky
+        alone = await speak(ws, ["A second one follows, with a comma!"])
     texts = [s.start["sentence_text"] for s in whole.sentences]
     assert texts == ["The first sentence is complete here.", "A second one follows, with a comma!",
                      "And a third one ends the story."]
@@ -77,6 +78,9 @@ async def test_text_in_small_pieces_speaks_the_same_audio_as_one_message(server)
         assert len(a.audio) == frames(a.start["sentence_text"]) * BYTES_PER_FRAME
         assert a.audio == b.audio, "same sentence and seed: the same audio, however the text came"
         assert a.done["total_bytes"] == len(a.audio) and a.done["finish_reason"] == "stop"
+    # Local-v1.5 continues the previous sentence's codes: the same sentence spoken first differs
+    assert alone.sentences[0].audio != whole.sentences[1].audio
+    assert len(alone.sentences[0].audio) == len(whole.sentences[1].audio)
     assert (whole.done["utterance_index"], split.done["utterance_index"]) == (0, 1)
     assert whole.done["total_sentences"] == split.done["total_sentences"] == 3
 

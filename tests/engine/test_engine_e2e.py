@@ -108,6 +108,22 @@ async def test_engine_equals_direct_synthesis(engine, client, direct, mode) -> N
     np.testing.assert_allclose(got, expected.T, atol=1e-4, rtol=0)
 
 
+async def test_echoed_codes_are_the_ones_the_audio_was_decoded_from(engine, client, direct) -> None:
+    job = dict(text="echo", forced_frames=1 + 2 + 4 + 15 + 3, sampling={"seed": 4})
+    echoed = [c async for c in client.generate(SpeechJob(**job), echo_codes=True)]
+    spf = engine.variant.samples_per_frame
+    assert [len(c.codes) for c in echoed if c.codes is not None] == [1, 2, 4, 15, 3]
+    assert [len(c.codes) for c in echoed if c.codes is not None] == [n for n in frames_of(echoed, spf) if n]
+    codes = np.concatenate([c.codes for c in echoed if c.codes is not None])  # [25, n_vq]
+    direct.codec.open(-9)
+    try:
+        pcm = direct.codec.decode([(-9, codes)])[0]  # [channels, samples]
+    finally:
+        direct.codec.close(-9)
+    np.testing.assert_allclose(joined(echoed), pcm.T, atol=1e-4, rtol=0)
+    assert all(c.codes is None for c in await collect(client, SpeechJob(**job)))  # only when asked
+
+
 async def test_a_prompt_beyond_the_kv_cache_fails_alone(engine, client) -> None:
     kv_tokens = engine.profile.talker.kv_blocks * engine.profile.talker.kv_block_size
     text = "many words here " * (kv_tokens // 3)

@@ -98,9 +98,6 @@ def test_special_ids_come_from_config():
 def test_bad_shapes_and_combinations_are_rejected(processor):
     with pytest.raises(ValueError, match=r"\[T, 12\]"):
         processor.build_prompt("x", reference=[np.zeros((3, 4), dtype=np.int64)])
-    codes = np.zeros((3, 12), dtype=np.int64)
-    with pytest.raises(ValueError):
-        processor.build_prompt("x", reference=[codes], prompt_codes=codes)
     with pytest.raises(ValueError):
         processor.build_prompt("x", prompt_text="transcript without codes")
 
@@ -115,3 +112,13 @@ def test_left_padding_of_a_batch(processor):
     assert (ids[0, :pad, 1:] == processor.config.audio_pad_code).all()
     np.testing.assert_array_equal(ids[0, pad:], short)
     assert mask[1].all()
+
+
+def test_a_voice_reference_and_a_continuation_together(processor):
+    ref = (np.arange(4 * 12).reshape(4, 12) % 64).astype(np.int64)
+    spoken = (np.arange(3 * 12).reshape(3, 12) % 63).astype(np.int64)
+    both = processor.build_prompt(TARGET, reference=[ref], prompt_codes=spoken, prompt_text="Said before. ")
+    clone = processor.build_prompt("Said before. " + TARGET, reference=[ref])
+    # the voice-clone prompt of the joined text, then the spoken codes on the assistant slot
+    assert (both[: len(clone)] == clone).all() and len(both) == len(clone) + 3
+    assert (both[-3:, 0] == processor.config.gen_slot).all() and (both[-3:, 1:] == spoken).all()

@@ -9,6 +9,12 @@ Three layouts, as the upstream processor builds them (docs/models.md, "Local-v1.
 * continuation: user turn with reference "None" and `text = prompt_text + target_text`, then
                 `audio_start` and the prompt audio rows on the *assistant* slot id, no audio_end:
                 generation resumes inside the audio block.
+* both:         the voice-clone user turn (reference rows) with `text = prompt_text +
+                target_text`, then the continuation's assistant rows: what upstream's processor
+                builds from a user message with a reference followed by an assistant audio
+                message (its generic path; its direct path has no reference slot in
+                continuation). A stream's later sentences use it: same voice reference, the
+                previous sentence as the continuation prompt.
 
 Upstream tokenizes the pieces (role prefix, template prefix, "None", the field block, the text,
 the assistant prefix) one by one and concatenates the ids; tokenizing the joined string gives
@@ -117,12 +123,10 @@ class LocalV15Processor(PromptProcessor):
         """One prompt `[S, 1 + n_vq]` int64.
 
         reference:    voice-clone reference codes, each `[T, n_vq]` (one block per item).
-        prompt_codes: continuation prefix `[T, n_vq]` (the reference clip's codes); its
-                      transcript `prompt_text` is prepended to `text`.
+        prompt_codes: continuation prefix `[T, n_vq]` (the reference clip's codes, or the audio
+                      just spoken); its transcript `prompt_text` is prepended to `text`.
         tokens:       target length in frames (12.5 per second), written into the template.
         """
-        if prompt_codes is not None and len(reference) > 0:
-            raise ValueError("continuation (prompt_codes) and voice-clone references cannot be combined")
         if prompt_codes is None and prompt_text:
             raise ValueError("prompt_text needs prompt_codes (the reference clip's codes)")
         target = "" if text is None else str(text)
@@ -131,6 +135,11 @@ class LocalV15Processor(PromptProcessor):
             ambient_sound=ambient_sound, language=language,
         )
         enc = self.tokenizer.encode
+        if prompt_codes is not None and len(reference) > 0:
+            user = self.build_prompt((prompt_text or "") + target, reference=reference, language=language,
+                                     tokens=tokens, instruction=instruction, quality=quality,
+                                     sound_event=sound_event, ambient_sound=ambient_sound)
+            return np.concatenate([user, self._audio_rows(prompt_codes, self.config.gen_slot)])
         if prompt_codes is not None:
             full_text = (prompt_text or "") + target
             head = self._user_prefix_ids() + enc(NO_REFERENCE) + enc(fields) + enc(full_text)

@@ -22,6 +22,7 @@ class LocalV15Variant(Variant):
     name = "moss-tts-local-v1.5"
     processor_class = LocalV15Processor
     processor: LocalV15Processor
+    continues_context = True
 
     @property
     def sampling_defaults(self) -> SamplingParams:  # the model card's, up to the profile's frame cap
@@ -36,9 +37,18 @@ class LocalV15Variant(Variant):
         and the codec decodes them first (audio dropped), so the new audio starts with the
         reference as left context, as upstream's decode of the whole block followed by trimming
         the prompt part does. The profile may skip that (`codec.prime_continuation: false`): the
-        reference is then a voice-clone reference."""
+        reference is then a voice-clone reference.
+
+        Context (`job.context_codes` + `context_text`, the audio a stream spoke just before): the
+        same continuation with those codes and that transcript, the reference (if any) as the
+        voice-clone reference, so a stream's sentences go on in one voice and one prosody."""
         common = dict(language=job.language, instruction=job.instructions)
         sampling = self.resolve_sampling(job)
+        if job.context_codes is not None and self.profile.codec.prime_continuation:
+            reference = [job.ref_codes] if job.ref_codes is not None else []
+            prompt = self.processor.build_prompt(job.text, reference=reference, prompt_codes=job.context_codes,
+                                                 prompt_text=job.context_text or "", **common)
+            return TalkerRequest(prompt, sampling, prime_codes=prompt[len(prompt) - len(job.context_codes):, 1:])
         if job.ref_codes is not None and job.ref_text and self.profile.codec.prime_continuation:
             prompt = self.processor.build_prompt(job.text, prompt_codes=job.ref_codes,
                                                  prompt_text=job.ref_text, **common)
