@@ -1,6 +1,7 @@
 """Speaking a session's sentences in order: one engine request per sentence, no overlap, no gap.
 
-`add` queues a complete sentence, `end` closes an utterance (its `session.done` follows its last
+`push` cuts text into sentences or clauses as it arrives (`speech.segmenter`) and queues each
+complete one; `end` queues the rest and closes the utterance (its `session.done` follows its last
 sentence). Two tasks run per pipeline: the *starter* begins each sentence's generation as soon
 as there is room (the sentence being spoken plus one ahead), so the next sentence is generated
 while the previous one streams; the *speaker* sends each sentence's audio in order
@@ -31,6 +32,7 @@ from api.stream_output import Outbound, PeerGone
 from api.stream_protocol import audio_done, audio_start, error_event, session_done
 from api.stream_settings import SessionSettings
 from engine.client import EngineFailed, EngineRejected
+from speech.segmenter import Segmenter
 
 log = logging.getLogger("mossvox.api")
 
@@ -58,8 +60,10 @@ class UtteranceEnd:
 
 class SentencePipeline:
     def __init__(self, client, out: Outbound, settings: SessionSettings, metrics, *,
-                 context_frames: int) -> None:
+                 segmenter: Segmenter, context_frames: int) -> None:
         self.client, self.out, self.settings, self.metrics = client, out, settings, metrics
+        self.segmenter = segmenter
+        self._count = 0  # sentences of the utterance receiving text, so far
         self.continues = client.variant.continues_context and context_frames > 0
         self.context_frames = context_frames
         self._todo: asyncio.Queue = asyncio.Queue()   # Sentence | UtteranceEnd, in order
@@ -76,13 +80,38 @@ class SentencePipeline:
 
     @property
     def busy(self) -> bool:
+        """Speech is queued or being spoken."""
         return self._pending > 0
 
-    def add(self, sentence: Sentence) -> None:
-        self._put(sentence)
+    @property
+    def buffered(self) -> str:
+        """Text received and not yet part of a sentence."""
+        return self.segmenter.buffered
 
-    def end(self, utterance: int, sentences: int) -> None:
-        self._put(UtteranceEnd(utterance, sentences))
+    @property
+    def has_text(self) -> bool:
+        """The utterance receiving text has some (spoken, queued or buffered)."""
+        return self._count > 0 or bool(self.buffered.strip())
+
+    @property
+    def speaking_at(self) -> tuple[int, int] | None:
+        """(utterance, sentence) being spoken now."""
+        return None if self.speaking is None else (self.speaking.utterance, self.speaking.index)
+
+    def push(self, utterance: int, text: str, now: float) -> None:
+        for piece in self.segmenter.push(text):
+            self._add(utterance, piece, now)
+
+    def end(self, utterance: int) -> None:
+        rest = self.segmenter.flush()
+        if rest is not None:
+            self._add(utterance, rest, time.perf_counter())
+        self._put(UtteranceEnd(utterance, self._count))
+        self._count = 0
+
+    def _add(self, utterance: int, text: str, now: float) -> None:
+        self._put(Sentence(utterance, self._count, text, now))
+        self._count += 1
 
     def _put(self, item) -> None:
         self._pending += 1
@@ -167,51 +196,65 @@ class SentencePipeline:
                     self.idle.set()
 
     async def _speak(self, s: Sentence) -> None:
-        settings, out = self.settings, self.out
-        await out.send_json(audio_start(s.utterance, s.index, s.text, settings.response_format,
-                                        settings.out_rate, settings.channels))
-        encoder = settings.encoder()
-        total, samples, held, reason, error = 0, 0, [], None, False
+        async def items():
+            while (item := await s.chunks.get()) is not None:
+                yield item
 
-        async def emit(data: bytes) -> None:
-            nonlocal total
-            if not data:
-                return
-            total += len(data)
-            if s.utterance not in self._first_audio_done:
-                self._first_audio_done.add(s.utterance)
-                self.metrics.stream_ttfa.observe(time.perf_counter() - s.ready_at)
-            if settings.stream_audio:
-                await out.send_bytes(data)
-            else:
-                held.append(data)
-
-        while (item := await s.chunks.get()) is not None:
-            if isinstance(item, Exception):
-                error = True
-                await out.send_json(error_event(_as_api_error(item, s)))
-                continue
-            samples += item.pcm.shape[0]
-            if item.final:
-                reason = item.finish_reason
-            await emit(await _run(encoder, encoder.encode, item.pcm))
-        if not error:
-            await emit(await _run(encoder, encoder.finish))
-        if held:
-            await out.send_bytes(b"".join(held))
-        seconds = samples / settings.sample_rate
-        if samples:
-            self.metrics.audio_seconds.inc(seconds)
-        await out.send_json(audio_done(s.utterance, s.index, total, seconds, reason, error))
+        first_audio = None if s.utterance in self._first_audio_done else s.ready_at
+        self._first_audio_done.add(s.utterance)
+        await speak(self.out, self.settings, self.metrics, items(), utterance=s.utterance, index=s.index,
+                    text=lambda: s.text, first_audio_from=first_audio)
 
 
-async def _run(encoder, call, *args) -> bytes:
+async def speak(out: Outbound, settings: SessionSettings, metrics, items, *, utterance: int, index: int,
+                text, first_audio_from: float | None) -> None:
+    """One sentence's `audio.start`, audio frames and `audio.done`: `items` yields its
+    `AudioChunk`s (or the engine error that ended it); `text()` is its text when audio starts;
+    with `first_audio_from` the time from then to its first audio frame is recorded."""
+    await out.send_json(audio_start(utterance, index, text(), settings.response_format,
+                                    settings.out_rate, settings.channels))
+    encoder = settings.encoder()
+    total, samples, held, reason, error = 0, 0, [], None, False
+
+    async def emit(data: bytes) -> None:
+        nonlocal total, first_audio_from
+        if not data:
+            return
+        total += len(data)
+        if first_audio_from is not None:
+            metrics.stream_ttfa.observe(time.perf_counter() - first_audio_from)
+            first_audio_from = None
+        if settings.stream_audio:
+            await out.send_bytes(data)
+        else:
+            held.append(data)
+
+    async for item in items:
+        if isinstance(item, Exception):
+            error = True
+            await out.send_json(error_event(as_api_error(item, f"sentence {index} of utterance {utterance}")))
+            continue
+        samples += item.pcm.shape[0]
+        if item.final:
+            reason = item.finish_reason
+        await emit(await run_encoder(encoder, encoder.encode, item.pcm))
+    if not error:
+        await emit(await run_encoder(encoder, encoder.finish))
+    if held:
+        await out.send_bytes(b"".join(held))
+    seconds = samples / settings.sample_rate
+    if samples:
+        metrics.audio_seconds.inc(seconds)
+    await out.send_json(audio_done(utterance, index, total, seconds, reason, error))
+
+
+async def run_encoder(encoder, call, *args) -> bytes:
     """Real codecs (mp3 ~30 ms per second of stereo audio) run in a thread; PCM/WAV inline."""
     return await asyncio.to_thread(call, *args) if encoder.heavy else call(*args)
 
 
-def _as_api_error(exc: Exception, s: Sentence) -> ApiError:
-    where = f"sentence {s.index} of utterance {s.utterance}"
+def as_api_error(exc: Exception, where: str) -> ApiError:
+    """An engine error while speaking (`where`: which sentence or utterance) for an error frame."""
     if isinstance(exc, EngineRejected):
         return ApiError(429, f"{where} was rejected by admission: {exc.reason}", code="overloaded")
     if isinstance(exc, ValueError):
@@ -219,7 +262,7 @@ def _as_api_error(exc: Exception, s: Sentence) -> ApiError:
     return ApiError(500, f"the engine failed {where}: {exc}")
 
 
-async def close_quietly(pipeline: SentencePipeline | None) -> None:
+async def close_quietly(pipeline) -> None:
     if pipeline is not None:
         with contextlib.suppress(Exception):
             await pipeline.close()

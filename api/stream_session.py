@@ -1,10 +1,12 @@
 """One WebSocket speech session: its config, its text buffer, its utterances, barge-in, limits.
 
 `handle(message)` acts on one client message (`api.stream_protocol`) and says whether the session
-goes on. Text is cut into sentences or clauses as it arrives (`speech.segmenter`, per the
-session's `split_granularity`); each complete one goes to the speaking pipeline at once
-(`api.stream_pipeline`). An utterance is what `input.done` flushes: its index counts flushes, its
-sentences count from 0, and `session.done` follows its last sentence's audio.
+goes on. Text goes to the session's speaking pipeline as it arrives: for models that speak whole
+texts it is cut into sentences or clauses (per `split_granularity`), each spoken as soon as it
+is complete (`api.stream_pipeline`); a model that takes text while it speaks (Realtime) gets it
+as it comes, one request per utterance (`api.stream_incremental`). An utterance is what
+`input.done` flushes: its index counts flushes, its sentences count from 0, and `session.done`
+follows its last sentence's audio.
 
 `input.cancel` (barge-in) and a closed socket stop the same way: the pipeline is closed (every
 request in flight is aborted in both workers), buffered text is dropped, and for a cancel the
@@ -20,7 +22,8 @@ import time
 
 from api.errors import ApiError, bad_request
 from api.stream_output import Outbound
-from api.stream_pipeline import Sentence, SentencePipeline, close_quietly
+from api.stream_incremental import IncrementalPipeline
+from api.stream_pipeline import SentencePipeline, close_quietly
 from api.stream_protocol import ClientMessage, cancelled, error_event, input_text
 from api.stream_settings import SessionSettings, load_settings
 from speech.segmenter import Segmenter
@@ -31,10 +34,8 @@ class SpeechSession:
         self.state, self.out = state, out
         self.limits = state.profile.stream
         self.settings: SessionSettings | None = None
-        self.segmenter: Segmenter | None = None
-        self.pipeline: SentencePipeline | None = None
+        self.pipeline: SentencePipeline | IncrementalPipeline | None = None
         self.utterance = 0        # index of the utterance now receiving text
-        self.sentences = 0        # sentences of that utterance handed to the pipeline so far
         self.chars = 0            # text received by this session in all
 
     @property
@@ -71,15 +72,11 @@ class SpeechSession:
     # ---- messages --------------------------------------------------------------------------
 
     async def _configure(self, body: dict) -> None:
-        if self.busy or (self.segmenter is not None and self.segmenter.buffered.strip()):
+        if self.busy or (self.pipeline is not None and self.pipeline.buffered.strip()):
             raise bad_request("session.config cannot change a session while text is buffered or "
                               "being spoken: send input.done (or input.cancel) and wait for "
                               "session.done first", code="session_busy")
         settings = await load_settings(body, self.state)
-        max_chars = min(self.limits.max_segment_chars, self.state.profile.api.max_input_chars)
-        self.segmenter = Segmenter(settings.split_granularity,
-                                   min_chars=min(self.limits.min_segment_chars, max_chars),
-                                   max_chars=max_chars)
         await close_quietly(self.pipeline)
         self.settings = settings
         self.pipeline = self._new_pipeline()
@@ -93,41 +90,37 @@ class SpeechSession:
                                 f"(stream.max_session_chars)", param="text",
                            code="session_text_limit")
         self.chars += len(text)
-        now = time.perf_counter()
-        for piece in self.segmenter.push(text):
-            self._speak(piece, now)
+        self.pipeline.push(self.utterance, text, time.perf_counter())
 
     def _flush(self, *, only_if_text: bool = False) -> None:
         if self.settings is None:
             raise bad_request("send session.config before input.done", code="no_session_config")
-        rest = self.segmenter.flush()
-        if only_if_text and rest is None and self.sentences == 0:
+        if only_if_text and not self.pipeline.has_text:
             return
-        if rest is not None:
-            self._speak(rest, time.perf_counter())
-        self.pipeline.end(self.utterance, self.sentences)
+        self.pipeline.end(self.utterance)
         self.utterance += 1
-        self.sentences = 0
-
-    def _speak(self, text: str, ready_at: float) -> None:
-        self.pipeline.add(Sentence(self.utterance, self.sentences, text, ready_at))
-        self.sentences += 1
 
     async def _cancel(self) -> None:
         if self.settings is None:
             raise bad_request("nothing to cancel: no session.config yet", code="no_session_config")
-        speaking = self.pipeline.speaking
-        dropped = len(self.segmenter.buffered)
-        had_text = self.sentences > 0 or bool(self.segmenter.buffered.strip())
-        self.segmenter.clear()
+        speaking = self.pipeline.speaking_at
+        dropped = len(self.pipeline.buffered)
+        had_text = self.pipeline.has_text
         await close_quietly(self.pipeline)
         self.pipeline = self._new_pipeline()
-        utterance = speaking.utterance if speaking is not None else self.utterance
-        await self.out.send_json(cancelled(utterance, speaking.index if speaking else None, dropped))
+        utterance, sentence = speaking if speaking is not None else (self.utterance, None)
+        await self.out.send_json(cancelled(utterance, sentence, dropped))
         if had_text:  # the utterance receiving text is over; the next text starts a new one
             self.utterance += 1
-            self.sentences = 0
 
-    def _new_pipeline(self) -> SentencePipeline:
-        return SentencePipeline(self.state.client, self.out, self.settings, self.state.metrics,
-                                context_frames=self.limits.context_frames)
+    def _new_pipeline(self) -> SentencePipeline | IncrementalPipeline:
+        """Realtime takes text while it speaks; the other models speak whole sentences."""
+        client = self.state.client
+        if client.variant.takes_text_while_speaking:
+            return IncrementalPipeline(client, self.out, self.settings, self.state.metrics)
+        api = self.state.profile.api
+        max_chars = min(self.limits.max_segment_chars, api.max_input_chars)
+        segmenter = Segmenter(self.settings.split_granularity, max_chars=max_chars,
+                              min_chars=min(self.limits.min_segment_chars, max_chars))
+        return SentencePipeline(client, self.out, self.settings, self.state.metrics,
+                                segmenter=segmenter, context_frames=self.limits.context_frames)

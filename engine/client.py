@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from engine.counters import CounterBlock
+from engine.open_speech import OpenSpeech
 from engine.outbox import Outbox
 from ipc.channel import Channel, ChannelSpec
 from ipc.errors import EndOfStream, PeerGone, RingClosed
@@ -34,7 +35,7 @@ from ipc.messages import Abort, Codes, EncodeRequest, EncodeResult, Failed, PcmC
 from ipc.peer import Peer
 from profiles import Profile
 from speech.job import SpeechJob
-from stages.variant import Variant
+from stages.variant import TalkerRequest, Variant
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +144,29 @@ class EngineClient:
         job fields, before anything is submitted). With `echo_codes` every chunk also carries the
         codes it was decoded from (`AudioChunk.codes`)."""
         request = self.variant.build_request(job)  # prompt [S, 1 + n_vq], sampling, priming
+        rid, box = self._submit(request, job, echo_codes=echo_codes)
+        async with contextlib.aclosing(self._receive(rid, box)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    def open_speech(self, job: SpeechJob) -> OpenSpeech:
+        """A request whose text arrives while it speaks (`engine.open_speech.OpenSpeech`: `push`,
+        `end`, `chunks()`); for variants that `takes_text_while_speaking`. `job.text` is ignored;
+        `AdapterError` (a ValueError) for fields the variant cannot serve."""
+        return OpenSpeech(self, self.variant.open_text_stream(job), job)
+
+    def _submit(self, request: TalkerRequest, job: SpeechJob, *, echo_codes: bool = False,
+                open_input: bool = False) -> tuple[int, _Mailbox]:
         self._check_alive()
         rid, box = self._open_mailbox()
         self._send(Submit(rid=rid, client=self.index, sampling=request.sampling,
                           initial_chunk_frames=job.initial_chunk_frames,
-                          prime_frames=request.prime_frames, echo_codes=echo_codes), request.payload())
+                          prime_frames=request.prime_frames, echo_codes=echo_codes,
+                          open_input=open_input), request.payload())
+        return rid, box
+
+    async def _receive(self, rid: int, box: _Mailbox) -> AsyncIterator[AudioChunk]:
+        """Request `rid`'s chunks as they arrive; closing it early sends `Abort`."""
         finished = False
         codes = None
         try:
@@ -167,9 +186,16 @@ class EngineClient:
                 if finished:
                     return
         finally:
-            self._boxes.pop(rid, None)
-            if not finished and self._dead is None:
-                self._send(Abort(rid=rid))
+            if finished:
+                self._boxes.pop(rid, None)
+            else:
+                self._forget(rid)
+
+    def _forget(self, rid: int) -> None:
+        """Nobody reads request `rid` any more: drop its mailbox and abort it in both workers."""
+        self._boxes.pop(rid, None)
+        if self._dead is None:
+            self._send(Abort(rid=rid))
 
     async def encode_reference(self, wav: np.ndarray) -> np.ndarray:
         """Reference waveform `[channels, samples]` float32 at the codec rate (prepared by the

@@ -33,8 +33,8 @@ from engine.request_table import Phase, Request, RequestTable
 from engine.shutdown import EngineState, Lifecycle
 from ipc.channel import Channel
 from ipc.errors import EndOfStream, PeerGone, RingClosed
-from ipc.messages import (Abort, ChunkDone, DecodeBatch, EncodeDone, EncodeRequest, Failed, Ready,
-                          Rejected, Shutdown, Slots, StageError, Submit, TalkerStep)
+from ipc.messages import (Abort, ChunkDone, DecodeBatch, EncodeDone, EncodeRequest, Failed, Feed,
+                          Ready, Rejected, Shutdown, Slots, StageError, Submit, TalkerStep)
 from profiles import Profile
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,8 @@ class Coordinator:
         match msg:
             case Submit():
                 self._on_submit(msg, rec)
+            case Feed():
+                self._on_feed(msg, rec)
             case Abort(rid=rid):
                 self._abort(rid, notify=None)
             case ChunkDone():
@@ -245,6 +247,17 @@ class Coordinator:
             self.table.enqueue(req)
         self._update_gauges()
 
+    def _on_feed(self, feed: Feed, rec: Any) -> None:
+        """More input for an open request: to its talker, or held until it is dispatched."""
+        req = self.table.get(feed.rid)
+        if req is None or req.phase is Phase.ABORTING:
+            return  # ended or ending: nothing reads it any more
+        if req.phase is Phase.QUEUED:
+            rows = None if rec.payload is None else rec.array("int64").copy()
+            req.feeds.append((feed, rows))
+        else:
+            self.replicas[req.replica].talker.put(feed, rec.payload)
+
     def _reject(self, submit: Submit, reason: str) -> None:
         self.counters.add("rejected")
         retry = self.admission.retry_after_s(self.table.num_queued)
@@ -264,6 +277,9 @@ class Coordinator:
         replica.running.add(req.rid)
         self.counters.add_replica(replica.index, "dispatched")
         replica.talker.put(req.submit, prompt)
+        for feed, rows in req.feeds:  # input that arrived while it was queued, in order
+            replica.talker.put(feed, rows)
+        req.feeds.clear()
 
     def _abort(self, rid: int, notify: str | None) -> None:
         """Cancel `rid`; with `notify`, its client gets `Failed(notify)` (deadline, error)."""

@@ -32,6 +32,7 @@ class Request:
     samples: int = 0
     replica: int = -1               # the replica it was dispatched to (-1: not yet)
     deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
+    feeds: list = field(default_factory=list, repr=False)  # (Feed, rows) held while queued
 
     @property
     def rid(self) -> int:

@@ -8,9 +8,9 @@ field order is the schema: append new fields at the end, with defaults.
 
 Channels (all SPSC; `coord` = coordinator, `client` = one `EngineClient` per API process):
 
-    client → coord   : CoordinatorInbox  (Submit, Abort, EncodeRequest)
+    client → coord   : CoordinatorInbox  (Submit, Feed, Abort, EncodeRequest)
     coord  → client  : ClientInbox       (Rejected, Failed)
-    coord  → talker  : TalkerInbox       (Submit, Abort, Shutdown)
+    coord  → talker  : TalkerInbox       (Submit, Feed, Abort, Shutdown)
     talker → coord   : CoordinatorInbox  (Ready, Slots, TalkerStep, StageError)
     coord  → codec   : CodecInbox        (Abort, EncodeRequest, Shutdown)
     talker → codec   : CodecInbox        (CodeChunk)
@@ -55,6 +55,23 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=Tru
     #                         context: codes [T, n_vq] in columns 1.. (column 0 unused) that the
     #                         codec decodes first, dropping their audio (continuation)
     echo_codes: bool = False  # the client also gets the codes of every chunk (`Codes`)
+    open_input: bool = False  # more input follows in `Feed` records (variants that take text
+    #                           while they speak); until the final one the request pauses when
+    #                           its input runs out
+
+
+class Feed(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """More input for request `rid`, submitted with `open_input`: rows of the kind its prompt
+    ends with (Realtime: one text token per row), appended in order. Payload: rows
+    `[n, 1 + n_vq]` int64 (n may be 0). Client → coordinator → talker; held by the coordinator
+    while the request is queued, dropped once it has ended.
+
+    `final`: no more input comes; `forced_frames` then replaces the request's forced length
+    (random-weight benchmarks: it follows the whole text, unknown at submission)."""
+
+    rid: int
+    final: bool = False
+    forced_frames: int | None = None
 
 
 class Abort(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
@@ -212,9 +229,9 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=Tru
 # ------------------------------------------------------------------------------ unions per receiver
 
 CoordinatorInbox = (
-    Submit | Abort | EncodeRequest | Ready | Slots | ChunkDone | DecodeBatch | TalkerStep
+    Submit | Feed | Abort | EncodeRequest | Ready | Slots | ChunkDone | DecodeBatch | TalkerStep
     | EncodeDone | StageError
 )
-TalkerInbox = Submit | Abort | Shutdown
+TalkerInbox = Submit | Feed | Abort | Shutdown
 CodecInbox = CodeChunk | Abort | EncodeRequest | Shutdown
 ClientInbox = PcmChunk | EncodeResult | Rejected | Failed | Codes

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -85,6 +85,28 @@ class TalkerRequest:
         return cls(rows[:split], sampling, rows[split:, 1:])
 
 
+class TextStream(Protocol):
+    """The text of one request arriving while it speaks (`Variant.open_text_stream`): what the
+    client submits first and feeds later (`ipc.messages.Submit.open_input`, `Feed`)."""
+
+    text: str    # all text received so far
+
+    def push(self, text: str) -> None:
+        """More text, any size, any split."""
+
+    def end(self) -> None:
+        """No more text comes."""
+
+    def request(self) -> TalkerRequest | None:
+        """The request to submit, once there is text enough for its prompt; None before and after."""
+
+    def take_rows(self) -> np.ndarray:
+        """Input rows `[n, 1 + n_vq]` released since `request()` or the last call (n may be 0)."""
+
+    def forced_frames(self) -> int | None:
+        """The forced length of all the text so far (random-weight benchmarks), else None."""
+
+
 @dataclass(frozen=True)
 class CheckpointRecipe:
     """How `make-checkpoint` writes one variant: `talker_config(size)` and `codec_config(size)`
@@ -117,6 +139,7 @@ class Variant:
     processor_class: ClassVar[type[PromptProcessor]]  # the family's prompt processor
     continues_context: ClassVar[bool] = False     # uses `SpeechJob.context_codes` (the audio
     #                                               spoken just before) as a continuation prompt
+    takes_text_while_speaking: ClassVar[bool] = False  # has `open_text_stream`
 
     name: str                                     # the served model's name
     sampling_defaults: SamplingParams = SamplingParams()
@@ -162,6 +185,11 @@ class Variant:
     def build_request(self, job: SpeechJob) -> TalkerRequest:
         """Prompt, sampling and priming of `job`; `AdapterError` / `ValueError` on a bad field."""
         raise NotImplementedError
+
+    def open_text_stream(self, job: SpeechJob) -> TextStream:
+        """A request whose text arrives while it speaks (`job.text` is ignored); only variants
+        with `takes_text_while_speaking` have it. `AdapterError` for fields it cannot serve."""
+        raise AdapterError(f"{self.description or self.name} takes whole texts, not text while it speaks")
 
     def resolve_sampling(self, job: SpeechJob) -> SamplingParams:
         """`sampling_defaults` under the job's overrides, seed and forced length

@@ -4,6 +4,7 @@ Schedule per request: a first chunk of `initial_frames` (1 by default, overridab
 first audio comes after one frame), then the optional `ramp` sizes, then steady chunks of
 `steady_frames` (15 = 1.2 s). When the request finishes, the frames still pending go out as the
 final partial chunk; when nothing is pending the final record is empty (the terminal record).
+When a request pauses for input, the frames pending go out at once (`flush`).
 
 Pure logic, no I/O: the talker worker pushes one frame at a time and sends what comes back.
 """
@@ -67,6 +68,11 @@ class ChunkAccumulator:
             return None
         self._target = next(self._sizes)
         return self._take()
+
+    def flush(self) -> np.ndarray:
+        """The frames pending now as a chunk `[T, n_vq]` (T may be 0), the schedule unchanged: the
+        request paused (its input ran out), so what it made so far is heard now."""
+        return self._take() if self._pending else np.zeros((0, self._n_vq), dtype=np.int64)
 
     def finish(self) -> np.ndarray:
         """The final chunk `[T, n_vq]`: whatever is pending, possibly `T == 0` (terminal record)."""

@@ -19,12 +19,14 @@ FinishReason = Literal["stop", "length"]
 @dataclass(frozen=True, slots=True)
 class FrameEvent:
     """What one `step()` produced for one request: a frame of codes `[n_vq]` int64, and/or the
-    end of the request. A finished event may carry the last frame's codes or none."""
+    end of the request. A finished event may carry the last frame's codes or none. `paused`: the
+    request's input ran out (opened with `open_input`): it makes no frames until `feed`."""
 
     rid: int
     codes: np.ndarray | None
     finished: bool = False
     reason: FinishReason | None = None
+    paused: bool = False
 
 
 class TalkerRunner(Protocol):
@@ -46,6 +48,14 @@ class TalkerRunner(Protocol):
 
     def remove(self, rid: int) -> None:
         """Abort or forget a request: frees its KV blocks and state (no-op if unknown)."""
+
+    # Only the runners of variants that take text while they speak (`Variant.open_text_stream`,
+    # Realtime) have these two:
+    #   open_input(rid): more input comes later; the request pauses (a `paused` event) when its
+    #     input runs out, until `feed`.
+    #   feed(rid, rows, *, final, forced_frames=None): rows `[n, 1 + n_vq]` of the kind its
+    #     prompt ends with, appended; `final`: no more come (`forced_frames` replaces the forced
+    #     length). Unknown rids are ignored.
 
     def num_running(self) -> int:
         """Requests held (prefilling or decoding)."""

@@ -6,6 +6,10 @@ request's chunk accumulator and send full chunks to the codec; a finished or abo
 sends its final record (partial chunk or empty terminal). Every request the talker receives ends
 with exactly one final `CodeChunk`, whatever happens to it: the codec closes its stream on it.
 
+A request submitted with `open_input` gets more input in `Feed` records (held here until it is
+admitted); when its input runs out the runner pauses it: its pending frames go out at once, and
+the loop sleeps on its inbox while nothing but paused requests is left.
+
 `TalkerLoop` is the loop logic (testable in-process); `main(spec)` is the process wrapper.
 """
 
@@ -22,8 +26,8 @@ import msgspec
 import numpy as np
 
 from ipc.errors import EndOfStream, PeerGone
-from ipc.messages import (Abort, CodeChunk, Ready, Shutdown, Slots, StageError, Submit, TalkerInbox,
-                          TalkerStep)
+from ipc.messages import (Abort, CodeChunk, Feed, Ready, Shutdown, Slots, StageError, Submit,
+                          TalkerInbox, TalkerStep)
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.variant import TalkerRequest, Variant
 from stages.workers.timeline import Timeline, open_timeline
@@ -43,6 +47,7 @@ class _Stream:
     seq: int = 0
     first_frame: bool = True
     echo: bool = False  # the client wants the codes too (`Submit.echo_codes`)
+    paused: bool = False  # its input ran out (`Submit.open_input`): no frames until a `Feed`
 
 
 class UnknownMessage(RuntimeError):
@@ -61,12 +66,14 @@ class TalkerLoop:
         self.n_vq = n_vq
         self.waiting: deque[tuple[Submit, TalkerRequest]] = deque()  # not yet admitted to the runner
         self.streams: dict[int, _Stream] = {}
+        self.early_feeds: dict[int, list[tuple[Feed, np.ndarray]]] = {}  # for waiting requests
         self.shutdown: Shutdown | None = None
         self._slots_reported = -1
         self._steps: tuple[int, int, float] = (0, 0, 0.0)  # (batch, steps, seconds) not yet sent
 
     def has_work(self) -> bool:
-        return bool(self.streams or self.waiting)
+        """Something to step: a request waiting for room, or one not paused for input."""
+        return bool(self.waiting) or any(not s.paused for s in self.streams.values())
 
     def run(self) -> None:
         while self.step():
@@ -105,6 +112,13 @@ class TalkerLoop:
             case Submit():
                 rows = payload_array(rec, np.int64, 1 + self.n_vq)  # [S + T, 1 + n_vq], owned
                 self.waiting.append((msg, TalkerRequest.from_payload(rows, msg.sampling, msg.prime_frames)))
+            case Feed(rid=rid):
+                rows = payload_array(rec, np.int64, 1 + self.n_vq)
+                if rid in self.streams:
+                    self._feed(rid, msg, rows)
+                elif any(submit.rid == rid for submit, _ in self.waiting):
+                    self.early_feeds.setdefault(rid, []).append((msg, rows))
+                # else: it has ended; nothing reads its input any more
             case Abort(rid=rid):
                 self._abort(rid)
             case Shutdown(drain=drain_first):
@@ -115,7 +129,18 @@ class TalkerLoop:
             case _:
                 raise UnknownMessage(msg)
 
+    def _feed(self, rid: int, feed: Feed, rows: np.ndarray) -> None:
+        try:
+            self.runner.feed(rid, rows, final=feed.final, forced_frames=feed.forced_frames)
+        except Exception as exc:  # a bad request must not take the worker down
+            log.exception("talker: input of request %d refused by the runner", rid)
+            self.to_coord.send(StageError(stage="talker", message=str(exc), rid=rid))
+            self._abort(rid)
+            return
+        self.streams[rid].paused = False
+
     def _abort(self, rid: int) -> None:
+        self.early_feeds.pop(rid, None)
         for i, (submit, _) in enumerate(self.waiting):
             if submit.rid == rid:
                 del self.waiting[i]
@@ -136,8 +161,12 @@ class TalkerLoop:
             submit, request = self.waiting.popleft()
             try:
                 self.runner.add(submit.rid, request.prompt, request.sampling)
+                if submit.open_input:
+                    self.runner.open_input(submit.rid)
             except Exception as exc:  # a bad request must not take the worker down
                 log.exception("talker: request %d rejected by the runner", submit.rid)
+                self.runner.remove(submit.rid)
+                self.early_feeds.pop(submit.rid, None)
                 self.to_coord.send(StageError(stage="talker", message=str(exc), rid=submit.rid))
                 self._send_final(submit.rid, submit.client, 0, None, "error")
                 continue
@@ -148,6 +177,8 @@ class TalkerLoop:
                 client=submit.client, max_frames=request.sampling.max_new_frames,
                 chunks=ChunkAccumulator(self.schedule.with_initial(submit.initial_chunk_frames),
                                         self.n_vq), echo=submit.echo_codes)
+            for feed, rows in self.early_feeds.pop(submit.rid, ()):  # input that came while it waited
+                self._feed(submit.rid, feed, rows)
             admitted += 1
             if self.timeline is not None:
                 self.timeline.add("talker_admit", time.monotonic(), rid=submit.rid, rows=len(request.prompt))
@@ -165,10 +196,14 @@ class TalkerLoop:
                     self.timeline.add("talker_first_frame", time.monotonic(), rid=ev.rid)
                 stream.first_frame = False
                 chunk = stream.chunks.push(np.asarray(ev.codes, dtype=np.int64))
-                if chunk is not None:
+                if chunk is None and ev.paused:  # its input ran out: what it made is heard now
+                    chunk = stream.chunks.flush()
+                if chunk is not None and len(chunk):
                     self._send_codes(CodeChunk(rid=ev.rid, client=stream.client, seq=stream.seq,
                                                final=False, echo_codes=stream.echo), chunk)
                     stream.seq += 1
+            if ev.paused:
+                stream.paused = True
             reason = ev.reason if ev.finished else None
             if reason is None and stream.chunks.frames_seen >= stream.max_frames:
                 reason = "length"  # runaway guard: the runner did not stop at the frame cap

@@ -173,3 +173,47 @@ def test_delay_continuation_through_the_server_equals_direct_synthesis(servers, 
     expected, _ = direct.synthesize(text, ref_audio=wav, ref_text=ref_text, seed=5, forced_frames=10)
     assert got.shape == (10 * SAMPLES_PER_FRAME,) and expected.shape == (1, got.size)
     assert np.abs(got - np.clip(expected[0], -1, 1)).max() < 2e-4
+
+
+REALTIME_TEXT = ("Realtime starts speaking after the first words, while the rest of the text "
+                 "is still being written by the model upstream.")
+
+
+async def test_realtime_over_the_websocket_takes_text_while_it_speaks(servers):
+    """MOSS-TTS-Realtime takes the session's text as it arrives, one request per utterance:
+    audio starts after the first words (no sentence is complete, input.done not sent); text in
+    1-5 character pieces speaks what one message does; a cancel mid-utterance frees everything."""
+    import random
+
+    from tests.api.stream_client import SpokenSentence, Utterance, connect, next_event, read_utterance, send, speak
+
+    url = servers["realtime"].url
+    config = {"response_format": "pcm", "seed": 4}
+    rng = random.Random(2)
+    pieces, at = [], 0
+    while at < len(REALTIME_TEXT):
+        pieces.append(REALTIME_TEXT[at:at + rng.randint(1, 5)])
+        at += len(pieces[-1])
+    async with connect(url) as ws:
+        whole = await speak(ws, [REALTIME_TEXT], **config)
+        await send(ws, "input.text", text="Words come one by one and the model ")
+        start = await next_event(ws)
+        assert start["type"] == "audio.start" and start["utterance_index"] == 1
+        first = await next_event(ws)
+        assert isinstance(first, bytes)  # heard after the first words, no sentence complete
+        await send(ws, "input.cancel")
+        await read_utterance(ws, until="speech.audio.cancelled", into=Utterance([SpokenSentence(start)]))
+        for _ in range(100):
+            gauges = {k: metric(httpx.get(url + "/metrics").text, f"mossvox_engine_{k}")
+                      for k in ("running", "talker_slots", "codec_slots", "client_open")}
+            if not any(gauges.values()):
+                break
+            time.sleep(0.1)
+        assert not any(gauges.values()), gauges
+        split = await speak(ws, pieces)
+    assert [s.start["sentence_index"] for s in whole.sentences + split.sentences] == [0, 0]
+    assert whole.sentences[0].start["sentence_text"] == REALTIME_TEXT
+    frames = round(0.87 * len(REALTIME_TEXT))  # the cpu profile forces the length from the text
+    assert len(whole.audio) == len(split.audio) == frames * SAMPLES_PER_FRAME * 2
+    assert whole.audio == split.audio
+    assert split.done == {"type": "session.done", "utterance_index": 2, "total_sentences": 1}

@@ -105,3 +105,34 @@ def test_audio_eos_in_codebook_0_stops_and_max_new_frames_is_length(processor):
     events = runner.step()
     assert len(events) == 1 and events[0].codes is None and events[0].finished and events[0].reason == "stop"
     assert runner.num_running() == 0
+
+
+def test_text_fed_while_it_speaks_gives_the_upstream_frames(processor):
+    """The request opens with its first 12 tokens; the last two come one by one, some idle steps
+    after it paused for each; then the final feed. The frames are upstream's, with pauses."""
+    g = golden("plain")
+    ids = processor.text_ids(TEXT)
+    assert len(ids) == 14
+    runner = RealtimeRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64)
+    params = SamplingParams(greedy=True, temperature=0.0, repetition_penalty=1.1, max_new_frames=13)
+    runner.add(7, processor.prompt_of_ids(ids[:12]), params)
+    runner.open_input(7)
+    frames, paused_after, todo = [], [], [[ids[12]], [ids[13]], []]
+    idle = 0
+    for _ in range(60):
+        events = runner.step()
+        if not events and todo:
+            idle += 1
+            if idle > 2:  # steps while it waits make nothing
+                runner.feed(7, processor.text_rows(todo.pop(0)), final=not todo)
+                idle = 0
+        for e in events:
+            frames.append(e.codes)
+            if e.paused:
+                paused_after.append(len(frames))
+        if runner.num_running() == 0:
+            break
+    # the prefill frame needs no new text; each later frame takes one token: it pauses after
+    # frame 1 (no token left), then after frame 2, and with the final feed it runs to the end
+    assert paused_after == [1, 2, 3]
+    np.testing.assert_array_equal(np.stack(frames), g["generated_frames_rep_penalty_1_1"])

@@ -289,3 +289,50 @@ def test_backbone_graphs_need_both_profile_switches_and_cuda() -> None:
     assert not graphs("cuda", "talker.backbone_graphs=false")
     assert not graphs("cuda", "talker.cuda_graphs=false")
     assert not graphs("cpu")
+
+
+def test_realtime_text_arriving_while_it_speaks_gives_the_frames_of_the_whole_text(checkpoints, profile) -> None:
+    """The talker loop over the real Realtime runner: the request is submitted with its first
+    tokens and open input, pauses when they run out (its frames flushed to the codec, the loop
+    idle), takes the rest in `Feed` records, and makes the frames of the whole text up front."""
+    from ipc.messages import Feed
+
+    variant = variant_of(checkpoints, "realtime", profile)
+    text = "Realtime speaks while the text is still being written, one word after the other."
+    job = dict(sampling={"seed": 5})
+    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
+    try:
+        whole = np.concatenate([c for *_, c in rig.chunks_until_done(variant.build_request(speech_job(text, **job)), 1)])
+        stream = variant.open_text_stream(speech_job("", **job))
+        parts = [text[:34], text[34:60], text[60:]]
+        stream.push(parts[0])
+        request = stream.request()
+        assert request is not None  # 12 tokens are there
+        rig.inbox.send(Submit(rid=2, client=0, sampling=request.sampling, open_input=True), request.payload())
+        got, pauses = [], 0
+        for part in [*parts[1:], None]:
+            for _ in range(200):  # until it pauses: the loop has nothing left to do
+                rig.loop.step()
+                while (rec := rig.codes.try_recv()) is not None:
+                    with rec:
+                        got.append(payload_array(rec, np.int64, rig.n_vq))
+                if not rig.loop.has_work():
+                    break
+            assert not rig.loop.has_work() and rig.runner.num_running() == 1  # paused, not ended
+            pauses += 1
+            if part is None:
+                stream.end()
+            else:
+                stream.push(part)
+            final = part is None
+            rig.inbox.send(Feed(rid=2, final=final, forced_frames=stream.forced_frames() if final else None),
+                           stream.take_rows())
+        while rig.runner.num_running() or rig.loop.has_work():
+            rig.loop.step()
+        while (rec := rig.codes.try_recv()) is not None:
+            with rec:
+                got.append(payload_array(rec, np.int64, rig.n_vq))
+    finally:
+        rig.close()
+    assert pauses == 3
+    np.testing.assert_array_equal(np.concatenate(got), whole)

@@ -68,10 +68,20 @@ class RealtimeProcessor(PromptProcessor):
 
     def build_prompt(self, text: str, *, reference: np.ndarray | None = None) -> np.ndarray:
         """Prefill rows followed by one row per remaining text token (see module docstring)."""
-        text_rows = self._rows(self.text_ids(text))
-        n_prefill = min(PREFILL_TEXT_TOKENS, len(text_rows))
-        text_rows[n_prefill - 1, 1] = self.config.audio_bos
-        return np.concatenate([self.prompt_rows(reference), text_rows])
+        return self.prompt_of_ids(self.text_ids(text), reference=reference)
+
+    def prompt_of_ids(self, ids: list[int], *, reference: np.ndarray | None = None) -> np.ndarray:
+        """`build_prompt` of text already tokenized (`ids`, at least one)."""
+        if not ids:
+            raise ValueError("Realtime needs non-empty text")
+        rows = self.text_rows(ids)
+        n_prefill = min(PREFILL_TEXT_TOKENS, len(rows))
+        rows[n_prefill - 1, 1] = self.config.audio_bos
+        return np.concatenate([self.prompt_rows(reference), rows])
+
+    def text_rows(self, ids: list[int]) -> np.ndarray:
+        """Rows `[n, 17]` of text tokens still to stream (what `Feed` records carry)."""
+        return self._rows(ids)
 
 
 def split_prompt(prompt: np.ndarray, audio_bos: int) -> tuple[np.ndarray, list[int]]:

@@ -12,6 +12,13 @@ row) and, after them, the text tokens still to stream. One `step()`:
 The request stops when codebook 0 is the audio EOS (1026; that frame is not emitted), at
 `max_new_frames` ("length"), or after `forced_frames` ("stop"; random weights never emit EOS, and in
 that mode the non-code ids 1024..1026 are banned so every frame is decodable).
+
+Text while it speaks (`open_input`, then `feed`): the request's text arrives in pieces. When a
+frame is sampled and no text token is left while more may come, the frame is emitted with
+`paused` and its next row waits (`held`); the request takes no part in steps until `feed` brings
+text (or says none will come, then `<|text_pad|>` follows). Each row is the same as with the
+whole text up front, and sampling depends only on (seed, frame index), so the frames are too.
+A forced length ends the request only once its input is final.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ class _Realtime:
     params: SamplingParams
     text: list[int]  # text ids still to feed, one per frame
     frames: int = 0
+    forced: int | None = None  # forced length: params.forced_frames, or the final feed's
+    open_input: bool = False  # more text may come (`feed`)
+    held: np.ndarray | None = None  # paused: the last frame's codes, its next row waiting for text
 
 
 class RealtimeRunner(ScheduledRunner):
@@ -72,12 +82,36 @@ class RealtimeRunner(ScheduledRunner):
         prompt = self._checked_prompt(rid, prompt, params)
         prefill, text = split_prompt(prompt, self.config.audio_bos)
         sched = self.scheduler.add(rid, prefill)
-        self._requests[rid] = _Realtime(sched, params, text)
+        self._requests[rid] = _Realtime(sched, params, text, forced=params.forced_frames)
         self.sampling.write(sched.slot, params)
         self.history[sched.slot] = self.config.audio_vocab_size
         self.forced_bans[sched.slot] = params.forced_frames is not None
 
+    def open_input(self, rid: int) -> None:
+        """More text comes later (`feed`): pause when it runs out instead of padding."""
+        self._requests[rid].open_input = True
+
+    def feed(self, rid: int, rows: np.ndarray, *, final: bool, forced_frames: int | None = None) -> None:
+        """Text rows `[n, 1 + n_vq]` (the id in column 0) appended to the request's text; `final`:
+        no more comes (`forced_frames` then replaces a forced length). Unknown rids are ignored."""
+        req = self._requests.get(rid)
+        if req is None:
+            return
+        req.text.extend(int(t) for t in np.asarray(rows).reshape(-1, 1 + self.n_vq)[:, 0])
+        if final:
+            req.open_input = False
+            if req.forced is not None and forced_frames is not None:
+                req.forced = forced_frames
+        if req.held is not None and (req.text or not req.open_input):
+            held, req.held = req.held, None
+            self._next_row(req, held)
+
     # ---- one step (`ScheduledRunner.step`) ------------------------------------------------------
+
+    def step(self) -> list[FrameEvent]:
+        if all(req.held is not None for req in self._requests.values()):
+            return []  # every request waits for text (none at all: nothing to do either)
+        return super().step()
 
     def _sample(self, ready: list[_Realtime], h: torch.Tensor) -> torch.Tensor:
         """Depth loop: h [B, H] -> codes [B, 16] (device)."""
@@ -98,25 +132,39 @@ class RealtimeRunner(ScheduledRunner):
             if i < self.n_vq - 1:
                 x = local.embed_code(i, token)
         codes = torch.stack(out, dim=1)  # [B, 16]
-        self.history[slots, frames % REPETITION_WINDOW] = codes
+        fresh = [i for i, r in enumerate(ready) if r.held is None]  # (see `_advance`)
+        if len(fresh) < len(ready):
+            keep = torch.tensor(fresh, dtype=torch.long).to(dev, non_blocking=True)
+            self.history[slots[keep], frames[keep] % REPETITION_WINDOW] = codes[keep]
+        else:
+            self.history[slots, frames % REPETITION_WINDOW] = codes
         return codes
 
-    def _advance(self, req: _Realtime, codes: np.ndarray) -> FrameEvent:
+    def _advance(self, req: _Realtime, codes: np.ndarray) -> FrameEvent | None:
+        if req.held is not None:  # paused and prefilled again after a preemption: no new frame
+            return None
         rid, p = req.sched.rid, req.params
-        if p.forced_frames is None and codes[0] == self.config.audio_eos:
+        if req.forced is None and codes[0] == self.config.audio_eos:
             self.remove(rid)
             return FrameEvent(rid, None, finished=True, reason="stop")
         req.frames += 1
         reason = None
-        if p.forced_frames is not None and req.frames >= p.forced_frames:
+        if req.forced is not None and req.frames >= req.forced and not req.open_input:
             reason = "stop"
         elif req.frames >= p.max_new_frames:
             reason = "length"
         if reason is not None:
             self.remove(rid)
             return FrameEvent(rid, codes.copy(), finished=True, reason=reason)
+        if req.open_input and not req.text:
+            req.held = codes.copy()
+            return FrameEvent(rid, codes.copy(), paused=True)
+        self._next_row(req, codes)
+        return FrameEvent(rid, codes.copy())
+
+    def _next_row(self, req: _Realtime, codes: np.ndarray) -> None:
+        """The row after a frame: the next text token (or the text pad) beside its codes."""
         row = np.empty(1 + self.n_vq, dtype=np.int64)
         row[0] = req.text.pop(0) if req.text else self.config.text_pad
         row[1:] = codes
         req.sched.rows.append(row)
-        return FrameEvent(rid, codes.copy())

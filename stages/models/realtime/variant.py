@@ -2,7 +2,8 @@
 first frame.
 
 The request adapter: `input` is the text to speak; an optional reference (`ref_codes`, one clip)
-becomes the voice-timbre context block. Realtime has no continuation mode, instruction or
+becomes the voice-timbre context block. Its text may also arrive while it speaks
+(`open_text_stream`), as the model was built for. Realtime has no continuation mode, instruction or
 language field and takes one reference: a request that sets `ref_text`, `instructions`,
 `language` or several references is refused with an `AdapterError` (HTTP 400) that says so,
 rather than silently ignored. Sampling defaults: upstream's (docs/models.md, "Realtime").
@@ -15,7 +16,7 @@ from speech.sampling import SamplingParams
 from stages.models.realtime.config import RealtimeConfig
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.runtime.talker_runner import TalkerRunner
-from stages.variant import AdapterError, CheckpointRecipe, Size, TalkerRequest, Variant
+from stages.variant import AdapterError, CheckpointRecipe, Size, TalkerRequest, TextStream, Variant
 
 # upstream inferencer defaults; max_length 5000 as infer.py (the class default is 1000)
 SAMPLING_DEFAULTS = SamplingParams(temperature=0.8, top_p=0.6, top_k=30, repetition_penalty=1.1,
@@ -31,19 +32,14 @@ class RealtimeVariant(Variant):
     sampling_defaults = SAMPLING_DEFAULTS
     processor_class = RealtimeProcessor
     processor: RealtimeProcessor
+    takes_text_while_speaking = True
 
     def codebooks(self) -> int:
         return RealtimeConfig.from_dict(self.config).rvq
 
     def build_request(self, job: SpeechJob) -> TalkerRequest:
         """Prompt (prefill rows, then one row per text token still to stream) and sampling."""
-        for field, why in (("ref_text", "it has no continuation mode; send ref_audio alone to clone a voice"),
-                           ("instructions", "it has no instruction field"),
-                           ("language", "it has no language field")):
-            if getattr(job, field):
-                raise AdapterError(f"MOSS-TTS-Realtime does not take {field}: {why}")
-        if job.extra_ref_codes:
-            raise AdapterError("MOSS-TTS-Realtime takes one reference clip (ref_audio), not several")
+        self._check_fields(job)
         if not job.text or not job.text.strip():
             raise AdapterError("input text is required")
         try:
@@ -51,6 +47,23 @@ class RealtimeVariant(Variant):
         except ValueError as e:  # bad reference codes, text that tokenizes to nothing
             raise AdapterError(str(e)) from None
         return TalkerRequest(prompt, self.resolve_sampling(job))  # the reference is voice context, no prime
+
+    def open_text_stream(self, job: SpeechJob) -> TextStream:
+        """Text while it speaks (`stages.models.realtime.text_stream`): the request starts once its
+        first 12 tokens are there, later tokens are fed to it as they come."""
+        from stages.models.realtime.text_stream import RealtimeTextStream
+
+        self._check_fields(job)
+        return RealtimeTextStream(self, job)
+
+    def _check_fields(self, job: SpeechJob) -> None:
+        for field, why in (("ref_text", "it has no continuation mode; send ref_audio alone to clone a voice"),
+                           ("instructions", "it has no instruction field"),
+                           ("language", "it has no language field")):
+            if getattr(job, field):
+                raise AdapterError(f"MOSS-TTS-Realtime does not take {field}: {why}")
+        if job.extra_ref_codes:
+            raise AdapterError("MOSS-TTS-Realtime takes one reference clip (ref_audio), not several")
 
     def make_talker_runner(self, device: str) -> TalkerRunner:
         from stages.models.realtime.runner import RealtimeRunner

@@ -1,0 +1,150 @@
+"""Speaking a session's utterances with a model that takes text while it speaks (Realtime).
+
+No sentence waits: each utterance is one request (`EngineClient.open_speech`), submitted once its
+first words are there (the model's prefill, 12 tokens) and fed every later piece of text as it
+arrives; `input.done` ends its text and it finishes speaking. The utterance is reported as one
+sentence: `audio.start` (with the text received by then) before its first audio, `audio.done`
+and `session.done` after it. Utterances are spoken in order; a later one may already be
+generating (its text arrived) while an earlier one streams, its audio held until its turn.
+
+The same interface as `SentencePipeline` for the session: `push`, `end`, `close`, `busy`,
+`idle`, `buffered`, `has_text`, `speaking_at`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from api.errors import ApiError
+from api.stream_output import Outbound, PeerGone
+from api.stream_pipeline import speak
+from api.stream_protocol import session_done
+from api.stream_settings import SessionSettings
+from engine.client import EngineFailed, EngineRejected
+from engine.open_speech import OpenSpeech
+
+
+@dataclass(eq=False)
+class _Utterance:
+    index: int
+    speech: OpenSpeech
+    started_at: float | None = None  # when its text got the request submitted
+
+
+class IncrementalPipeline:
+    def __init__(self, client, out: Outbound, settings: SessionSettings, metrics) -> None:
+        self.client, self.out, self.settings, self.metrics = client, out, settings, metrics
+        self._current: _Utterance | None = None  # receiving text
+        self._all: list[_Utterance] = []         # queued or speaking, in order
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._speaking: _Utterance | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._task = asyncio.get_running_loop().create_task(self._speak_loop())
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._all)
+
+    @property
+    def buffered(self) -> str:
+        """Text of the utterance receiving text that nothing has spoken yet."""
+        u = self._current
+        return "" if u is None or u is self._speaking else u.speech.stream.text
+
+    @property
+    def has_text(self) -> bool:
+        return self._current is not None and bool(self._current.speech.stream.text.strip())
+
+    @property
+    def speaking_at(self) -> tuple[int, int] | None:
+        return None if self._speaking is None else (self._speaking.index, 0)
+
+    def push(self, utterance: int, text: str, now: float) -> None:
+        u = self._open(utterance)
+        _engine_call(u.speech.push, text)
+        if u.started_at is None and u.speech.submitted:
+            u.started_at = now
+
+    def end(self, utterance: int) -> None:
+        u = self._open(utterance)
+        _engine_call(u.speech.end)
+        if u.started_at is None and u.speech.submitted:
+            u.started_at = time.perf_counter()
+        self._current = None
+
+    async def close(self) -> None:
+        """Stop now: every request in flight is aborted, nothing more is sent."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        for u in self._all:
+            u.speech.abandon()  # those chunks() never read; the one read was closed by the cancel
+        self._all.clear()
+        self._current = None
+        self.idle.set()
+
+    def _open(self, utterance: int) -> _Utterance:
+        if self._current is None:
+            speech = _engine_call(self.client.open_speech, self.settings.job(""))
+            self._current = _Utterance(utterance, speech)
+            self._all.append(self._current)
+            self.idle.clear()
+            self._queue.put_nowait(self._current)
+        return self._current
+
+    async def _speak_loop(self) -> None:
+        while True:
+            u = await self._queue.get()
+            self._speaking = u
+            try:
+                spoken = await self._speak(u)
+                await self.out.send_json(session_done(u.index, 1 if spoken else 0))
+                self.metrics.stream_utterances.inc()
+            except PeerGone:
+                return
+            finally:
+                self._speaking = None
+                self._all.remove(u)
+                if not self._all:
+                    self.idle.set()
+
+    async def _speak(self, u: _Utterance) -> bool:
+        """The utterance's audio as one sentence; False when it had no text at all."""
+        chunks = u.speech.chunks()
+        first = await _first(chunks)
+        if first is None:
+            return False
+
+        async def items():
+            yield first
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            except (EngineRejected, EngineFailed, ValueError) as exc:
+                yield exc
+
+        await speak(self.out, self.settings, self.metrics, items(), utterance=u.index, index=0,
+                    text=lambda: u.speech.stream.text.strip(), first_audio_from=u.started_at)
+        return True
+
+
+async def _first(chunks):
+    """The first item of `chunks`: a chunk, the engine error it ended with, or None (no text)."""
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None
+    except (EngineRejected, EngineFailed, ValueError) as exc:
+        return exc
+
+
+def _engine_call(call, *args):
+    """`call(*args)` with the engine's refusals as client-visible errors."""
+    try:
+        return call(*args)
+    except EngineFailed as exc:
+        raise ApiError(503, f"the engine cannot take text now: {exc}", code="engine_failed") from None
+    except ValueError as exc:  # the variant refuses the session's fields
+        raise ApiError(400, str(exc)) from None
