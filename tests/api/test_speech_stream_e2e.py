@@ -228,3 +228,43 @@ def test_a_vllm_omni_style_client_works_unchanged(server, tmp_path):
     assert saved[0]["bytes"] == frames("Hi there. How are you today?") * BYTES_PER_FRAME
     assert all(s["bytes"] == s["total_bytes"] == (out / s["file"]).stat().st_size and not s["error"]
                for s in saved)
+
+
+def test_demo_page_type_as_you_go_in_headless_chromium(server, tmp_path):
+    """Typed a character at a time into the page's "type as you go" box, the first sentence is
+    heard (the page's player runs) before Done is pressed; Done speaks the rest."""
+    from tests.api.cdp_pipe import Chromium, find_chromium
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium) - demo page not exercised")
+    browser = Chromium(binary)
+    typed = "The page speaks this first sentence as it is typed. Then the rest"
+    try:
+        browser.open_page(server.url + "/")
+        deadline = time.monotonic() + 30
+        while browser.evaluate("document.readyState") != "complete" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        browser.evaluate("""(() => { const text = %s; let i = 0; const box = document.getElementById('live');
+            const next = () => { if (i >= text.length) return; box.value += text[i++];
+                                 box.dispatchEvent(new Event('input')); setTimeout(next, 15); };
+            next(); })()""" % json.dumps(typed))
+        state = {}
+        while time.monotonic() < deadline:
+            state = json.loads(browser.evaluate("JSON.stringify(document.body.dataset)"))
+            if state.get("liveState") == "error" or float(state.get("playerTime", 0)) > 0.3:
+                break
+            time.sleep(0.1)
+        before_done = dict(state)
+        browser.evaluate("document.getElementById('livedone').click()")
+        while time.monotonic() < deadline:
+            state = json.loads(browser.evaluate("JSON.stringify(document.body.dataset)"))
+            if state.get("liveState") in ("done", "error"):
+                break
+            time.sleep(0.1)
+        (tmp_path / "live.png").write_bytes(browser.screenshot())
+    finally:
+        browser.close()
+    assert before_done.get("liveState") == "speaking", before_done
+    assert int(before_done["liveBytes"]) > 0 and float(before_done["playerTime"]) > 0  # heard before Done
+    assert state["liveState"] == "done" and int(state["liveSentences"]) == 2, state
