@@ -14,6 +14,7 @@ The same interface as `SentencePipeline` for the session: `push`, `end`, `close`
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ from api.stream_protocol import session_done
 from api.stream_settings import SessionSettings
 from engine.client import EngineFailed, EngineRejected
 from engine.open_speech import OpenSpeech
+
+log = logging.getLogger("mossvox.api")
 
 
 @dataclass(eq=False)
@@ -46,7 +49,9 @@ class IncrementalPipeline:
 
     @property
     def busy(self) -> bool:
-        return bool(self._all)
+        """An utterance whose text has ended is still to be spoken (the one receiving text waits
+        for the client, which the idle timeout bounds)."""
+        return any(u is not self._current for u in self._all)
 
     @property
     def buffered(self) -> str:
@@ -104,6 +109,8 @@ class IncrementalPipeline:
                 self.metrics.stream_utterances.inc()
             except PeerGone:
                 return
+            except Exception:  # a bug must not leave the session waiting forever
+                log.exception("speech session: utterance %d failed", u.index)
             finally:
                 self._speaking = None
                 self._all.remove(u)

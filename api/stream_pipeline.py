@@ -190,6 +190,8 @@ class SentencePipeline:
                         self._room.release()
             except PeerGone:
                 return  # the session sees the disconnect and closes this pipeline
+            except Exception:  # a bug must not leave the session waiting forever
+                log.exception("speech session: speaking failed")
             finally:
                 self._pending -= 1
                 if self._pending == 0:

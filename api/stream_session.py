@@ -72,7 +72,7 @@ class SpeechSession:
     # ---- messages --------------------------------------------------------------------------
 
     async def _configure(self, body: dict) -> None:
-        if self.busy or (self.pipeline is not None and self.pipeline.buffered.strip()):
+        if self.busy or (self.pipeline is not None and self.pipeline.has_text):
             raise bad_request("session.config cannot change a session while text is buffered or "
                               "being spoken: send input.done (or input.cancel) and wait for "
                               "session.done first", code="session_busy")
