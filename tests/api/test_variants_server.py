@@ -217,3 +217,16 @@ async def test_realtime_over_the_websocket_takes_text_while_it_speaks(servers):
     assert len(whole.audio) == len(split.audio) == frames * SAMPLES_PER_FRAME * 2
     assert whole.audio == split.audio
     assert split.done == {"type": "session.done", "utterance_index": 2, "total_sentences": 1}
+
+
+async def test_the_delay_family_over_the_websocket_speaks_sentence_by_sentence(servers):
+    """A whole-text family with no continuation: each sentence is one request, spoken in order."""
+    from tests.api.stream_client import connect, speak
+
+    texts = ["The delay model speaks this first.", "Then this second sentence comes."]
+    async with connect(servers["delay"].url) as ws:
+        got = await speak(ws, [" ".join(texts)], response_format="pcm", seed=3)
+    assert [s.start["sentence_text"] for s in got.sentences] == texts
+    for s, text in zip(got.sentences, texts):
+        assert (s.start["sample_rate"], s.start["channels"]) == (24000, 1)
+        assert len(s.audio) == round(0.87 * len(text)) * SAMPLES_PER_FRAME * 2 == s.done["total_bytes"]
