@@ -60,8 +60,7 @@ async def load_settings(body: dict, state) -> SessionSettings:
     """A `session.config` body → settings; `ApiError` for anything the request would refuse."""
     fields = session_fields(body)
     req, client = fields.request, state.client
-    check_request(req, model_names=state.model_names, max_input_chars=state.profile.api.max_input_chars,
-                  sample_rate=client.sample_rate)
+    check_request(req, model_names=state.model_names, limits=state.limits, sample_rate=client.sample_rate)
     voice = await resolve_voice(req, state)
     settings = SessionSettings(fields, voice, client.sample_rate, client.channels,
                                req.sample_rate or client.sample_rate)

@@ -176,7 +176,7 @@ class EngineClient:
                     finished = True
                     raise item
                 if isinstance(item, np.ndarray):  # the codes of the chunk that follows
-                    codes = item
+                    codes = item if codes is None else np.concatenate([codes, item])
                     continue
                 if codes is not None:
                     item.codes, codes = codes, None
