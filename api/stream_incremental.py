@@ -107,7 +107,8 @@ class IncrementalPipeline:
                 spoken = await self._speak(u)
                 await self.out.send_json(session_done(u.index, 1 if spoken else 0))
                 self.metrics.stream_utterances.inc()
-            except PeerGone:
+            except PeerGone:  # nothing more can be spoken; the session closes this pipeline
+                self.idle.set()
                 return
             except Exception:  # a bug must not leave the session waiting forever
                 log.exception("speech session: utterance %d failed", u.index)

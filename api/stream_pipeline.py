@@ -188,8 +188,9 @@ class SentencePipeline:
                         self.speaking = None
                         self._live.discard(item)
                         self._room.release()
-            except PeerGone:
-                return  # the session sees the disconnect and closes this pipeline
+            except PeerGone:  # nothing more can be spoken; the session closes this pipeline
+                self.idle.set()
+                return
             except Exception:  # a bug must not leave the session waiting forever
                 log.exception("speech session: speaking failed")
             finally:

@@ -4,8 +4,10 @@ cpu profile) and real WebSocket clients on loopback.
 Text sent a few characters at a time speaks the same audio as one message; the first sentence is
 heard before input.done; input.cancel stops the audio and frees every stage; one session speaks
 several utterances; bad messages get an error frame and the session goes on; a client written
-for vLLM-Omni's protocol works unchanged. Random weights: the audio is noise, its length is
-forced from the text (cpu profile), and the same seed gives the same audio.
+for vLLM-Omni's protocol works unchanged; the demo page's "type as you go" mode is heard before
+Done. Random weights: the audio is noise, its length is forced from the text (cpu profile), and
+the same seed gives the same audio. Realtime and the Delay family over the WebSocket:
+`tests/api/test_variants_server.py`.
 """
 
 from __future__ import annotations
