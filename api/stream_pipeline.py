@@ -215,7 +215,7 @@ async def speak(out: Outbound, settings: SessionSettings, metrics, items, *, utt
     `AudioChunk`s (or the engine error that ended it); `text()` is its text when audio starts;
     with `first_audio_from` the time from then to its first audio frame is recorded."""
     await out.send_json(audio_start(utterance, index, text(), settings.response_format,
-                                    settings.out_rate, settings.channels))
+                                    settings.out_rate, settings.out_channels))
     encoder = settings.encoder()
     total, samples, held, reason, error = 0, 0, [], None, False
 

@@ -1,7 +1,8 @@
 """A session's settings: its `session.config` checked, its voice resolved, its output planned.
 
 Built once per `session.config` (the voice's reference audio is decoded and encoded then, through
-the shared code cache), then used for every sentence: `job(text)` is the engine request of one
+the shared code cache; the output layout is the speech request's: `pcm` in OpenAI's 24 kHz mono
+unless `sample_rate`/`channels` or `api.pcm_layout` say otherwise), then used for every sentence: `job(text)` is the engine request of one
 piece of text and `encoder()` a fresh audio encoder for it. A config the model cannot serve is
 refused here, before any text is spoken (the variant builds a probe request).
 """
@@ -14,7 +15,7 @@ import numpy as np
 
 from api.audio_encoding import AudioEncoder, make_encoder
 from api.errors import bad_request
-from api.speech_job import ResolvedVoice, check_request, resolve_voice, sampling_overrides
+from api.speech_job import ResolvedVoice, check_request, output_plan, resolve_voice, sampling_overrides
 from api.stream_protocol import SessionFields, session_fields
 from speech.job import SpeechJob
 
@@ -25,7 +26,8 @@ class SessionSettings:
     voice: ResolvedVoice
     sample_rate: int      # the model's
     channels: int
-    out_rate: int         # what the client gets
+    out_rate: int         # what the client gets (the speech request's output layout)
+    out_channels: int
 
     @property
     def response_format(self) -> str:
@@ -53,7 +55,7 @@ class SessionSettings:
     def encoder(self) -> AudioEncoder:
         req = self.fields.request
         return make_encoder(req.response_format, self.sample_rate, self.channels, streaming=True,
-                            speed=req.speed, out_rate=self.out_rate)
+                            speed=req.speed, out_rate=self.out_rate, out_channels=self.out_channels)
 
 
 async def load_settings(body: dict, state) -> SessionSettings:
@@ -61,9 +63,11 @@ async def load_settings(body: dict, state) -> SessionSettings:
     fields = session_fields(body)
     req, client = fields.request, state.client
     check_request(req, model_names=state.model_names, limits=state.limits, sample_rate=client.sample_rate)
+    plan = output_plan(req, native_rate=client.sample_rate, native_channels=client.channels,
+                       pcm_layout=state.profile.api.pcm_layout)
     voice = await resolve_voice(req, state)
-    settings = SessionSettings(fields, voice, client.sample_rate, client.channels,
-                               req.sample_rate or client.sample_rate)
+    settings = SessionSettings(fields, voice, client.sample_rate, client.channels, plan.sample_rate,
+                               plan.channels)
     try:
         settings.encoder()
     except ValueError as exc:

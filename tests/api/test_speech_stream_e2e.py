@@ -29,10 +29,12 @@ from tests.api.server_process import REPO, ServerProcess
 from tests.api.stream_client import (SpokenSentence, Utterance, connect, next_event, read_utterance, send,
                                      speak, ws_url)
 
-BYTES_PER_FRAME = 3840 * 2 * 2  # 48 kHz stereo s16: 80 ms
+BYTES_PER_FRAME = 3840 * 2 * 2  # the model's 48 kHz stereo s16: 80 ms
 TEXT = ("The first sentence is complete here. A second one follows, with a comma! "
         "And a third one ends the story.")
-CONFIG = {"response_format": "pcm", "seed": 11, "split_granularity": "sentence"}
+# the model's own layout (pcm is OpenAI's 24 kHz mono unless asked), so lengths are exact
+CONFIG = {"response_format": "pcm", "sample_rate": 48000, "channels": 2, "seed": 11,
+          "split_granularity": "sentence"}
 
 
 @pytest.fixture(scope="module")
@@ -226,8 +228,10 @@ def test_a_vllm_omni_style_client_works_unchanged(server, tmp_path):
     saved = [json.loads(line) for line in run.stdout.splitlines()]
     assert [s["file"] for s in saved] == ["utterance_000_sentence_000.pcm",
                                          "utterance_001_sentence_000.pcm"]
-    # "Hi there." is shorter than a sentence's minimum (stream.min_segment_chars): it joins the next
-    assert saved[0]["bytes"] == frames("Hi there. How are you today?") * BYTES_PER_FRAME
+    # "Hi there." is shorter than a sentence's minimum (stream.min_segment_chars): it joins the
+    # next; pcm comes in OpenAI's 24 kHz mono s16, as vLLM-Omni's clients assume
+    seconds = saved[0]["bytes"] / (24000 * 2)
+    assert abs(seconds - frames("Hi there. How are you today?") * 0.08) < 0.01
     assert all(s["bytes"] == s["total_bytes"] == (out / s["file"]).stat().st_size and not s["error"]
                for s in saved)
 
