@@ -17,7 +17,8 @@ Rules (English and Chinese at least):
   end a sentence.
 - a segment that grows past `max_chars` without a boundary is cut at its last whitespace before
   the limit (or at the limit).
-- granularity "none": no cuts; everything up to `flush` is one segment.
+- granularity "none": no cuts but that one; everything up to `flush` is one segment unless it
+  grows past `max_chars` (no segment is ever longer than a speech request may be).
 """
 
 from __future__ import annotations
@@ -58,8 +59,6 @@ class Segmenter:
     def push(self, text: str) -> list[str]:
         """Add `text`; the segments it completes, in order (stripped, never empty)."""
         self._buffer += text
-        if self.granularity == "none":
-            return []
         out: list[str] = []
         while True:
             cut = self._next_cut()
@@ -104,6 +103,8 @@ class Segmenter:
     def _boundary_end(self, text: str, i: int) -> int | None:
         """If a segment ends with the mark at `i`: where the segment ends (past closers and
         whitespace); 0 when `i` is no boundary; None when the next character is still to come."""
+        if self.granularity == "none":
+            return 0
         c = text[i]
         if c == "\n":
             return i + 1

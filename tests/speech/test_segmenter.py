@@ -50,6 +50,14 @@ def test_none_keeps_everything_until_the_flush():
     assert segments(STORY, "none") == [STORY.strip()]
 
 
+def test_none_still_cuts_a_text_longer_than_the_maximum():
+    text = "A very long answer, with no end in sight; " * 5
+    got = segments(text, "none", max_chars=100)
+    assert len(got) > 1 and all(len(s) <= 100 for s in got) and " ".join(got).split() == text.split()
+    rng = random.Random(4)
+    assert segments(text, "none", [rng.randint(1, 5) for _ in text], max_chars=100) == got
+
+
 @pytest.mark.parametrize("granularity", ["sentence", "clause", "none"])
 def test_pieces_of_one_to_five_characters_give_the_same_segments(granularity):
     whole = segments(STORY, granularity)
