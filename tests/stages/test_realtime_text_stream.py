@@ -80,6 +80,20 @@ def test_stable_cut():
     assert stable_cut("cafe\u0301 x") == 0  # never between "e" and its combining accent
 
 
+def test_a_long_word_a_character_at_a_time_costs_linear_time(variant):
+    """No boundary in 30 000 characters sent one by one: each push looks at the new text only
+    (a rescan of everything not yet tokenized, per push, would take minutes here)."""
+    import time
+
+    text = "An " + "x" * 30_000 + " done, and a few words more to make twelve tokens."
+    started = time.perf_counter()
+    prompt, fed = streamed_ids(variant, text, [1] * len(text))
+    assert time.perf_counter() - started < 5.0
+    whole = variant.build_request(speech_job(text)).prompt
+    np.testing.assert_array_equal(prompt, whole[: len(prompt)])  # still the whole text's ids
+    assert [int(t) for t in whole[len(prompt):, 0]] == fed
+
+
 def test_fields_it_cannot_take_are_refused(variant):
     with pytest.raises(AdapterError, match="language"):
         variant.open_text_stream(speech_job("", language="English"))

@@ -22,13 +22,15 @@ from stages.models.realtime.config import PREFILL_TEXT_TOKENS
 from stages.variant import TalkerRequest
 
 
-def stable_cut(text: str) -> int:
+def stable_cut(text: str, start: int = 1) -> int:
     """Length of the longest prefix of `text` whose tokens cannot change whatever follows: up to
     the last letter or digit that whitespace or punctuation follows. Qwen's byte-level BPE
     pre-tokenizer (the regex of `tokenizer.json`) always has a piece boundary there, and a piece
     that starts there reads only what follows it, so the prefix tokenized alone gives the same
-    ids as inside the whole text. A combining mark (category M) is no boundary: it may compose."""
-    for i in range(len(text) - 1, 0, -1):
+    ids as inside the whole text. A combining mark (category M) is no boundary: it may compose.
+    Only cuts at `start` or later are looked for (text before it is known to hold none), so
+    text arriving a character at a time costs linear time, not quadratic."""
+    for i in range(len(text) - 1, max(start, 1) - 1, -1):
         if text[i - 1].isalnum() and (text[i].isspace() or unicodedata.category(text[i])[0] in "PS"):
             return i
     return 0
@@ -48,8 +50,9 @@ class RealtimeTextStream:
 
     def push(self, text: str) -> None:
         self.text += text
+        known = len(self._untokenized)  # no cut in it: the last push cut off every one
         self._untokenized += text
-        cut = stable_cut(self._untokenized)
+        cut = stable_cut(self._untokenized, start=max(1, known))
         if cut:
             self._ids += self._processor.tokenizer.encode(self._untokenized[:cut])
             self._untokenized = self._untokenized[cut:]
