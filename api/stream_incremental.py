@@ -4,8 +4,10 @@ No sentence waits: each utterance is one request (`EngineClient.open_speech`), s
 first words are there (the model's prefill, 12 tokens) and fed every later piece of text as it
 arrives; `input.done` ends its text and it finishes speaking. The utterance is reported as one
 sentence: `audio.start` (with the text received by then) before its first audio, `audio.done`
-and `session.done` after it. Utterances are spoken in order; a later one may already be
-generating (its text arrived) while an earlier one streams, its audio held until its turn.
+and `session.done` after it. Utterances are spoken in order; the one after the utterance being
+spoken may already be generating (its text arrived) while that one streams, its audio held until
+its turn. Later ones keep their text in the API process and are submitted as their turn nears,
+so a session holds at most two requests in the engine however many utterances it queues.
 
 The same interface as `SentencePipeline` for the session: `push`, `end`, `close`, `busy`,
 `idle`, `buffered`, `has_text`, `speaking_at`.
@@ -14,13 +16,14 @@ The same interface as `SentencePipeline` for the session: `push`, `end`, `close`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
 from api.errors import ApiError
 from api.stream_output import Outbound, PeerGone
-from api.stream_pipeline import speak
+from api.stream_pipeline import LOOKAHEAD, speak
 from api.stream_protocol import session_done
 from api.stream_settings import SessionSettings
 from engine.client import EngineFailed, EngineRejected
@@ -43,6 +46,7 @@ class IncrementalPipeline:
         self._all: list[_Utterance] = []         # queued or speaking, in order
         self._queue: asyncio.Queue = asyncio.Queue()
         self._speaking: _Utterance | None = None
+        self._closing = False
         self.idle = asyncio.Event()
         self.idle.set()
         self._task = asyncio.get_running_loop().create_task(self._speak_loop())
@@ -82,6 +86,7 @@ class IncrementalPipeline:
 
     async def close(self) -> None:
         """Stop now: every request in flight is aborted, nothing more is sent."""
+        self._closing = True  # nothing held is submitted any more
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         for u in self._all:
@@ -92,7 +97,9 @@ class IncrementalPipeline:
 
     def _open(self, utterance: int) -> _Utterance:
         if self._current is None:
-            speech = _engine_call(self.client.open_speech, self.settings.job(""))
+            in_engine = sum(not u.speech.held for u in self._all)
+            speech = _engine_call(self.client.open_speech, self.settings.job(""),
+                                  held=in_engine >= 1 + LOOKAHEAD)
             self._current = _Utterance(utterance, speech)
             self._all.append(self._current)
             self.idle.clear()
@@ -115,12 +122,26 @@ class IncrementalPipeline:
             finally:
                 self._speaking = None
                 self._all.remove(u)
+                self._release_next()
                 if not self._all:
                     self.idle.set()
 
+    def _release_next(self) -> None:
+        """Submit the next held utterance, now that one left the engine."""
+        u = next((u for u in self._all if u.speech.held), None)
+        if u is None or self._closing:
+            return
+        u.speech.release()  # an engine that cannot take it: its chunks() raises why
+        if u.started_at is None and u.speech.submitted:
+            u.started_at = time.perf_counter()
+
     async def _speak(self, u: _Utterance) -> bool:
-        """The utterance's audio as one sentence; False when it had no text at all."""
-        chunks = u.speech.chunks()
+        """The utterance's audio as one sentence; False when it had no text at all. However it
+        ends (the peer gone, too), its request is closed: aborted in both workers if unfinished."""
+        async with contextlib.aclosing(u.speech.chunks()) as chunks:
+            return await self._speak_chunks(u, chunks)
+
+    async def _speak_chunks(self, u: _Utterance, chunks) -> bool:
         first = await _first(chunks)
         if first is None:
             return False
@@ -148,10 +169,10 @@ async def _first(chunks):
         return exc
 
 
-def _engine_call(call, *args):
-    """`call(*args)` with the engine's refusals as client-visible errors."""
+def _engine_call(call, *args, **kwargs):
+    """`call(*args, **kwargs)` with the engine's refusals as client-visible errors."""
     try:
-        return call(*args)
+        return call(*args, **kwargs)
     except EngineFailed as exc:
         raise ApiError(503, f"the engine cannot take text now: {exc}", code="engine_failed") from None
     except ValueError as exc:  # the variant refuses the session's fields

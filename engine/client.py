@@ -149,11 +149,12 @@ class EngineClient:
             async for chunk in chunks:
                 yield chunk
 
-    def open_speech(self, job: SpeechJob) -> OpenSpeech:
+    def open_speech(self, job: SpeechJob, *, held: bool = False) -> OpenSpeech:
         """A request whose text arrives while it speaks (`engine.open_speech.OpenSpeech`: `push`,
         `end`, `chunks()`); for variants that `takes_text_while_speaking`. `job.text` is ignored;
-        `AdapterError` (a ValueError) for fields the variant cannot serve."""
-        return OpenSpeech(self, self.variant.open_text_stream(job), job)
+        `AdapterError` (a ValueError) for fields the variant cannot serve. `held`: not submitted
+        before `release()`."""
+        return OpenSpeech(self, self.variant.open_text_stream(job), job, held=held)
 
     def _submit(self, request: TalkerRequest, job: SpeechJob, *, echo_codes: bool = False,
                 open_input: bool = False) -> tuple[int, _Mailbox]:

@@ -6,7 +6,8 @@ talker in a `Feed` record as soon as the stream releases it; `end()` sends the f
 the whole text's forced length). `chunks()` yields the audio as it is made: the request runs,
 pauses when its text runs out and goes on when more comes, in the talker. Closing `chunks()`
 (or `abandon()`, when nobody reads it) before the final chunk aborts it in both workers, like
-`generate`.
+`generate`. Opened `held`, it is not submitted (its text waits in the stream) until `release()`:
+a caller that queues several keeps only the ones it will speak soon in the engine.
 
 Lives in the API process (or the offline caller), next to its `EngineClient`; no model logic:
 the variant's text stream decides what the prompt and the rows are.
@@ -25,14 +26,16 @@ from stages.variant import TextStream
 
 
 class OpenSpeech:
-    def __init__(self, client: Any, stream: TextStream, job: SpeechJob) -> None:
+    def __init__(self, client: Any, stream: TextStream, job: SpeechJob, *, held: bool = False) -> None:
         self._client, self.stream, self._job = client, stream, job
         self.rid: int | None = None
         self._box = None
+        self.held = held
         self._ended = False
-        self._started = asyncio.Event()  # submitted, or ended without any text
+        self._started = asyncio.Event()  # submitted, ended without any text, or failed to submit
         self._reading = False  # chunks() took the request: closing it aborts
         self._abandoned = False
+        self._failure: Exception | None = None  # why a release could not submit it
 
     @property
     def submitted(self) -> bool:
@@ -51,11 +54,32 @@ class OpenSpeech:
             self._ended = True
             self.stream.end()
             self._pump()
-            self._started.set()
+            if not self.held:
+                self._started.set()
+
+    def release(self) -> None:
+        """Submit it (once its stream has a prompt) now that it may run; no-op unless held. An
+        engine that cannot take it (`EngineFailed`) is raised by `chunks()`."""
+        if self.held:
+            self.held = False
+            try:
+                self._pump()
+            except Exception as exc:  # nobody to tell now: the reader of chunks() hears it
+                self._failure = exc
+                self._started.set()
+            if self._ended:
+                self._started.set()
 
     async def chunks(self) -> AsyncIterator:
-        """The audio (`AudioChunk`s) from the first frame on; none when no text ever came."""
-        await self._started.wait()
+        """The audio (`AudioChunk`s) from the first frame on; none when no text ever came.
+        Closed before its final chunk (even before the first), the request is aborted."""
+        try:
+            await self._started.wait()
+        except BaseException:  # closed or cancelled while waiting to start
+            self.abandon()
+            raise
+        if self._failure is not None:
+            raise self._failure
         if self.rid is None or self._abandoned:
             return
         self._reading = True
@@ -70,6 +94,8 @@ class OpenSpeech:
             self._client._forget(self.rid)
 
     def _pump(self) -> None:
+        if self.held:
+            return
         if self.rid is None:
             request = self.stream.request()
             if request is None:
