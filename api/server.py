@@ -212,6 +212,8 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
     app = create_app(profile, connect, codec_id=codec_id)
     config = uvicorn.Config(app, loop="uvloop", lifespan="on", access_log=False,
                             http=header_timeout_protocol(profile.api.header_timeout_s),
+                            # a WebSocket message is bounded like a request body (close 1009)
+                            ws_max_size=profile.api.max_body_bytes,
                             log_level=profile.engine.log_level,
                             timeout_graceful_shutdown=graceful_s(profile))
     uvicorn.Server(config).run(sockets=[sock])

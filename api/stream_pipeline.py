@@ -186,6 +186,8 @@ class SentencePipeline:
                         await self._speak(item)
                     finally:
                         self.speaking = None
+                        if item.task is not None:  # stopped early (peer gone): abort its request
+                            item.task.cancel()
                         self._live.discard(item)
                         self._room.release()
             except PeerGone:  # nothing more can be spoken; the session closes this pipeline

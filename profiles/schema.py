@@ -239,7 +239,8 @@ class ApiConfig(_Section):
         "accepted bearer keys for /v1/*; empty = no authentication")] = ()
     max_input_chars: Annotated[int, doc("longest `input` text accepted", ge=1)] = 4096
     max_body_bytes: Annotated[int, doc(
-        "largest request body accepted (413 beyond)", ge=1024)] = 32 * 1024 * 1024
+        "largest request body accepted (413 beyond), and largest WebSocket message (the socket "
+        "is closed, 1009)", ge=1024)] = 32 * 1024 * 1024
     min_ref_seconds: Annotated[float, doc(
         "shortest reference audio accepted", ge=0)] = 1.0
     max_ref_seconds: Annotated[float, doc(
@@ -285,6 +286,9 @@ class StreamConfig(_Section):
     idle_timeout_s: Annotated[float, doc(
         "a session that sends nothing for this long while nothing is being spoken is closed",
         gt=0)] = 60.0
+    send_timeout_s: Annotated[float, doc(
+        "a client that does not take an event or audio frame for this long (stalled, or reading "
+        "slower than it is spoken to) is dropped and its speech aborted", gt=0)] = 30.0
     max_session_chars: Annotated[int, doc(
         "text one session may send in all; input.text beyond it is refused (error frame)",
         ge=1)] = 100_000
