@@ -20,6 +20,9 @@
 #                                       # high-concurrency with and without talker.prefill_graphs
 #                                       # and talker.capture_ahead (C=128, 64, 1, each level's
 #                                       # first pass shown too; timelines), one server each
+#   bash docs/device_runs.sh lazy       # high-concurrency with talker.prefill_graphs captured on first
+#                                       # use (C=128, 64, 1), then also with the patient codec window
+#                                       # (coalescing.patient_wait_ms 300, min_batch 64; C=128, 64)
 #   bash docs/device_runs.sh codec      # the codec's replay grid and kernel profile: as shipped,
 #                                       # compiled layers, and compiled + ring attention in place;
 #                                       # first its GPU tests
@@ -174,6 +177,22 @@ prefill)
       | grep -vE "_ms_by_index|chunks_by_frames"
   done < "$R/windows.txt"
   cp -r /tmp/tl_off /tmp/tl_on "$R/"
+  ;;
+lazy)
+  checkpoint
+  start_server 8000 lazy --profile high-concurrency --set engine.timeline_dir=/tmp/tl_lazy \
+    --set talker.prefill_graphs=true
+  pair 8000 lazy "128 64 1"
+  stop_server lazy
+  start_server 8001 patient --profile high-concurrency --set engine.timeline_dir=/tmp/tl_patient \
+    --set talker.prefill_graphs=true --set coalescing.patient_wait_ms=300 --set coalescing.min_batch=64
+  pair 8001 patient "128 64"
+  stop_server patient
+  while read -r name c a b; do
+    echo "== timeline of the measured C=$c pass ($name)"
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" \
+      | grep -E "window|pass|step_ms|rows_per|busy|prefill|dispatches|chunks_per_d|decode_ms|admit|first_frame_to|last_frame"
+  done < "$R/windows.txt"
   ;;
 codec)
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_compile.py \
