@@ -23,6 +23,9 @@
 #   bash docs/device_runs.sh lazy       # high-concurrency with talker.prefill_graphs captured on first
 #                                       # use (C=128, 64, 1), then also with the patient codec window
 #                                       # (coalescing.patient_wait_ms 300, min_batch 64; C=128, 64)
+#   bash docs/device_runs.sh codecserve # the codec's compile and ring-attention GPU tests, its replay grid
+#                                       # (B=128, 1 and 15 frames) as shipped and with both, then the
+#                                       # server with both and talker.prefill_graphs (C=128, 64)
 #   bash docs/device_runs.sh codec      # the codec's replay grid and kernel profile: as shipped,
 #                                       # compiled layers, and compiled + ring attention in place;
 #                                       # first its GPU tests
@@ -192,6 +195,25 @@ lazy)
     echo "== timeline of the measured C=$c pass ($name)"
     python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" \
       | grep -E "window|pass|step_ms|rows_per|busy|prefill|dispatches|chunks_per_d|decode_ms|admit|first_frame_to|last_frame"
+  done < "$R/windows.txt"
+  ;;
+codecserve)
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_compile.py \
+    tests/stages/test_codec_ring_attention.py 2>&1 | tail -3
+  for flag in "" "--compile --ring-attention"; do
+    timeout 90 python3 -m bench.codec --version v2 --size full --batches 128 --grid 1,15 --iters 5 $flag 2>&1 \
+      | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -6
+  done
+  wait $CK; cat "$R/checkpoint.txt"
+  start_server 8000 both --profile high-concurrency --set engine.timeline_dir=/tmp/tl_both \
+    --set talker.prefill_graphs=true --set codec.compile=true --set codec.ring_attention=true
+  pair 8000 both "128 64"
+  stop_server both
+  while read -r name c a b; do
+    echo "== timeline of the measured C=$c pass ($name)"
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
   done < "$R/windows.txt"
   ;;
 codec)
