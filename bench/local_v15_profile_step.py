@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill", type=int, nargs="*", default=[],
                     help="also time a step that prefills one new prompt of this many rows next to the B "
                          "decoding requests, and profile it (host and device time by op)")
+    ap.add_argument("--prefill-seqs", type=int, default=1,
+                    help="prompts of --prefill rows each that a probe step prefills at once")
+    ap.add_argument("--prefill-graphs", action="store_true", help="prefill chunks replay PrefillGraphs")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -90,10 +93,11 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     from stages.runtime.attention.backends import make_attention
 
     cfg = model.config
-    spare = sum(p // 16 + 2 for p in args.prefill)  # blocks of the prefill probes
+    spare = sum(p // 16 + 2 for p in args.prefill) * args.prefill_seqs  # blocks of the prefill probes
     r = LocalV15Runner(model, max_running=B + 1, num_kv_blocks=B * (args.context // 16 + 8) + spare,
                        prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
-                       cuda_graphs=graphs, attention=make_attention(attention, "cuda"))
+                       cuda_graphs=graphs, attention=make_attention(attention, "cuda"),
+                       prefill_graphs=graphs and args.prefill_graphs)
     for i in range(B):
         p = np.full((args.context, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
         p[:, 0] = rng.integers(0, 150000, args.context)
@@ -117,27 +121,29 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
         print(f"{tag} local loop + sampling alone (frame graph) {local_ms:7.2f} ms", flush=True)
         print(kernel_table(r.step, args.steps, top=12), flush=True)
     for P in args.prefill:
-        print(prefill_probe(r, P, tag, rng), flush=True)
+        print(prefill_probe(r, P, tag, rng, args.prefill_seqs), flush=True)
     r = None  # frees the runner's KV pool and graphs before the next variant
     torch.cuda.empty_cache()
 
 
-def prefill_probe(r: LocalV15Runner, rows: int, tag: str, rng) -> str:
-    """Median of steps that prefill one new `rows`-row prompt next to the running requests (the
-    request leaves after its first frame), and the op table of one such step: self host time
-    and device time, to tell launch-bound from compute-bound prefill."""
+def prefill_probe(r: LocalV15Runner, rows: int, tag: str, rng, seqs: int = 1) -> str:
+    """Median of steps that prefill `seqs` new `rows`-row prompts next to the running requests
+    (they leave after their first frame), and the op tables of one such step: by self host time
+    and by device time, to tell launch-bound from compute-bound prefill."""
     from torch.profiler import ProfilerActivity, profile
 
     cfg = r.model.config
     counter = iter(range(1_000_000, 2_000_000))
 
     def step() -> None:
-        rid = next(counter)
-        p = np.full((rows, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
-        p[:, 0] = rng.integers(0, 150000, rows)
-        r.add(rid, p, SamplingParams(seed=rid, forced_frames=10_000, max_new_frames=10_000))
+        rids = [next(counter) for _ in range(seqs)]
+        for rid in rids:
+            p = np.full((rows, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
+            p[:, 0] = rng.integers(0, 150000, rows)
+            r.add(rid, p, SamplingParams(seed=rid, forced_frames=10_000, max_new_frames=10_000))
         r.step()
-        r.remove(rid)
+        for rid in rids:
+            r.remove(rid)
 
     for _ in range(2):
         step()  # any first-use compilation
@@ -145,8 +151,9 @@ def prefill_probe(r: LocalV15Runner, rows: int, tag: str, rng) -> str:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
-    return f"{tag} step with a {rows}-row prefill: {ms:7.2f} ms\n{table}"
+    host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
+    device = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
+    return f"{tag} step with {seqs} x {rows}-row prefill: {ms:7.2f} ms\n{host}\n{device}"
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@
 #   bash docs/device_runs.sh codecserve # the codec's compile and ring-attention GPU tests, its replay grid
 #                                       # (B=128, 1 and 15 frames) as shipped and with both, then the
 #                                       # server with both and talker.prefill_graphs (C=128, 64)
+#   bash docs/device_runs.sh prefillprof # the talker step with 7 new 170-row prompts beside 86 decoding
+#                                       # requests (C=128's mean), eager and from prefill graphs: op tables
 #   bash docs/device_runs.sh codec      # the codec's replay grid and kernel profile: as shipped,
 #                                       # compiled layers, and compiled + ring attention in place;
 #                                       # first its GPU tests
@@ -215,6 +217,12 @@ codecserve)
     echo "== timeline of the measured C=$c pass ($name)"
     python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
   done < "$R/windows.txt"
+  ;;
+prefillprof)
+  for g in "" --prefill-graphs; do
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 86 --attention triton --compile \
+      --prefill 170 --prefill-seqs 7 $g 2>&1 | grep -v Warning | tee "$R/prefillprof$g.txt" | cut -c1-190 | tail -62
+  done
   ;;
 codec)
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_compile.py \
