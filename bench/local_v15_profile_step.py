@@ -94,7 +94,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
 
     cfg = model.config
     spare = sum(p // 16 + 2 for p in args.prefill) * args.prefill_seqs  # blocks of the prefill probes
-    r = LocalV15Runner(model, max_running=B + 1, num_kv_blocks=B * (args.context // 16 + 8) + spare,
+    r = LocalV15Runner(model, max_running=B + args.prefill_seqs, num_kv_blocks=B * (args.context // 16 + 8) + spare,
                        prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
                        cuda_graphs=graphs, attention=make_attention(attention, "cuda"),
                        prefill_graphs=graphs and args.prefill_graphs)
