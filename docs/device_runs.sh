@@ -28,6 +28,8 @@
 #                                       # server with both and talker.prefill_graphs (C=128, 64)
 #   bash docs/device_runs.sh prefillprof # the talker step with 7 new 170-row prompts beside 86 decoding
 #                                       # requests (C=128's mean), eager and from prefill graphs: op tables
+#   bash docs/device_runs.sh buckets    # high-concurrency with talker.prefill_graphs (captured at warm-up,
+#                                       # one per token bucket), then without (C=128, 64, 1), timelines
 #   bash docs/device_runs.sh codec      # the codec's replay grid and kernel profile: as shipped,
 #                                       # compiled layers, and compiled + ring attention in place;
 #                                       # first its GPU tests
@@ -223,6 +225,20 @@ prefillprof)
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 86 --attention triton --compile \
       --prefill 170 --prefill-seqs 7 $g 2>&1 | grep -v Warning | tee "$R/prefillprof$g.txt" | cut -c1-190 | tail -62
   done
+  ;;
+buckets)
+  checkpoint
+  start_server 8000 on --profile high-concurrency --set engine.timeline_dir=/tmp/tl_on --set talker.prefill_graphs=true
+  grep -E "prefill graphs|decode graphs" "$R/serve_on.log" | cut -c1-200
+  pair 8000 on "128 64 1"
+  stop_server on
+  start_server 8001 off --profile high-concurrency --set engine.timeline_dir=/tmp/tl_off
+  pair 8001 off "128 64 1"
+  stop_server off
+  while read -r name c a b; do
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
+    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t = d['talker']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1))"
+  done < "$R/windows.txt"
   ;;
 codec)
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_compile.py \

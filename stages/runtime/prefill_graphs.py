@@ -15,6 +15,13 @@ attention backends do no work for them and write nothing; the (chunk, token) pai
 length point at a padding token's row or are masked. Shapes depend only on the bucket, so the
 attention backends launch identically on every replay (both read only tensors here).
 
+Token buckets are powers of two up to `TOKEN_STEP`, then multiples of it, so a step pads at most
+`TOKEN_STEP` tokens (a 1123-token step replays 1280, not 2048). With `table_width` every bucket
+holds block tables of that width: for an attention backend that reads a table only as far as the
+sequence's length (the Triton kernel) a wider table costs nothing, and one width means one graph
+per token bucket; without it the table width is bucketed too (`PaddedBatchAttention` gathers whole
+tables, so there the width is the cost).
+
 Without `capture` (any device; the CPU tests) the same padded static inputs run eagerly.
 """
 
@@ -31,6 +38,14 @@ from stages.runtime.attention.metadata import AttentionMetadata
 from stages.runtime.graph_capture import StaticCall, bucket, replay_or_build
 
 MIN_TOKENS = 16  # the smallest token bucket
+TOKEN_STEP = 256  # token buckets past this are its multiples
+
+
+def token_bucket(n: int, cap: int) -> int:
+    """The token bucket of a step of `n` tokens: a power of two (at least `MIN_TOKENS`) up to
+    `TOKEN_STEP`, then the next multiple of `TOKEN_STEP`; at most `cap` (n itself past it)."""
+    b = max(MIN_TOKENS, bucket(n, TOKEN_STEP)) if n <= TOKEN_STEP else -(-n // TOKEN_STEP) * TOKEN_STEP
+    return min(b, cap) if n <= cap else n
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +73,14 @@ class PrefillGraphs:
     def __init__(self, forward: Callable[[torch.Tensor, AttentionMetadata], torch.Tensor], *, width: int,
                  hidden_size: int, dtype: torch.dtype, max_tokens: int, max_seqs: int, max_chunk: int,
                  max_blocks: int, scratch_block: int, block_size: int, device: torch.device,
-                 capture: bool = True, pool=None) -> None:
-        """width: ids per row (1 + n_vq); max_blocks: KV blocks a sequence can hold at most."""
+                 capture: bool = True, pool=None, table_width: int | None = None) -> None:
+        """width: ids per row (1 + n_vq); max_blocks: KV blocks a sequence can hold at most;
+        table_width: every bucket's block-table width (module docstring; None: bucketed)."""
         self.forward, self.width, self.hidden_size, self.dtype = forward, width, hidden_size, dtype
         self.max_tokens, self.max_seqs, self.max_chunk = max_tokens, max_seqs, max_chunk
         self.max_blocks, self.scratch_block, self.block_size = max_blocks, scratch_block, block_size
         self.device, self.capture = device, capture
+        self.table_width = None if table_width is None else min(table_width, max_blocks)
         self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
         self._graphs: dict[tuple[int, int], _Graph] = {}
 
@@ -72,14 +89,21 @@ class PrefillGraphs:
         """(T, M) buckets made so far."""
         return list(self._graphs)
 
-    def fits(self, lengths: Sequence[int]) -> bool:
-        """Whether chunks of these token counts run here (else: the caller's eager call)."""
+    def fits(self, lengths: Sequence[int], blocks: Sequence[int] = ()) -> bool:
+        """Whether chunks of these token counts, whose sequences' block tables will be `blocks`
+        long, run here (else: the caller's eager call)."""
         return (0 < len(lengths) <= self.max_seqs and sum(lengths) <= self.max_tokens
-                and all(1 <= n <= self.max_chunk for n in lengths))
+                and all(1 <= n <= self.max_chunk for n in lengths)
+                and (self.table_width is None or all(b <= self.table_width for b in blocks)))
+
+    def token_buckets(self) -> list[int]:
+        """Every token bucket, smallest first."""
+        return sorted({token_bucket(t, self.max_tokens) for t in range(1, self.max_tokens + 1)})
 
     def key(self, tokens: int, blocks: int) -> tuple[int, int]:
         """The (T, M) bucket of a step with this many tokens and its longest block table."""
-        return (max(MIN_TOKENS, bucket(tokens, self.max_tokens)), bucket(blocks, self.max_blocks))
+        width = self.table_width if self.table_width is not None else bucket(blocks, self.max_blocks)
+        return token_bucket(tokens, self.max_tokens), width
 
     def run(self, chunks: Sequence[PrefillChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunks (KV slots already reserved) through one replay: (hidden [T, H], last [len(chunks)])

@@ -262,7 +262,8 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     """Run short requests through the runner so first requests do not pay for lazy set-up: one
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
     what compiles the shape-generic code). The job is the variant's (`warm_up_job`). Then, with
-    `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead."""
+    `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead;
+    without it, a runner with prefill graphs (`talker.prefill_graphs`) records those."""
     request = variant.build_request(variant.warm_up_job())
     batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
     for rids in batches:
@@ -275,10 +276,13 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
                 break
         for rid in rids:
             runner.remove(rid)
+    t0 = time.perf_counter()
     if capture_ahead:
-        t0 = time.perf_counter()
         made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)
         log.info("talker: captured %d graphs ahead in %.1f s", made, time.perf_counter() - t0)
+    elif getattr(runner, "prefill_graphs", None) is not None:  # one per token bucket: seconds, not minutes
+        made = runner.capture_prefill_graphs(WARM_CAPTURE_BUDGET_S)
+        log.info("talker: captured %d prefill graphs in %.1f s", made, time.perf_counter() - t0)
 
 
 def main(spec: WorkerSpec) -> None:

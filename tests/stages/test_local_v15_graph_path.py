@@ -258,6 +258,37 @@ def test_prefill_graphs_equal_the_eager_runner_event_for_event(model, max_seqs):
     assert runner.preemptions == plain_runner.preemptions
 
 
+def test_token_buckets_pad_at_most_one_step():
+    """Powers of two up to TOKEN_STEP, then its multiples: a 1123-token step pads to 1280."""
+    from stages.runtime.prefill_graphs import TOKEN_STEP, token_bucket
+
+    assert [token_bucket(n, 4096) for n in (1, 16, 17, 200, 256, 257, 1123, 4000, 4096)] == \
+        [16, 16, 32, 256, 256, 512, 1280, 4096, 4096]
+    assert token_bucket(300, 300) == 300 and token_bucket(5000, 4096) == 5000
+    assert all(token_bucket(n, 8192) - n < TOKEN_STEP for n in range(1, 8192))
+
+
+def test_prefill_graphs_of_one_table_width_equal_the_eager_runner(model):
+    """With one block-table width for every bucket (an attention backend that reads a table only
+    as far as its sequence's length), there is one graph per token bucket; events stay exact, and
+    chunks whose tables are wider than it run eagerly."""
+    reqs = workload()
+    plain, _ = drive(LocalV15Runner(model, **CAPACITY), reqs)
+    runner = LocalV15Runner(model, **CAPACITY, graph_path="eager", prefill_graphs=True)
+    runner.prefill_graphs.table_width = 4  # 32 tokens: longer sequences' chunks run eagerly
+    replays, run = [], runner.prefill_graphs.run
+    runner.prefill_graphs.run = lambda chunks: replays.append(len(chunks)) or run(chunks)
+    eager, pack = [], runner.scheduler.pack  # the eager prefill call's packing
+    runner.scheduler.pack = lambda *a: eager.append(1) or pack(*a)
+    graphed, _ = drive(runner, reqs)
+    assert graphed == plain
+    assert {M for _, M in runner.prefill_graphs.keys} == {4} and replays and eager
+    fresh = LocalV15Runner(model, **CAPACITY, graph_path="eager", prefill_graphs=True)
+    fresh.prefill_graphs.table_width = 4
+    assert fresh.capture_prefill_graphs(60.0) == 2 and fresh.capture_prefill_graphs(60.0) == 0
+    assert sorted(fresh.prefill_graphs.keys) == sorted(runner.prefill_graphs.keys) == [(16, 4), (24, 4)]
+
+
 def test_prefill_graphs_capture_ahead_leaves_requests_alone(model):
     reqs = workload(6, seed=4)
     plain, _ = drive(LocalV15Runner(model, **CAPACITY), reqs)

@@ -166,7 +166,9 @@ class LocalV15Runner(ScheduledRunner):
                 max_tokens=self.max_prefill_tokens_per_step, max_seqs=min(self.max_running, PREFILL_GRAPH_SEQS),
                 max_chunk=self.prefill_chunk_tokens, max_blocks=cache.spec.num_blocks - 1,
                 scratch_block=self._scratch_block, block_size=cache.spec.block_size, device=self.device,
-                capture=self._capture, pool=self._pool)
+                capture=self._capture, pool=self._pool,
+                table_width=(cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
+                             if getattr(self.attention, "table_width_free", False) else None))
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -206,9 +208,18 @@ class LocalV15Runner(ScheduledRunner):
             made += frame.capture_ahead(powers_up_to(self.max_running), deadline - time.monotonic())
         g = self.prefill_graphs
         if g is not None:
-            tokens = [t for t in (16 << i for i in range(12)) if t < g.max_tokens] + [g.max_tokens]
-            made += g.capture_ahead(tokens, powers_up_to(min(widest, g.max_blocks)), deadline - time.monotonic())
+            made += self.capture_prefill_graphs(deadline - time.monotonic())
         return made
+
+    def capture_prefill_graphs(self, budget_s: float) -> int:
+        """The prefill graphs of every token bucket (and block-table bucket up to
+        `GRAPH_AHEAD_TOKENS` tokens, when widths are bucketed), within `budget_s`: how many were
+        made (0 without prefill graphs)."""
+        g = self.prefill_graphs
+        if g is None:
+            return 0
+        widest = self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
+        return g.capture_ahead(g.token_buckets(), powers_up_to(min(widest, g.max_blocks)), budget_s)
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -240,7 +251,9 @@ class LocalV15Runner(ScheduledRunner):
         """One backbone call over `chunks` (a prefill-graph replay when they fit one, else eager),
         then the local loop of the requests it completes: (ready, stop [B], codes [B, n_vq]), or
         None when none completes."""
-        if self.prefill_graphs is not None and self.prefill_graphs.fits([n for _, n in chunks]):
+        blocks_for = self.cache.spec.blocks_for
+        if self.prefill_graphs is not None and self.prefill_graphs.fits(
+                [n for _, n in chunks], [blocks_for(r.prefilled + n) for r, n in chunks]):
             packed, done, index = self.scheduler.reserve(chunks)
             with torch.inference_mode():
                 hidden, last = self.prefill_graphs.run(packed)  # [T, H], [len(chunks)]

@@ -78,6 +78,8 @@ class PaddedBatchAttention:
     Rows no sequence covers (padding tokens) come out zero.
     """
 
+    table_width_free = False  # gathers every block of a table: the width is the cost
+
     def __call__(self, q, k_pool, v_pool, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         N = q.shape[0]
         out = torch.zeros(N + 1, *q.shape[1:], dtype=q.dtype, device=q.device)  # row N: padding's

@@ -151,6 +151,8 @@ class TritonPagedAttention:
     (enough programs to fill the GPU, at least `min_split_tokens` keys per split).
     """
 
+    table_width_free = True  # reads a block table only as far as its sequence's length
+
     def __init__(self, *, block_n: int = 64, block_m: int = 16, num_splits: int | None = None,
                  target_programs: int = 256, min_split_tokens: int = 128, num_warps: int = 4) -> None:
         if block_n < 16 or block_n & (block_n - 1):
