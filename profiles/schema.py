@@ -114,14 +114,15 @@ class TalkerConfig(_Section):
         "(with cuda_graphs, CUDA only; the 8B Delay step: 32.8 ms eager, 9.5 ms from graphs on "
         "an H200 at one stream)")] = True
     prefill_graphs: Annotated[bool, doc(
-        "with cuda_graphs, a step's prompt chunks replay a CUDA graph per (tokens, KV blocks) "
-        "bucket instead of one eager call (an eager prefill step is bound by host time); off "
-        "by default until measured on a GPU (CPU-tested through the eager graph path)")] = False
+        "with cuda_graphs, a step's prompt chunks replay a CUDA graph per token bucket, captured "
+        "at warm-up, instead of one eager call (an eager prefill step is bound by host time: on "
+        "an H200 it halves first audio at one stream, ~68 to ~34 ms); on in low-latency, off "
+        "here until a same-call comparison at 128 streams says it costs nothing there")] = False
     capture_ahead: Annotated[bool, doc(
         "with cuda_graphs, record at warm-up every decode, local-loop and prefill graph bucket "
         "serving can meet (every sampler mode, block tables up to 2048 tokens), so the first "
-        "requests after /ready never wait for a capture; off by default until measured on a GPU "
-        "(start-up time, memory)")] = False
+        "requests after /ready never wait for a capture; off: on an H200 it made 150 graphs in "
+        "197 s of start-up")] = False
     compile: Annotated[bool, doc(
         "on CUDA, run the backbone layers, row embedding and the local loop + sampling through "
         "torch.compile (fused kernels; compiled at warm-up, tens of seconds)")] = True
