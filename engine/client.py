@@ -158,6 +158,14 @@ class EngineClient:
 
     def _submit(self, request: TalkerRequest, job: SpeechJob, *, echo_codes: bool = False,
                 open_input: bool = False) -> tuple[int, _Mailbox]:
+        """Send `request`; ValueError, before anything is sent, when its prompt and frames could
+        never fit the talker's whole KV cache (the smallest any replica reported)."""
+        limit, need = int(self._counters["max_prompt_rows"]), len(request.prompt) + request.sampling.max_new_frames
+        if limit and need > limit:  # one request alone must fit the KV cache, frames and all
+            raise ValueError(f"the input (with its reference) makes a prompt of {len(request.prompt)} rows, "
+                             f"plus up to {request.sampling.max_new_frames} frames: {need} rows, and the "
+                             f"talker's KV cache holds at most {limit}; shorten the input or the reference "
+                             f"audio, or lower max_new_tokens")
         self._check_alive()
         rid, box = self._open_mailbox()
         self._send(Submit(rid=rid, client=self.index, sampling=request.sampling,

@@ -207,6 +207,9 @@ class Coordinator:
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
                 replica.capacities[stage] = msg.capacity
+                if msg.max_prompt_rows:  # the smallest limit of any replica's talker
+                    known = self.counters["max_prompt_rows"]
+                    self.counters["max_prompt_rows"] = min(known or msg.max_prompt_rows, msg.max_prompt_rows)
                 if not replica.up and all(f.done() for f in replica.ready.values()):
                     self._replica_back(replica)
                 self._update_capacity()

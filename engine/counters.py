@@ -35,6 +35,7 @@ SCALARS = (
     "decode_batches",
     "decode_batch_wait_max_s",   # longest coalescing wait seen
     "talker_capacity",
+    "max_prompt_rows",     # the longest prompt every replica's talker can hold (0 = unknown)
     "codec_capacity",
     "coordinator_busy_s",  # time in coordinator handlers (engine overhead)
     "codec_emit_s",        # time the codec spent writing PCM/ChunkDone records (ring overhead)

@@ -150,11 +150,13 @@ class EncodeResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_li
 
 
 class Ready(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
-    """A worker loaded its model and warmed up; `capacity` is its slot count."""
+    """A worker loaded its model and warmed up; `capacity` is its slot count. A talker also says
+    how many prompt rows its KV cache can hold at most (`max_prompt_rows`; 0 = no limit known)."""
 
     stage: StageName
     pid: int
     capacity: int
+    max_prompt_rows: int = 0
 
 
 class Slots(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

@@ -76,6 +76,7 @@ class ScheduledRunner:
             num_kv_blocks = default_num_blocks(backbone, device=self.device, dtype=self.dtype,
                                                max_running=max_running, block_size=kv_block_size,
                                                memory_fraction=kv_memory_fraction)
+        self._spare_blocks = spare_kv_blocks  # held by the runner itself (graph padding), never a request's
         self.cache = PagedKVCache(backbone.kv_cache_spec(num_kv_blocks + spare_kv_blocks, kv_block_size),
                                   dtype=self.dtype, device=self.device)
         self.scheduler = RowScheduler(self.cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
@@ -98,6 +99,11 @@ class ScheduledRunner:
     def remove(self, rid: int) -> None:
         if self._requests.pop(rid, None) is not None:
             self.scheduler.remove(rid)
+
+    def max_prompt_rows(self) -> int:
+        """The longest prompt the KV cache can take (with room for its first frame)."""
+        spec = self.cache.spec
+        return (spec.num_blocks - self._spare_blocks) * spec.block_size - 1
 
     def capture_ahead(self, budget_s: float) -> int:
         """No graphs to record ahead here (a runner with some overrides this)."""

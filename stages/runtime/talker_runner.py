@@ -60,6 +60,9 @@ class TalkerRunner(Protocol):
     def num_running(self) -> int:
         """Requests held (prefilling or decoding)."""
 
+    def max_prompt_rows(self) -> int:
+        """The longest prompt (rows) it can ever take; 0 = no limit. The API refuses longer ones."""
+
     def capture_ahead(self, budget_s: float) -> int:
         """Record, at warm-up and within `budget_s`, the graphs serving may need that requests
         have not made yet (so none is captured while requests wait); returns how many (0: none)."""

@@ -294,8 +294,8 @@ def main(spec: WorkerSpec) -> None:
     try:
         runner = variant.make_talker_runner(spec.device)
         warm_up(runner, variant, spec.profile.talker.capture_ahead)
-        to_coord.send(Ready(stage="talker", pid=os.getpid(),
-                            capacity=spec.profile.talker.max_running))
+        to_coord.send(Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
+                            max_prompt_rows=runner.max_prompt_rows()))
         TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
                    variant.n_vq, timeline).run()
     except Exception as exc:

@@ -21,6 +21,7 @@ from tests.api.server_process import ServerProcess
 KEY = "sk-hostile-9f3a7c"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_FRAMES = 24  # model.max_new_frames here: every served request stays short
+KV_BLOCKS = 64  # talker.kv_blocks here: 64 x 16 rows, so a long input outgrows the whole cache
 CONCAT = b"ffconcat version 1.0\nfile ok.wav\n"
 
 
@@ -38,6 +39,7 @@ def server(tmp_path_factory, refs):
     # started in the refs directory: a concat list naming ok.wav would find it there
     s = ServerProcess(tmp_path_factory.mktemp("data"), "--api-key", KEY, sets=(
         f"api.allowed_local_paths=[{refs}]", f"model.max_new_frames={MAX_FRAMES}",
+        f"talker.kv_blocks={KV_BLOCKS}",
         "api.header_timeout_s=1", "api.body_timeout_s=1"), cwd=refs).start()
     yield s
     s.stop()
@@ -68,6 +70,16 @@ def test_fields_past_the_engine_bounds_are_400s(http, body, param, limit):
     error = assert_error(http.post("/v1/audio/speech", json=body), 400, param=param)
     if limit is not None:
         assert limit in error["message"]
+    still_serving(http)
+
+
+def test_a_prompt_the_kv_cache_cannot_hold_is_a_400(http):
+    """A request whose prompt plus its frames outgrows the talker's whole KV cache (64 blocks of 16
+    rows here) is refused before it reaches the engine; one that fits is served."""
+    assert_error(http.post("/v1/audio/speech", json={"input": "é" * 1500, "response_format": "pcm"}), 400,
+                 contains="KV cache holds at most 1023")
+    r = http.post("/v1/audio/speech", json={"input": "é" * 300, "response_format": "pcm"})
+    assert r.status_code == 200 and len(r.content) > 0
     still_serving(http)
 
 
