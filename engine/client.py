@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from engine.counters import CounterBlock
@@ -103,6 +105,22 @@ class _Mailbox:
         return self.items.popleft()
 
 
+def fit_kv_cache(request: TalkerRequest, rows: int) -> TalkerRequest:
+    """`request` as one talker KV cache of `rows` rows can serve it alone: its frame budget cut to
+    the rows its prompt leaves (it then finishes with "length", never fails for room); ValueError
+    when the prompt and its forced frames (or a first frame) do not fit at all."""
+    prompt, sampling = len(request.prompt), request.sampling
+    need = prompt + (sampling.forced_frames or 1)
+    if need > rows:
+        raise ValueError(f"the input (with its reference) makes a prompt of {prompt} rows"
+                         + (f" to be followed by {sampling.forced_frames} frames" if sampling.forced_frames else "")
+                         + f", and the talker's KV cache holds at most {rows} rows; shorten the input or "
+                         "the reference audio")
+    if prompt + sampling.max_new_frames <= rows:
+        return request
+    return dataclasses.replace(request, sampling=msgspec.structs.replace(sampling, max_new_frames=rows - prompt))
+
+
 class EngineClient:
     """One per API process; see the module docstring. Use `connect(spec)` or the engine handle."""
 
@@ -158,14 +176,11 @@ class EngineClient:
 
     def _submit(self, request: TalkerRequest, job: SpeechJob, *, echo_codes: bool = False,
                 open_input: bool = False) -> tuple[int, _Mailbox]:
-        """Send `request`; ValueError, before anything is sent, when its prompt and frames could
-        never fit the talker's whole KV cache (the smallest any replica reported)."""
-        limit, need = int(self._counters["max_prompt_rows"]), len(request.prompt) + request.sampling.max_new_frames
-        if limit and need > limit:  # one request alone must fit the KV cache, frames and all
-            raise ValueError(f"the input (with its reference) makes a prompt of {len(request.prompt)} rows, "
-                             f"plus up to {request.sampling.max_new_frames} frames: {need} rows, and the "
-                             f"talker's KV cache holds at most {limit}; shorten the input or the reference "
-                             f"audio, or lower max_new_tokens")
+        """Send `request` (`fit_kv_cache` of the smallest KV cache any replica reported: a
+        ValueError before anything is sent when it could never fit)."""
+        limit = int(self._counters["max_prompt_rows"])
+        if limit:
+            request = fit_kv_cache(request, limit)
         self._check_alive()
         rid, box = self._open_mailbox()
         self._send(Submit(rid=rid, client=self.index, sampling=request.sampling,

@@ -77,7 +77,7 @@ def test_a_prompt_the_kv_cache_cannot_hold_is_a_400(http):
     """A request whose prompt plus its frames outgrows the talker's whole KV cache (64 blocks of 16
     rows here) is refused before it reaches the engine; one that fits is served."""
     assert_error(http.post("/v1/audio/speech", json={"input": "é" * 1500, "response_format": "pcm"}), 400,
-                 contains="KV cache holds at most 1023")
+                 contains="KV cache holds at most 1023 rows")
     r = http.post("/v1/audio/speech", json={"input": "é" * 300, "response_format": "pcm"})
     assert r.status_code == 200 and len(r.content) > 0
     still_serving(http)

@@ -124,10 +124,10 @@ async def test_echoed_codes_are_the_ones_the_audio_was_decoded_from(engine, clie
     assert all(c.codes is None for c in await collect(client, SpeechJob(**job)))  # only when asked
 
 
-async def test_a_prompt_beyond_the_kv_cache_fails_alone(engine, client) -> None:
+async def test_a_prompt_beyond_the_kv_cache_is_refused_before_it_is_sent(engine, client) -> None:
     kv_tokens = engine.profile.talker.kv_blocks * engine.profile.talker.kv_block_size
     text = "many words here " * (kv_tokens // 3)
-    with pytest.raises(EngineFailed, match="KV cache"):
+    with pytest.raises(ValueError, match=f"KV cache holds at most {kv_tokens - 1} rows"):
         await asyncio.wait_for(collect(client, SpeechJob(text=text, forced_frames=2)), 60)
     chunks = await collect(client, SpeechJob(text="fine", forced_frames=2, sampling={"seed": 1}))
     assert chunks[-1].finish_reason == "stop"

@@ -94,3 +94,22 @@ async def test_lifecycle_failure_is_unhealthy_and_final() -> None:
     assert life.state is EngineState.STOPPED
     with pytest.raises(RuntimeError, match="not allowed"):
         life._move(EngineState.RUNNING)
+
+
+def test_fit_kv_cache_cuts_the_frame_budget_or_refuses():
+    """One request must fit a talker's whole KV cache alone: its frame budget is cut to the rows
+    its prompt leaves; a prompt that leaves no room for its forced frames (or one frame) is a
+    ValueError naming the limit."""
+    from engine.client import fit_kv_cache
+    from stages.variant import TalkerRequest
+
+    prompt = np.zeros((100, 4), dtype=np.int64)
+    roomy = TalkerRequest(prompt, SamplingParams(max_new_frames=50))
+    assert fit_kv_cache(roomy, 150) is roomy
+    cut = fit_kv_cache(TalkerRequest(prompt, SamplingParams(max_new_frames=4096, seed=3)), 150)
+    assert cut.sampling.max_new_frames == 50 and cut.sampling.seed == 3 and cut.prompt is prompt
+    assert fit_kv_cache(TalkerRequest(prompt, SamplingParams(forced_frames=50)), 150).sampling.forced_frames == 50
+    with pytest.raises(ValueError, match="followed by 51 frames.*at most 150 rows"):
+        fit_kv_cache(TalkerRequest(prompt, SamplingParams(forced_frames=51)), 150)
+    with pytest.raises(ValueError, match="prompt of 100 rows, and the talker's KV cache holds at most 100 rows"):
+        fit_kv_cache(TalkerRequest(prompt, SamplingParams()), 100)
