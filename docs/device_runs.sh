@@ -30,8 +30,8 @@
 #                                       # requests (C=128's mean), eager and from prefill graphs: op tables
 #   bash docs/device_runs.sh buckets    # high-concurrency with talker.prefill_graphs (captured at warm-up,
 #                                       # one per token bucket), then without (C=128, 64, 1), timelines
-#   bash docs/device_runs.sh codec      # the codec's replay grid and kernel profile: as shipped,
-#                                       # compiled layers, and compiled + ring attention in place;
+#   bash docs/device_runs.sh codec      # the codec's replay grid (B=64, 128 x 1, 4, 15 frames): as
+#                                       # shipped, compiled layers, ring attention in place, both;
 #                                       # first its GPU tests
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
@@ -244,10 +244,10 @@ codec)
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_compile.py \
     tests/stages/test_codec_graphs.py tests/stages/test_codec_streaming.py 2>&1 | tail -3
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/stages/test_codec_ring_attention.py 2>&1 | tail -2
-  for flag in "" --compile "--compile --ring-attention"; do
-    [ "$(left)" -lt 120 ] && break
-    timeout $(( $(left) - 20 )) python3 -m bench.codec --version v2 --size full --batches 16,64,128 \
-      --grid 1,2,4,8,15 --iters 5 --profile $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | head -40
+  for flag in "" --compile --ring-attention "--compile --ring-attention"; do
+    [ "$(left)" -lt 60 ] && break
+    timeout $(( $(left) - 20 )) python3 -m bench.codec --version v2 --size full --batches 64,128 \
+      --grid 1,4,15 --iters 5 $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -5
   done
   ;;
 sweep)
