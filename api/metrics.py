@@ -51,6 +51,7 @@ ENGINE_HELP = MappingProxyType({
     "decode_batches": "Coalesced codec decode dispatches",
     "decode_batch_wait_max_s": "Longest time a chunk waited in the codec's coalescing window, seconds",
     "talker_capacity": "Requests the live talkers can hold at once",
+    "max_prompt_rows": "Rows the smallest talker KV cache holds: a prompt and its frames must fit (0 = unknown)",
     "codec_capacity": "Streaming-decode slots of the live codecs",
     "coordinator_busy_s": "Seconds the coordinator spent in its handlers (engine overhead)",
     "codec_emit_s": "Seconds the codec spent writing PCM and chunk records (ring overhead)",
