@@ -32,6 +32,7 @@ from torch import nn
 
 from stages.runtime.attention.backends import ReferenceAttention
 from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
+from stages.runtime.batch_invariant import rms_norm
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
 from stages.runtime.tensor_parallel import TPGroup, column_linear, row_linear
 
@@ -91,10 +92,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)  # a per-row kernel in the batch-invariant mode
 
 
 def rope_cos_sin(

@@ -180,3 +180,33 @@ def test_qwen3_paged_forward_with_triton_equals_reference():
         outs[name] = steps
     for ref, got in zip(outs["ref"], outs["triton"]):
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_batch_invariant_backend_gives_a_token_the_same_bits_decoded_or_prefilled():
+    """With one split and decode rows run as prefill tiles, the attention of sequence 0's token at
+    position 20 is bit-identical decoded alone, decoded among others, and as the last token of a
+    prompt chunk next to other chunks (its keys and values are the same in every case)."""
+    backend = TritonPagedAttention(block_n=16, num_splits=1, decode_as_prefill=True)
+    assert backend.batch_invariant and not TritonPagedAttention().batch_invariant
+    D, target = 16, torch.randn(HQ, 16, generator=torch.Generator().manual_seed(9))
+
+    def attend(contexts: dict[int, int], batch: list[tuple[int, int]]) -> torch.Tensor:
+        cache = make_cache(torch.float32, D, seed=3)
+        fill_contexts(cache, contexts)
+        meta = build_attention_metadata(cache, batch, DEVICE)
+        for s, _ in batch:  # K/V of (sequence, position) the same whichever block holds it
+            for p in range(cache.length(s)):
+                block, row = cache.block_table(s)[p // BS], p % BS
+                g = torch.Generator().manual_seed(1000 * s + p)
+                cache.keys[0][block, row] = torch.randn(HKV, D, generator=g).to(DEVICE)
+                cache.values[0][block, row] = torch.randn(HKV, D, generator=g).to(DEVICE)
+        q = torch.randn(meta.num_tokens, HQ, D).to(DEVICE)
+        row = meta.seq_ids.index(0)
+        last = int(meta.query_start_loc[row + 1]) - 1
+        q[last] = target.to(DEVICE)
+        return backend(q, cache.keys[0], cache.values[0], meta, D**-0.5)[last]
+
+    alone = attend({0: 20}, [(0, 1)])
+    assert torch.equal(alone, attend({0: 20, 1: 5, 2: 33, 3: 2}, [(1, 1), (2, 1), (0, 1), (3, 1)]))
+    assert torch.equal(alone, attend({0: 17, 1: 9, 2: 0}, [(1, 1), (0, 4), (2, 7)]))
+    assert torch.equal(alone, attend({0: 3, 1: 4}, [(0, 18), (1, 1)]))

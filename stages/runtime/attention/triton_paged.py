@@ -154,13 +154,23 @@ class TritonPagedAttention:
     table_width_free = True  # reads a block table only as far as its sequence's length
 
     def __init__(self, *, block_n: int = 64, block_m: int = 16, num_splits: int | None = None,
-                 target_programs: int = 256, min_split_tokens: int = 128, num_warps: int = 4) -> None:
+                 target_programs: int = 256, min_split_tokens: int = 128, num_warps: int = 4,
+                 decode_as_prefill: bool = False) -> None:
         if block_n < 16 or block_n & (block_n - 1):
             raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
         if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1)):
             raise ValueError(f"num_splits must be a power of two >= 1, got {num_splits}")
         self.block_n, self.block_m, self.num_splits = block_n, _pow2(block_m), num_splits
         self.target_programs, self.min_split_tokens, self.num_warps = target_programs, min_split_tokens, num_warps
+        if decode_as_prefill and num_splits not in (None, 1):
+            raise ValueError(f"decode_as_prefill runs one split, got num_splits={num_splits}")
+        self.decode_as_prefill = decode_as_prefill
+
+    @property
+    def batch_invariant(self) -> bool:
+        """A row's result depends on its own sequence only: one split whatever the batch, and decode
+        rows computed as prefill rows."""
+        return self.decode_as_prefill
 
     def decode_splits(self, n_seqs: int, n_kv_heads: int, max_tokens: int) -> int:
         """Split-K factor from shapes only: double while the grid is below `target_programs` and
@@ -176,7 +186,9 @@ class TritonPagedAttention:
     def __call__(self, q, k_pool, v_pool, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         out = torch.zeros_like(q)  # rows no sequence covers (prefill graphs' padding) stay finite
         n_dec = meta.decode_seqs.shape[0]
-        if n_dec:
+        if n_dec and self.decode_as_prefill:
+            self._launch(q, k_pool, v_pool, meta, scale, out, meta.decode_seqs, block_m=self.block_m, tiles=1, splits=1)
+        elif n_dec:
             splits = self.decode_splits(n_dec, k_pool.shape[2], meta.block_tables.shape[1] * k_pool.shape[1])
             self._launch(q, k_pool, v_pool, meta, scale, out, meta.decode_seqs, block_m=1, tiles=1, splits=splits)
         if meta.prefill_seqs.shape[0]:
