@@ -136,6 +136,13 @@ class TalkerConfig(_Section):
         "padded")] = "auto"
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the talker process; null = torch's default")] = None
+    batch_invariant: Annotated[bool, doc(
+        "a request's logits do not depend on the batch it shares, so a seed gives the same speech "
+        "at any load: the talker's linears, norms, sampling scans and small attention run Triton "
+        "kernels with a fixed tiling (stages/runtime/batch_invariant.py), the paged attention one "
+        "split with decode rows as prefill tiles, and torch.compile is off; needs CUDA (Triton) and "
+        "triton attention, one GPU per talker. Off in every profile until its cost is measured on "
+        "a GPU")] = False
     tensor_parallel: Annotated[int, doc(
         "GPUs one Delay talker is split over (tensor parallelism: heads, KV cache and FFN "
         "sharded, embeddings and heads replicated); 1 = one device", ge=1)] = 1
@@ -425,6 +432,13 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
             p.api.max_ref_seconds, "the accepted reference duration range would be empty")
     at_most("stream.min_segment_chars", p.stream.min_segment_chars, "stream.max_segment_chars",
             p.stream.max_segment_chars, "a segment must be able to reach its minimum length")
+    t = p.talker
+    if t.batch_invariant and t.attention == "padded":
+        out.append(("talker.batch_invariant needs the triton attention (padded attention sums over "
+                     "a width that changes with the batch)", ("talker.batch_invariant", "talker.attention")))
+    if t.batch_invariant and t.tensor_parallel > 1:
+        out.append(("talker.batch_invariant needs talker.tensor_parallel 1 (an all-reduce may pick its "
+                     "algorithm by message size)", ("talker.batch_invariant", "talker.tensor_parallel")))
     e = p.engine
     if e.devices and len(e.devices) != e.replicas:
         out.append((f"engine.devices lists {len(e.devices)} device(s) but engine.replicas is "

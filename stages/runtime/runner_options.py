@@ -1,5 +1,5 @@
 """What the profile says about building a talker runner: the weight dtype, the capacity keywords,
-the attention kernel and the CUDA graphs. Shared by every family's `make_talker_runner`."""
+the attention kernel, the CUDA graphs and the batch-invariant mode. Shared by every family's `make_talker_runner`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from profiles import Profile
 from stages.runtime.attention.backends import make_attention
+from stages.runtime.batch_invariant import batch_invariant_supported, invariant_attention
 
 
 def resolve_dtype(profile_dtype: str, device: str) -> torch.dtype:
@@ -30,9 +31,16 @@ def talker_runner_options(profile: Profile, device: str, *, backbone_graphs: boo
     """`talker_options` plus the attention kernel the profile asks for (`talker.attention`) and
     `cuda_graphs`: `talker.cuda_graphs`, on CUDA only. A runner whose graphs are backbone graphs
     (`backbone_graphs`: the Delay and Realtime runners) needs `talker.backbone_graphs` on too. On
-    CPU, "auto" attention keeps the runner's default (the per-sequence reference)."""
+    CPU, "auto" attention keeps the runner's default (the per-sequence reference).
+    `batch_invariant`: `talker.batch_invariant`; with it the attention is the invariant Triton
+    backend (ValueError where its kernels cannot run)."""
     t = profile.talker
     cuda = str(device).startswith("cuda")
-    attention = make_attention(t.attention, device) if cuda or t.attention != "auto" else None
+    if t.batch_invariant:
+        if not batch_invariant_supported(device):
+            raise ValueError(f"talker.batch_invariant needs CUDA and triton (device {device})")
+        attention = invariant_attention()
+    else:
+        attention = make_attention(t.attention, device) if cuda or t.attention != "auto" else None
     graphs = t.cuda_graphs and (t.backbone_graphs or not backbone_graphs) and cuda
-    return dict(talker_options(profile), attention=attention, cuda_graphs=graphs)
+    return dict(talker_options(profile), attention=attention, cuda_graphs=graphs, batch_invariant=t.batch_invariant)

@@ -15,7 +15,10 @@ the one-call path's order (decoders first, then the chunks that complete a promp
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -24,10 +27,24 @@ from speech.sampling import SamplingParams
 from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.backbone_graphs import BackboneGraphs
+from stages.runtime.batch_invariant import BatchInvariantKernels, batch_invariant_supported, invariant_attention
 from stages.runtime.graph_capture import GRAPH_PATHS
 from stages.runtime.kv_cache import BackboneShape, PagedKVCache
 from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
 from stages.runtime.talker_runner import FrameEvent
+
+T = TypeVar("T")
+
+
+def in_kernel_mode(method: Callable[..., T]) -> Callable[..., T]:
+    """Run a runner method inside its `kernel_mode()` (steps, graph captures)."""
+
+    @functools.wraps(method)
+    def wrapper(self: ScheduledRunner, *args, **kwargs) -> T:
+        with self.kernel_mode():
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class ScheduledRunner:
@@ -48,13 +65,16 @@ class ScheduledRunner:
         attention: AttentionBackend | None = None,
         spare_kv_blocks: int = 0,
         backbone_graphs: str = "off",
+        batch_invariant: bool = False,
     ) -> None:
         """`backbone` sizes the KV pool (this rank's KV heads); `spare_kv_blocks` are added on top
         of `num_kv_blocks` (or the default count) for the subclass's own use. `prefill_interval`:
         while requests decode, prefill chunks run at most every this many steps (`RowScheduler`).
         `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
         resolved `stages.runtime.graph_capture` path; graphs need an attention backend that reads tensors
-        only, `PaddedBatchAttention` when none is given)."""
+        only, `PaddedBatchAttention` when none is given). `batch_invariant`: every step and
+        graph capture runs inside `stages.runtime.batch_invariant`'s mode (`kernel_mode`), with its
+        attention when none is given (a given one must be batch-invariant)."""
         if backbone_graphs not in GRAPH_PATHS:
             raise ValueError(f"backbone_graphs {backbone_graphs!r}: expected one of {GRAPH_PATHS}")
         param = next(model.parameters())
@@ -66,6 +86,14 @@ class ScheduledRunner:
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self.prefill_interval = prefill_interval
         self.backbone_graph_path = backbone_graphs
+        self.kernels: BatchInvariantKernels | None = None
+        if batch_invariant:
+            if not batch_invariant_supported(self.device):
+                raise ValueError(f"batch_invariant needs CUDA and triton (or TRITON_INTERPRET=1), model on {self.device}")
+            attention = attention or invariant_attention()
+            if not getattr(attention, "batch_invariant", False):
+                raise ValueError(f"batch_invariant needs a batch-invariant attention backend, got {attention!r}")
+            self.kernels = BatchInvariantKernels()
         if backbone_graphs != "off":
             if isinstance(attention, ReferenceAttention):
                 raise ValueError("ReferenceAttention reads host lengths: it cannot run in backbone graphs")
@@ -125,8 +153,13 @@ class ScheduledRunner:
             raise ValueError(f"request {rid}: max_new_frames {params.max_new_frames} < 1")
         return prompt
 
+    def kernel_mode(self) -> AbstractContextManager:
+        """The context a step's model work runs in: the batch-invariant mode, or nothing."""
+        return self.kernels.mode() if self.kernels is not None else nullcontext()
+
     # ---- a step of the runners that sample outside graphs ----------------------------------------
 
+    @in_kernel_mode
     def step(self) -> list[FrameEvent]:
         """One scheduler step: the scheduled rows through the backbone (`forward_scheduled`), then
         the subclass samples the requests whose rows are all in (`_sample`: one row of tokens each,

@@ -31,6 +31,9 @@ def test_every_field_has_a_description():
     (["api.min_ref_seconds=40"], ("api.min_ref_seconds", "api.max_ref_seconds")),
     (["talker.cuda_graphs=true"], ("talker.cuda_graphs", "model.device")),
     (["engine.mps=true"], ("engine.mps", "model.device")),
+    (["talker.batch_invariant=true", "talker.attention=padded"], ("talker.batch_invariant", "talker.attention")),
+    (["talker.batch_invariant=true", "talker.tensor_parallel=2"], ("talker.batch_invariant",
+                                                                   "talker.tensor_parallel")),
 ])
 def test_cross_field_checks_name_both_fields(overrides, paths):
     with pytest.raises(ProfileError) as info:
@@ -52,3 +55,8 @@ def test_replace_reruns_the_cross_field_checks():
     with pytest.raises(CrossFieldError) as info:
         msgspec.structs.replace(p, codec=msgspec.structs.replace(p.codec, max_slots=4))
     assert info.value.paths == ("coalescing.max_batch", "codec.max_slots")
+
+
+@pytest.mark.parametrize("name", ["default", "low-latency", "high-concurrency", "cpu"])
+def test_batch_invariance_is_off_in_every_shipped_profile_until_measured(name):
+    assert load_profile(name).talker.batch_invariant is False

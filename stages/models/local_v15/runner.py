@@ -52,7 +52,7 @@ from stages.runtime.prefill_graphs import PrefillGraphs
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
 from stages.runtime.sampling import K_CAP, SamplingSlots, noise_key, sample_tokens
-from stages.runtime.scheduled_runner import ScheduledRunner
+from stages.runtime.scheduled_runner import ScheduledRunner, in_kernel_mode
 from stages.runtime.talker_runner import FrameEvent
 
 
@@ -135,7 +135,7 @@ class LocalV15Runner(ScheduledRunner):
         on_cuda = next(model.parameters()).device.type == "cuda"
         self.graph_path = graph_path = resolve_graph_path(graph_path, cuda_graphs, on_cuda)
         use_graphs = graph_path != "off"
-        if use_graphs:
+        if use_graphs and not capacity.get("batch_invariant"):
             attention = attention or PaddedBatchAttention()  # reads tensors only: graph-capturable
         # with graphs, one extra slot and one extra block take the padding rows of a bucket
         extra = 1 if use_graphs else 0
@@ -187,6 +187,7 @@ class LocalV15Runner(ScheduledRunner):
         self.seen[sched.slot] = False
         self.next_row[sched.slot, 0] = self.model.config.gen_slot
 
+    @in_kernel_mode
     def capture_ahead(self, budget_s: float) -> int:
         """Every graph serving can replay, made now (a capture while serving stalls every stream):
         for each sampler mode (those met so far first: the warm-up requests' at start-up), the
@@ -211,6 +212,7 @@ class LocalV15Runner(ScheduledRunner):
             made += self.capture_prefill_graphs(deadline - time.monotonic())
         return made
 
+    @in_kernel_mode
     def capture_prefill_graphs(self, budget_s: float) -> int:
         """The prefill graphs of every token bucket (and block-table bucket up to
         `GRAPH_AHEAD_TOKENS` tokens, when widths are bucketed), within `budget_s`: how many were
@@ -223,6 +225,7 @@ class LocalV15Runner(ScheduledRunner):
 
     # ---- one step ------------------------------------------------------------------------------
 
+    @in_kernel_mode
     def step(self) -> list[FrameEvent]:
         if not self._requests:
             return []
@@ -372,9 +375,10 @@ class LocalV15Runner(ScheduledRunner):
 
 def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> LocalV15Runner:
     """The `LocalV15Runner` a profile asks for: `talker.*` capacity, attention kernel, graphs and
-    torch.compile (CUDA only), `model.dtype`."""
+    torch.compile (CUDA only; not with `talker.batch_invariant`: a compiled graph picks its own
+    reduction kernels and is specialised for a batch of one), `model.dtype`."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
-    if profile.talker.compile and str(device).startswith("cuda"):
+    if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
     return LocalV15Runner(model, prefill_graphs=profile.talker.prefill_graphs,
                           **talker_runner_options(profile, device))
