@@ -35,6 +35,10 @@
 #                                       # first its GPU tests
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
+#   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
+#                                       # together, mixed into 64; Local-v1.5 and Delay), then
+#                                       # high-concurrency with talker.batch_invariant off and on
+#                                       # (C=1, 64, 128), one server each; SKIP_TESTS=1: servers only
 set -u
 PHASE=${1:?usage: device_runs.sh timeline|sweep|delay}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -262,6 +266,18 @@ delay)
   timeout 200 python3 -m bench.tensor_parallel $args --tp 1 2>&1 | grep '^{' | tee "$R/delay_tp.jsonl"
   timeout 120 python3 -m bench.tensor_parallel $args --tp 1 --no-graphs 2>&1 | grep '^{' | tee "$R/delay_eager.jsonl"
   [ "$(left)" -gt 40 ] && timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages 2>&1 | tail -12 | tee "$R/gpu_tests.txt"
+  ;;
+invariant)
+  checkpoint
+  [ -z "${SKIP_TESTS:-}" ] && timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
+    tests/stages/test_batch_invariant_gpu.py tests/stages/test_batch_invariant.py \
+    tests/stages/test_attention_triton.py 2>&1 | tail -8 | tee "$R/invariant_tests.txt"
+  start_server 8000 inv_off --profile high-concurrency
+  pair 8000 inv_off "1 64 128"
+  stop_server inv_off
+  start_server 8001 inv_on --profile high-concurrency --set talker.batch_invariant=true
+  pair 8001 inv_on "1 64 128"
+  stop_server inv_on
   ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -18,6 +18,8 @@ One kernel, `_paged_attention_kernel`, serves both groups of a mixed batch:
   tokens sits at position `seq_len - q_len + j` and sees keys 0..that position.
 
 Both use an online softmax in fp32 (exp2 with the scale folded in) over tiles of `BLOCK_N` keys.
+With `decode_as_prefill` (the batch-invariant mode) decode rows run the prefill program with one
+split, so no row's sums depend on the batch; keys past a row's position add exact zeros.
 
 Graph capture: the launch grids and every constexpr depend only on tensor shapes (rows in the
 group, width of `prefill_rows`, KV heads, head dim, block size, block-table width), never on tensor
