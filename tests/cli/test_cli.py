@@ -29,6 +29,15 @@ def test_help_lists_every_registered_command():
     assert bench.returncode == 0 and all(w in bench.stdout for w in ("ipc", "engine", "serve"))
 
 
+def test_the_installed_command_runs_outside_the_repository(tmp_path):
+    """Every package the commands import is installed (not only found beside the current
+    directory): `make-checkpoint --help` reaches the model registry, `speech/` and torch."""
+    result = subprocess.run([str(MOSSVOX), "make-checkpoint", "--help"], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "realtime" in result.stdout and "sound-effect" in result.stdout
+
+
 def test_help_imports_neither_torch_nor_any_command_module():
     code = textwrap.dedent("""
         import sys
