@@ -160,12 +160,18 @@ class SpeechBatchResponse(Struct, kw_only=True):
 
 
 class ModelCard(Struct):
+    """A served model: the OpenAI fields, the PCM layout, ``root`` (the model family's own name,
+    as vLLM lists it) and ``request_fields`` (the optional request fields it uses; it ignores the
+    others, or refuses them under ``api.strict_fields``)."""
+
     id: str
     object: str = "model"
     created: int = 0
     owned_by: str = "mossvox"
     sample_rate: int = 0
     channels: int = 0
+    root: str | None = None
+    request_fields: list[str] = []
 
 
 class ModelList(Struct):

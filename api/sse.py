@@ -2,7 +2,8 @@
 
 ``speech.audio.delta`` carries base64 bytes of the response file (one continuous container
 across events), ``speech.audio.done`` the finish reason and the usage (including seconds of
-audio), and
+audio) and, when there is any, the request fields the model ignored and the speaker untagged
+text went to, and
 ``speech.audio.error`` replaces ``done`` when the request fails after it started. Each event is
 an ``event:`` line, one JSON ``data:`` line and a blank line; there is no ``[DONE]`` sentinel.
 """
@@ -32,10 +33,12 @@ def delta(audio: bytes, response_format: str, *, sample_rate: int | None = None,
     return event("speech.audio.delta", data)
 
 
-def done(usage: dict, *, finish_reason: str) -> bytes:
-    """The end of a stream: why generation stopped (``stop`` or ``length``) and the usage."""
+def done(usage: dict, *, finish_reason: str, **report) -> bytes:
+    """The end of a stream: why generation stopped (``stop`` or ``length``), the usage, and what
+    the request's fields came to (`api.fields.FieldReport.event_fields`: ``ignored_fields``,
+    ``untagged_speaker``)."""
     return event("speech.audio.done", {"type": "speech.audio.done", "finish_reason": finish_reason,
-                                       "usage": usage})
+                                       "usage": usage, **report})
 
 
 def error(message: str, *, partial_audio: bool, code: int = 500, kind: str = "server_error") -> bytes:

@@ -246,6 +246,9 @@ class ApiConfig(_Section):
     keys: Annotated[tuple[str, ...], doc(
         "accepted bearer keys for /v1/*; empty = no authentication")] = ()
     max_input_chars: Annotated[int, doc("longest `input` text accepted", ge=1)] = 4096
+    strict_fields: Annotated[bool, doc(
+        "refuse (400) a request field the served model does not use, such as ref_text for "
+        "MOSS-TTS-Realtime, instead of ignoring it and naming it in X-Ignored-Fields")] = False
     max_body_bytes: Annotated[int, doc(
         "largest request body accepted (413 beyond), and largest WebSocket message (the socket "
         "is closed, 1009)", ge=1024)] = 32 * 1024 * 1024

@@ -2,13 +2,25 @@
 
 The API builds it from the HTTP body (or a caller builds it); the variant's request adapter reads
 it (`stages.variant.Variant.build_request`) and the engine carries the result.
+
+A job's optional fields (`OPTIONAL_FIELDS`) are the ones a model family may or may not use: the
+references (`ref_codes` and `extra_ref_codes`, from the HTTP `ref_audio` or a registered voice),
+their transcript `ref_text`, `instructions` and `language`. Each variant declares which of them
+it uses; the others are cleared before its adapter sees the job (`SpeechJob.without`), and the API
+reports them as ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
+
+OptionalField = Literal["reference", "ref_text", "instructions", "language"]
+OPTIONAL_FIELDS: tuple[OptionalField, ...] = ("reference", "ref_text", "instructions", "language")
 
 
 @dataclass
@@ -29,3 +41,26 @@ class SpeechJob:
     context_codes: np.ndarray | None = None  # [T, n_vq] int64: audio spoken just before this
     #   text (the previous sentence of a stream), for variants that continue it; others ignore it
     context_text: str | None = None        # the transcript of context_codes
+
+    def given_fields(self) -> tuple[OptionalField, ...]:
+        """The optional fields this job sets, in `OPTIONAL_FIELDS` order (blank text counts as unset)."""
+        given = {"reference": self.ref_codes is not None or bool(self.extra_ref_codes),
+                 "ref_text": _filled(self.ref_text), "instructions": _filled(self.instructions),
+                 "language": _filled(self.language)}
+        return tuple(name for name in OPTIONAL_FIELDS if given[name])
+
+    def without(self, fields: Iterable[OptionalField]) -> SpeechJob:
+        """This job with `fields` cleared (`reference`: every reference clip); itself when none is."""
+        cleared: dict = {}
+        for name in fields:
+            if name == "reference":
+                cleared.update(ref_codes=None, extra_ref_codes=[])
+            elif name in OPTIONAL_FIELDS:
+                cleared[name] = None
+            else:
+                raise ValueError(f"{name!r} is not an optional field; those are {OPTIONAL_FIELDS}")
+        return dataclasses.replace(self, **cleared) if cleared else self
+
+
+def _filled(text: str | None) -> bool:
+    return text is not None and bool(text.strip())

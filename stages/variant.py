@@ -7,17 +7,22 @@ holds what every family shares: the codec's shape read from its directory, the s
 resolution, the warm-up job, the codec runner, and the checks of the profile.
 
 A family fills in:
-- `build_request(job) -> TalkerRequest`: the request adapter, run in the API process: the prompt,
-  the resolved sampling, and the codes the codec decodes first (priming), all together, so
-  neither the engine nor the talker worker knows any model's prompt layout;
+- `used_fields`: which of a job's optional fields (`speech.job.OPTIONAL_FIELDS`: references,
+  `ref_text`, `instructions`, `language`) it uses. The others are accepted and ignored: callers
+  ask `ignored_fields` to report them, and `build_request` clears them before the adapter runs;
+- `adapt(job) -> TalkerRequest`: the request adapter, run in the API process (through
+  `build_request`): the prompt, the resolved sampling, and the codes the codec decodes first
+  (priming), all together, so neither the engine nor the talker worker knows any model's prompt
+  layout;
 - `make_talker_runner(device)`: the talker runner (loads the weights; worker processes only);
 - `processor_class`: its prompt processor (`stages.runtime.prompt.PromptProcessor`);
-- and where it needs to: `sampling_defaults`, `warm_up_job()`, `check(...)`, `checkpoints()`.
+- and where it needs to: `sampling_defaults`, `warm_up_job()`, `check(...)`, `checkpoints()`,
+  `default_speaker(text)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,7 +31,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 import numpy as np
 
 from profiles import Profile
-from speech.job import SpeechJob
+from speech.job import OptionalField, SpeechJob
 from speech.sampling import SamplingParams
 from stages.models.codec.serving import CodecShape, make_codec_runner
 from stages.runtime.checkpoint import read_config
@@ -143,6 +148,7 @@ class Variant:
 
     name: str                                     # the served model's name
     sampling_defaults: SamplingParams = SamplingParams()
+    used_fields: frozenset[OptionalField] = frozenset()  # optional job fields the adapter reads
 
     def __init__(self, model_dir: str | Path, profile: Profile, config: dict | None = None) -> None:
         self.model_dir = Path(model_dir)
@@ -182,14 +188,36 @@ class Variant:
 
     # ---- the request adapter (API process) ----------------------------------------------------
 
+    def ignored_fields(self, given: Iterable[OptionalField]) -> tuple[OptionalField, ...]:
+        """The fields of `given` this variant does not use (accepted, ignored, reported), in order."""
+        return tuple(name for name in given if name not in self.used_fields)
+
     def build_request(self, job: SpeechJob) -> TalkerRequest:
-        """Prompt, sampling and priming of `job`; `AdapterError` / `ValueError` on a bad field."""
+        """Prompt, sampling and priming of `job`; `AdapterError` / `ValueError` on a bad field.
+
+        The optional fields this variant does not use are cleared first, so the adapter never
+        sees them (and no caller gets a refusal for a field the model has no use for)."""
+        return self.adapt(self.without_ignored(job))
+
+    def without_ignored(self, job: SpeechJob) -> SpeechJob:
+        """`job` with the optional fields this variant does not use cleared."""
+        return job.without(self.ignored_fields(job.given_fields()))
+
+    def adapt(self, job: SpeechJob) -> TalkerRequest:
+        """The family's request adapter over a job that sets only `used_fields` of the optional
+        fields: prompt, sampling (`resolve_sampling`) and priming; `AdapterError` on a field that
+        is wrong (malformed, out of range, a required one missing)."""
         raise NotImplementedError
 
     def open_text_stream(self, job: SpeechJob) -> TextStream:
         """A request whose text arrives while it speaks (`job.text` is ignored); only variants
         with `takes_text_while_speaking` have it. `AdapterError` for fields it cannot serve."""
         raise AdapterError(f"{self.description or self.name} takes whole texts, not text while it speaks")
+
+    def default_speaker(self, text: str) -> str | None:
+        """The speaker tag a multi-speaker family gives `text` that carries no speaker tags, else
+        None (single-speaker families, or tagged text)."""
+        return None
 
     def resolve_sampling(self, job: SpeechJob) -> SamplingParams:
         """`sampling_defaults` under the job's overrides, seed and forced length

@@ -7,14 +7,17 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from api.fields import used_http_fields
 from api.routes.voices import json_response
 from api.schemas import ModelCard, ModelList
 from api.speech_job import model_not_found
 
 
 def _card(state, name: str) -> ModelCard:
-    return ModelCard(id=name, created=int(state.started_at), sample_rate=state.client.sample_rate,
-                     channels=state.client.channels)
+    client = state.client
+    return ModelCard(id=name, created=int(state.started_at), sample_rate=client.sample_rate,
+                     channels=client.channels, root=client.model_name,
+                     request_fields=list(used_http_fields(client.variant)))
 
 
 async def list_models(request: Request) -> Response:

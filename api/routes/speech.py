@@ -28,6 +28,7 @@ from starlette.responses import Response
 from api import sse
 from api.audio_encoding import AudioEncoder, make_encoder
 from api.errors import ApiError, bad_request
+from api.fields import FieldReport, screen_fields
 from api.schemas import SpeechRequest, decode_speech_request
 from api.speech_job import OutputPlan, check_request, output_plan, resolve_voice, sampling_overrides
 from api.streaming import AudioStreamResponse, ClientGone, run_until_disconnect
@@ -157,6 +158,7 @@ class Started:
     first: object  # the first AudioChunk, or None when the stream ended at once
     chunks: AsyncIterator
     headers: dict[str, str]
+    fields: FieldReport  # the fields the model ignored: every response kind reports them
 
 
 async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, receive, *,
@@ -171,6 +173,10 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
                        pcm_layout=state.profile.api.pcm_layout)
     if whole:
         plan = dataclasses.replace(plan, mode="file")
+    req, fields = screen_fields(req, client.variant, strict=state.profile.api.strict_fields)
+    if fields.ignored:
+        log.debug("%s: %s does not use %s; ignored", tracker.request_id, client.model_name,
+                  ", ".join(fields.ignored))
     if not client.ready():
         raise ApiError(503, "The engine is not ready yet", code="not_ready",
                        headers={"Retry-After": "1"})
@@ -194,7 +200,8 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
                "Cache-Control": "no-store", "X-Api-Process": str(os.getpid())}
     if voice.cache_hit is not None:
         headers["X-Ref-Cache"] = "hit" if voice.cache_hit else "miss"
-    return Started(plan, encoder, first, chunks, headers)
+    headers.update(fields.headers())
+    return Started(plan, encoder, first, chunks, headers, fields)
 
 
 async def whole_file(started: Started, tracker: RequestTracker, receive) -> bytes:
@@ -217,7 +224,7 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
         return Response(body, media_type=encoder.content_type, headers=headers)
     if plan.mode == "sse":
         body_iter = _sse_stream(started.first, started.chunks, encoder, tracker, tracker.request_id, req.input,
-                                plan.response_format, plan.sample_rate, plan.channels)
+                                plan.response_format, plan.sample_rate, plan.channels, started.fields)
         return AudioStreamResponse(body_iter, media_type=sse.CONTENT_TYPE, headers=headers)
     body_iter = _raw_stream(started.first, started.chunks, encoder, tracker, tracker.request_id)
     return AudioStreamResponse(body_iter, media_type=encoder.content_type, headers=headers)
@@ -313,7 +320,7 @@ async def _raw_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
 
 async def _sse_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, tracker: RequestTracker,
                       request_id: str, text: str, response_format: str, sample_rate: int,
-                      channels: int) -> AsyncIterator[bytes]:
+                      channels: int, fields: FieldReport) -> AsyncIterator[bytes]:
     outcome = "cancelled"
     sent_any = False
 
@@ -334,7 +341,8 @@ async def _sse_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
         tail = await _finish(encoder)
         if tail:
             yield delta(tail)
-        yield sse.done(tracker.usage(text), finish_reason=tracker.finish_reason or "stop")
+        yield sse.done(tracker.usage(text), finish_reason=tracker.finish_reason or "stop",
+                       **fields.event_fields())
         outcome = "ok"
     except EngineFailed as exc:
         outcome = "failed"

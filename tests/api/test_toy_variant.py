@@ -2,7 +2,7 @@
 and codec workers, coordinator, rings) behind the real HTTP app (uvicorn, Starlette).
 
 `ToyVariant` is all a new family writes: a `Variant` subclass naming its `model_type`, a request
-adapter, and a talker runner. Nothing of mossvox names it; the registry finds it because this
+adapter, and a talker runner (it declares no optional request fields, so it ignores them all). Nothing of mossvox names it; the registry finds it because this
 module defined it, and the workers import this module when they unpickle their spec. Its talker
 speaks one frame per word of the input, with codes that are a function of the frame index, so the
 audio that comes back over HTTP can be checked against the codec decoding those codes directly.
@@ -87,7 +87,7 @@ class ToyVariant(Variant):
     description = "the toy variant of tests/api/test_toy_variant.py"
     name = "mossvox-toy"
 
-    def build_request(self, job: SpeechJob) -> TalkerRequest:
+    def adapt(self, job: SpeechJob) -> TalkerRequest:
         words = job.text.split()
         if "?" in job.text:
             raise AdapterError("the toy answers no questions")
@@ -149,6 +149,9 @@ async def test_a_toy_variant_is_served_over_http(toy_dir, tmp_path) -> None:
                 "input": TEXT, "response_format": "pcm", "sample_rate": variant.sample_rate,
                 "channels": variant.channels})
             refused = await http.post("/v1/audio/speech", json={"input": "why?", "response_format": "pcm"})
+            unused = await http.post("/v1/audio/speech", json={  # the same layout as `response`
+                "input": TEXT, "response_format": "pcm", "sample_rate": variant.sample_rate,
+                "channels": variant.channels, "language": "English", "ref_text": "words"})
     assert response.status_code == 200, response.text
     assert int(response.headers["X-Audio-Sample-Rate"]) == variant.sample_rate
     frames = len(TEXT.split())  # the toy's rule: one frame per word
@@ -162,3 +165,6 @@ async def test_a_toy_variant_is_served_over_http(toy_dir, tmp_path) -> None:
     assert np.abs(got.astype(np.float64) - want).max() <= 1.0 and np.abs(want).max() > 0
     # the toy's adapter refused it: a client error naming the rule, not a crash
     assert refused.status_code == 400 and "no questions" in refused.json()["error"]["message"]
+    # a family that declares no optional fields ignores them all, says so, and makes the same audio
+    assert unused.status_code == 200 and unused.headers["X-Ignored-Fields"] == "ref_text, language"
+    assert unused.content == response.content

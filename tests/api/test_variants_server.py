@@ -1,10 +1,17 @@
-"""The Delay family and Realtime through the real server: one `mossvox serve` per variant on a
-tiny random-weight checkpoint written by `make_checkpoint`.
+"""Every model family through the real server: one `mossvox serve` per variant on a tiny
+random-weight checkpoint written by `make_checkpoint` (the Delay family, Realtime, Local-v1.5),
+plus a Realtime server with `api.strict_fields` on.
 
-Each variant streams raw PCM (24 kHz mono) whose first chunk reaches the client while the talker
-is still generating (its slot gauge, read from /metrics when the first bytes arrive, is 1), and
-each variant's request-adapter errors come back as 400s in the OpenAI envelope. TTSD takes a list
-of reference clips with a speaker-tagged transcript; `mossvox synth` repeats --ref-audio for it.
+Each Delay or Realtime variant streams raw PCM (24 kHz mono) whose first chunk reaches the client
+while the talker is still generating (its slot gauge, read from /metrics when the first bytes
+arrive, is 1), and each variant's request-adapter errors come back as 400s in the OpenAI
+envelope. One request carrying every optional field (`ref_audio`, `ref_text`, `instructions`,
+`language`) succeeds against every family, which names the fields it ignored in
+`X-Ignored-Fields` and whose audio is exactly that of the request without them; where the family
+takes a reference, the reference changes the audio. TTSD takes a list of reference clips with a
+speaker-tagged transcript, and untagged text as [S1]'s; `mossvox synth` repeats --ref-audio for
+it.
+
 The number of talker steps before the first chunk is measured in
 `tests/stages/test_variants_delay_realtime.py`; streaming v1 decode = whole decode in
 `tests/stages/test_codec_streaming.py`.
@@ -21,7 +28,7 @@ import httpx
 import pytest
 
 from stages.tools.make_checkpoint import make_checkpoint
-from tests.api.helpers import assert_error, data_url, metric, tone_wav
+from tests.api.helpers import assert_error, data_url, metric, parse_sse, tone_wav
 from tests.api.server_process import REPO, ServerProcess
 
 SAMPLES_PER_FRAME = 1920  # v1 codec: 24 kHz / 12.5 Hz
@@ -39,29 +46,47 @@ ACCEPTED = {
 EXTRA_STEPS = {"delay": 32, "ttsd": 16, "sound-effect": 16, "voice-generator": 16, "realtime": 0}
 CLIP = data_url(tone_wav(1.5))
 CLIP2 = data_url(tone_wav(1.5, hz=330.0))
-# (body, message fragment) of one request each variant's adapter refuses
+# (body, message fragment) of one request each variant's adapter refuses: a field that is wrong,
+# not one the variant does not use (SoundEffect uses none of the optional fields)
 REFUSED = {
     "delay": ({"input": "Hi.", "ref_audio": [CLIP, CLIP2]}, "at most one reference"),
-    "ttsd": ({"input": "no speaker tags here"}, "speaker tags"),
-    "sound-effect": ({"input": "thunder", "ref_audio": CLIP}, "takes no reference audio"),
+    "ttsd": ({"input": "[S1] Hi. [S6] Hello."}, "go from [S1] to [S5]"),
     "voice-generator": ({"input": "Hello there."}, "instructions"),
-    "realtime": ({"input": "Hello.", "instructions": "whisper"}, "does not take instructions"),
+    "realtime": ({"input": "Hello.", "ref_audio": [CLIP, CLIP2]}, "one reference clip"),
+    "local-v1.5": ({"input": "Hello.", "ref_audio": [CLIP, CLIP2]}, "one reference clip"),
 }
+FAMILIES = (*ACCEPTED, "local-v1.5")
+BASE = {**{name: body for name, (body, _) in ACCEPTED.items()}, "local-v1.5": {"input": "Hello from the local model."}}
+EVERY_FIELD = {"ref_audio": CLIP, "ref_text": "The reference words.", "instructions": "a calm, low voice",
+               "language": "English"}
+# what each family ignores of EVERY_FIELD (docs/models.md): TTSD has no instruction field,
+# SoundEffect's prompt is its description alone, VoiceGenerator makes its own voice, Realtime has
+# neither continuation nor an instruction or language field
+IGNORES = {"delay": (), "local-v1.5": (), "ttsd": ("instructions",),
+           "sound-effect": ("ref_audio", "ref_text", "instructions", "language"),
+           "voice-generator": ("ref_audio", "ref_text"), "realtime": ("ref_text", "instructions", "language")}
+STRICT = "realtime-strict"
+ROOTS = {"delay": "moss-tts-delay", "ttsd": "moss-ttsd", "sound-effect": "moss-sound-effect",
+         "voice-generator": "moss-voice-generator", "realtime": "moss-tts-realtime",
+         "local-v1.5": "moss-tts-local-v1.5"}
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("variant-checkpoints")
-    for name in ACCEPTED:
+    for name in FAMILIES:
         make_checkpoint(root / name, variant=name, size="tiny", seed=4)
     return root
 
 
 @pytest.fixture(scope="module")
 def servers(checkpoints, tmp_path_factory):
-    """One server per variant, started together (start-up is mostly imports and waiting)."""
+    """One server per variant and the strict one, started together (start-up is mostly imports
+    and waiting)."""
     started = {name: ServerProcess(tmp_path_factory.mktemp("data"), str(checkpoints / name))
-               for name in ACCEPTED}
+               for name in FAMILIES}
+    started[STRICT] = ServerProcess(tmp_path_factory.mktemp("data"), str(checkpoints / "realtime"),
+                                    sets=("api.strict_fields=true",))
     try:
         with ThreadPoolExecutor(len(started)) as pool:
             for future in [pool.submit(server.start) for server in started.values()]:
@@ -114,11 +139,86 @@ def test_each_variant_streams_its_first_audio_while_still_generating(served):
     assert talker_steps(http) - steps_before == frames + EXTRA_STEPS[name]
 
 
-def test_each_variant_refuses_what_its_adapter_cannot_serve_with_a_400(served):
-    name, _, http = served
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_each_variant_refuses_what_its_adapter_cannot_serve_with_a_400(servers, name):
     body, message = REFUSED[name]
-    response = http.post("/v1/audio/speech", json={**body, "response_format": "pcm"})
+    response = httpx.post(f"{servers[name].url}/v1/audio/speech", json={**body, "response_format": "pcm"},
+                          timeout=60)
     assert_error(response, 400, contains=message)
+
+
+def speech(http, body: dict) -> httpx.Response:
+    response = http.post("/v1/audio/speech", json={"response_format": "pcm", "forced_frames": 6, "seed": 7,
+                                                   **body})
+    assert response.status_code == 200, response.text
+    frame_samples = int(response.headers["x-audio-sample-rate"]) * 2 // 25  # 80 ms
+    assert len(response.content) == 6 * frame_samples * 2 * int(response.headers["x-audio-channels"])
+    return response
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_takes_every_field_and_names_those_it_ignores(servers, name):
+    ignored = IGNORES[name]
+    takes_reference = "ref_audio" not in ignored
+    with httpx.Client(base_url=servers[name].url, timeout=60) as http:
+        card = http.get("/v1/models").json()["data"][0]  # the card says what it uses, up front
+        fields = ("ref_audio", "voice", "ref_text", "instructions", "language")  # a voice is a reference
+        assert card["request_fields"] == [f for f in fields if f.replace("voice", "ref_audio") not in ignored]
+        assert card["root"] == ROOTS[name]
+        full = speech(http, {**BASE[name], **EVERY_FIELD})
+        assert full.headers.get("x-ignored-fields") == (", ".join(ignored) or None)
+        assert ("x-ref-cache" in full.headers) == takes_reference  # an ignored clip is not even decoded
+        # what it ignores changes nothing: the same samples come out without those fields
+        kept = {k: v for k, v in EVERY_FIELD.items() if k not in ignored}
+        bare = speech(http, {**BASE[name], **kept})
+        assert "x-ignored-fields" not in bare.headers and bare.content == full.content
+        if takes_reference:  # and the reference it takes is used: without it the audio differs
+            unvoiced = speech(http, {**BASE[name], **{k: v for k, v in kept.items() if not k.startswith("ref_")}})
+            assert unvoiced.content != full.content
+
+
+def test_strict_fields_turns_ignored_fields_into_a_400_naming_them(servers):
+    with httpx.Client(base_url=servers[STRICT].url, timeout=60) as http:
+        refused = http.post("/v1/audio/speech", json={**BASE["realtime"], **EVERY_FIELD, "response_format": "pcm"})
+        error = assert_error(refused, 400, param="ref_text", contains="ref_text, instructions, language")
+        assert "api.strict_fields" in error["message"] and error["code"] == "unused_field"
+        # a field the model uses is no reason to refuse: the reference alone is served
+        served = speech(http, {**BASE["realtime"], "ref_audio": CLIP})
+        assert "x-ignored-fields" not in served.headers and served.headers["x-ref-cache"] == "miss"
+
+
+def test_the_sse_done_event_names_the_ignored_fields_too(servers):
+    body = {**BASE["realtime"], **EVERY_FIELD, "task_type": "Base", "stream_format": "sse",
+            "response_format": "pcm", "forced_frames": 4}
+    response = httpx.post(f"{servers['realtime'].url}/v1/audio/speech", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    fields = ["ref_text", "instructions", "language", "task_type"]
+    assert response.headers["x-ignored-fields"] == ", ".join(fields)
+    name, done = parse_sse(response.content)[-1]
+    assert name == "speech.audio.done" and done["ignored_fields"] == fields
+
+
+def test_a_voice_name_is_ignored_unlooked_up_by_a_family_without_references(servers):
+    body = {**BASE["sound-effect"], "voice": "nobody-registered", "response_format": "pcm", "forced_frames": 2}
+    ignored = httpx.post(f"{servers['sound-effect'].url}/v1/audio/speech", json=body, timeout=60)
+    assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "voice"
+    builtin = httpx.post(f"{servers['sound-effect'].url}/v1/audio/speech", json={**body, "voice": "alloy"},
+                         timeout=60)
+    assert builtin.status_code == 200 and "x-ignored-fields" not in builtin.headers  # the model's own voice
+    unknown = httpx.post(f"{servers['realtime'].url}/v1/audio/speech", json=body, timeout=60)
+    assert_error(unknown, 404, param="voice")  # a family with references looks the name up
+
+
+def test_ttsd_speaks_untagged_text_as_s1_and_says_so(servers):
+    clip = {"ref_audio": CLIP, "ref_text": "The reference words."}
+    with httpx.Client(base_url=servers["ttsd"].url, timeout=60) as http:
+        untagged = speech(http, {"input": "Hello there, how are you?", **clip})
+        assert untagged.headers["x-untagged-speaker"] == "[S1]" and "x-ref-cache" in untagged.headers
+        tagged = speech(http, {"input": "[S1] Hello there, how are you?", **clip})
+        assert "x-untagged-speaker" not in tagged.headers
+        assert tagged.content == untagged.content  # S1, with the first reference as its voice
+        plain = speech(http, {"input": "Hello there, how are you?"})
+        assert plain.headers["x-untagged-speaker"] == "[S1]" and plain.content != untagged.content
 
 
 def test_ttsd_takes_one_clip_per_speaker_and_a_tagged_transcript(servers):

@@ -35,6 +35,8 @@ def test_prompt_modes(variant) -> None:
         assert len(hits) == 1
     with pytest.raises(ValueError, match="ref_text"):
         variant.build_request(speech_job(ref_text="only text"))
+    with pytest.raises(ValueError, match="one reference clip"):  # not the first of several, silently
+        variant.build_request(speech_job(ref_codes=codes, extra_ref_codes=[codes]))
 
 
 def test_sampling_overrides_and_caps(variant) -> None:

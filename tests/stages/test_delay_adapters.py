@@ -67,8 +67,6 @@ def test_ttsd_cloning_is_continuation_on_all_references(processor):
 
 def test_ttsd_errors(processor):
     ref = golden("voice_clone")["reference_audio_codes"]
-    with pytest.raises(AdapterError, match="speaker tags"):
-        build_request(processor, "ttsd", DelayRequest("no tags here"))
     with pytest.raises(AdapterError, match=r"\[S1\] to \[S5\]"):
         build_request(processor, "ttsd", DelayRequest("[S1]a[S6]b"))
     with pytest.raises(AdapterError, match="S2: reference audio and its transcript"):
@@ -77,23 +75,24 @@ def test_ttsd_errors(processor):
     assert plain[-1, 0] != processor.config.gen_slot  # no references: generation mode
 
 
+def test_ttsd_untagged_text_is_spoken_by_s1(processor):
+    untagged = build_request(processor, "ttsd", DelayRequest("One speaker only."))
+    assert "- Text:\n[S1] One speaker only.\n" in decoded(processor, untagged)
+    assert (untagged == build_request(processor, "ttsd", DelayRequest("[S1] One speaker only."))).all()
+
+
 def test_sound_effect_puts_the_description_in_ambient_sound(processor):
     prompt = build_request(processor, "sound-effect", DelayRequest("rain on a tin roof", tokens=50))
     text = decoded(processor, prompt)
     assert "- Ambient Sound:\nrain on a tin roof\n" in text and "- Text:\nNone\n" in text
     assert "- Tokens:\n50\n" in text
-    with pytest.raises(AdapterError, match="takes no reference"):
-        build_request(processor, "sound-effect", DelayRequest("rain", ref_codes=[golden("voice_clone")[
-            "reference_audio_codes"]]))
 
 
-def test_voice_generator_needs_instructions_and_no_reference(processor):
+def test_voice_generator_needs_instructions(processor):
     prompt = build_request(processor, "voice-generator", DelayRequest("Hello.", instructions="a warm old voice"))
     assert "- Instruction:\na warm old voice\n" in decoded(processor, prompt)
     with pytest.raises(AdapterError, match="instructions"):
         build_request(processor, "voice-generator", DelayRequest("Hello."))
-    with pytest.raises(AdapterError, match="takes no reference"):
-        build_request(processor, "voice-generator", DelayRequest("Hello.", instructions="x", ref_texts=["y"]))
 
 
 def test_sampling_defaults_follow_the_model_cards():

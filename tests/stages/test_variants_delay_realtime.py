@@ -18,6 +18,7 @@ from ipc.channel import Channel
 from ipc.messages import CodecInbox, CoordinatorInbox, Submit, TalkerInbox
 from ipc.shm import new_instance_id
 from profiles import load_profile
+from speech.job import OPTIONAL_FIELDS
 from stages.models.delay.variant import split_transcripts
 from stages.registry import load_variant
 from stages.tools.make_checkpoint import make_checkpoint
@@ -95,21 +96,65 @@ def test_local_v1_checkpoint_is_refused_by_name(checkpoints, profile, tmp_path) 
 
 
 @pytest.mark.parametrize("name, job, message", [
-    ("sound-effect", speech_job(text="thunder", ref_codes=codes(20, 16)), "takes no reference audio"),
     ("voice-generator", speech_job(), "instructions"),
-    ("voice-generator", speech_job(instructions="warm", ref_codes=codes(20, 16)), "takes no reference audio"),
-    ("ttsd", speech_job(text="no tags here"), "speaker tags"),
+    ("voice-generator", speech_job(instructions="  ", ref_codes=codes(20, 16)), "instructions"),
     ("ttsd", speech_job(text="[S1] a [S2] b", ref_codes=codes(20, 16), extra_ref_codes=[codes(20, 16, 1)],
                  ref_text="both clips' words, untagged"), "tag ref_text by speaker"),
     ("ttsd", speech_job(text="[S1] a [S2] b", ref_codes=codes(20, 16)), "go together"),
+    ("ttsd", speech_job(text="[S1] a [S6] b"), r"from \[S1\] to \[S5\]"),
     ("delay", speech_job(ref_codes=codes(20, 32), extra_ref_codes=[codes(20, 32, 1)]), "at most one reference"),
-    ("realtime", speech_job(instructions="whisper"), "does not take instructions"),
-    ("realtime", speech_job(ref_codes=codes(20, 16), ref_text="words"), "no continuation mode"),
+    ("delay", speech_job(ref_codes=codes(20, 16)), "codes"),
     ("realtime", speech_job(ref_codes=codes(20, 16), extra_ref_codes=[codes(20, 16, 1)]), "one reference clip"),
 ])
 def test_adapter_errors_say_what_to_change(checkpoints, profile, name, job, message) -> None:
     with pytest.raises(AdapterError, match=message):
         variant_of(checkpoints, name, profile).build_request(job)
+
+
+# the optional fields each variant uses (docs/models.md): TTSD has no instruction field,
+# SoundEffect's prompt is its description alone, VoiceGenerator makes its own voice, and
+# Realtime has neither continuation nor an instruction or language field
+USES = {"delay": {"reference", "ref_text", "instructions", "language"},
+        "ttsd": {"reference", "ref_text", "language"}, "sound-effect": set(),
+        "voice-generator": {"instructions", "language"}, "realtime": {"reference"}}
+
+
+def _same(a, b) -> bool:
+    return np.array_equal(a.prompt, b.prompt) and (
+        a.prime_codes is b.prime_codes is None or np.array_equal(a.prime_codes, b.prime_codes))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_a_field_a_variant_does_not_use_is_ignored_and_one_it_uses_is_read(checkpoints, profile, name) -> None:
+    variant = variant_of(checkpoints, name, profile)
+    every = dict(ref_codes=codes(6, variant.n_vq), ref_text="the reference words",
+                 instructions="a calm, low voice", language="English", sampling={"seed": 1})
+    job = speech_job(**{**every, **ACCEPTED[name]})
+    assert job.given_fields() == OPTIONAL_FIELDS
+    ignored = variant.ignored_fields(job.given_fields())
+    assert set(ignored) == set(OPTIONAL_FIELDS) - USES[name] == set(OPTIONAL_FIELDS) - variant.used_fields
+    request = variant.build_request(job)  # accepted, whatever the variant does not use
+    assert _same(request, variant.build_request(job.without(ignored)))  # ...which changes nothing
+    for field in USES[name]:  # ...while each field it uses reaches the prompt (or is required)
+        less = job.without({field} | ({"ref_text"} if field == "reference" else set()))
+        try:
+            assert not _same(request, variant.build_request(less)), f"{name} does not read {field}"
+        except AdapterError:
+            pass  # its absence is refused: it is read
+
+
+def test_ttsd_gives_untagged_text_to_s1_with_the_first_reference_as_its_voice(checkpoints, profile) -> None:
+    variant = variant_of(checkpoints, "ttsd", profile)
+    assert variant.default_speaker("How are you?") == "[S1]"
+    assert variant.default_speaker("[S2] How are you?") is None
+    assert all(variant_of(checkpoints, other, profile).default_speaker("How are you?") is None
+               for other in VARIANTS if other != "ttsd")
+    plain = variant.build_request(speech_job(text="How are you?", sampling={"seed": 1}))
+    assert _same(plain, variant.build_request(speech_job(text="[S1] How are you?", sampling={"seed": 1})))
+    clip = dict(ref_codes=codes(6, 16), ref_text="the reference words", sampling={"seed": 1})
+    cloned = variant.build_request(speech_job(text="How are you?", **clip))
+    assert _same(cloned, variant.build_request(speech_job(text="[S1] How are you?", **clip)))
+    assert (cloned.prime_codes == clip["ref_codes"]).all()  # S1 continues the first reference
 
 
 def test_ttsd_clones_several_speakers_by_continuation(checkpoints, profile) -> None:

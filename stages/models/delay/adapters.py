@@ -4,14 +4,16 @@ sampling defaults (docs/models.md, "Delay family").
 | variant          | text                          | references                        | other             |
 |------------------|-------------------------------|-----------------------------------|-------------------|
 | moss-tts         | what to say (required)        | 0 or 1; with `ref_text`: continuation | language, tokens, instructions |
-| ttsd             | dialogue with [S1]..[S5] tags | one per speaker (None = no voice); each needs its transcript; cloning = continuation on the concatenated references | language, tokens |
-| sound-effect     | the sound description -> the template's "Ambient Sound" field; text stays None | none (error) | tokens |
-| voice-generator  | what to say (required)        | none (error); `instructions` (the voice description) required | language, tokens |
+| ttsd             | dialogue with [S1]..[S5] tags; untagged text is [S1]'s | one per speaker (None = no voice); each needs its transcript; cloning = continuation on the concatenated references | language, tokens |
+| sound-effect     | the sound description -> the template's "Ambient Sound" field; text stays None | not used | tokens |
+| voice-generator  | what to say (required)        | not used; `instructions` (the voice description) required | language, tokens |
 
-Every rule violation is an `AdapterError` (a ValueError; the API answers 400) whose message says
-what to change. Which variant a checkpoint is cannot be read from its config (all are
-`MossTTSDelayModel`); `variant_for_config` takes an explicit name, else decides by n_vq 32 ->
-moss-tts, and otherwise asks for the name.
+`USED_FIELDS` says which optional job fields (`speech.job.OPTIONAL_FIELDS`) each variant uses;
+the variant clears the others before its adapter runs, so an adapter never sees a field its
+model has no use for. Every rule violation is an `AdapterError` (a ValueError; the API answers
+400) whose message says what to change. Which variant a checkpoint is cannot be read from its
+config (all are `MossTTSDelayModel`); `variant_for_config` takes an explicit name, else decides
+by n_vq 32 -> moss-tts, and otherwise asks for the name.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speech.job import OptionalField
 from speech.sampling import SamplingParams
 from stages.models.delay.processor import DelayProcessor
 from stages.variant import AdapterError
 
 MAX_SPEAKERS = 5
+DEFAULT_SPEAKER = "[S1]"  # who speaks TTSD text that carries no speaker tags
 _SPEAKER_TAG = re.compile(r"\[S(\d+)\]")
 
 
@@ -77,11 +81,6 @@ def _references(request: DelayRequest) -> list[np.ndarray]:
     return [c for c in request.ref_codes if c is not None]
 
 
-def _no_reference(request: DelayRequest, variant: str) -> None:
-    if _references(request) or any(t for t in request.ref_texts):
-        raise AdapterError(f"{variant} takes no reference audio or reference text")
-
-
 def build_moss_tts(processor: DelayProcessor, r: DelayRequest) -> np.ndarray:
     text = _required(r.text, "input text")
     refs = _references(r)
@@ -99,8 +98,8 @@ def build_moss_tts(processor: DelayProcessor, r: DelayRequest) -> np.ndarray:
 def build_ttsd(processor: DelayProcessor, r: DelayRequest) -> np.ndarray:
     text = _required(r.text, "dialogue text")
     tags = [int(t) for t in _SPEAKER_TAG.findall(text)]
-    if not tags:
-        raise AdapterError("TTSD dialogue text must carry speaker tags such as [S1] ... [S2] ...")
+    if not tags:  # one speaker: S1, whose voice is the first reference (if any)
+        text, tags = f"{DEFAULT_SPEAKER} {text.strip()}", [1]
     if max(tags) > MAX_SPEAKERS or min(tags) < 1:
         raise AdapterError(f"TTSD speaker tags go from [S1] to [S{MAX_SPEAKERS}]")
     codes = list(r.ref_codes)
@@ -141,16 +140,22 @@ def _merge_speaker_runs(text: str) -> str:
 
 def build_sound_effect(processor: DelayProcessor, r: DelayRequest) -> np.ndarray:
     description = _required(r.text, "the sound description (input)")
-    _no_reference(r, "MOSS-SoundEffect")
     return processor.build_prompt(None, ambient_sound=description.strip(), tokens=r.tokens)
 
 
 def build_voice_generator(processor: DelayProcessor, r: DelayRequest) -> np.ndarray:
     text = _required(r.text, "input text")
     instructions = _required(r.instructions, "instructions (a description of the voice to generate)")
-    _no_reference(r, "MOSS-VoiceGenerator")
     return processor.build_prompt(text, instruction=instructions.strip(), language=r.language, tokens=r.tokens)
 
+
+# the optional job fields each variant's adapter reads; the variant clears the rest
+USED_FIELDS: dict[str, frozenset[OptionalField]] = {
+    "moss-tts": frozenset({"reference", "ref_text", "instructions", "language"}),
+    "ttsd": frozenset({"reference", "ref_text", "language"}),
+    "sound-effect": frozenset(),
+    "voice-generator": frozenset({"instructions", "language"}),
+}
 
 BUILDERS = {
     "moss-tts": build_moss_tts,

@@ -5,12 +5,15 @@ is: the profile's `model.variant`, else `mossvox_variant` in config.json (writte
 `make-checkpoint`), else n_vq 32 means MOSS-TTS; a 16-codebook checkpoint without a name is
 ambiguous and refused with a message that says how to name it.
 
-The request adapter (`build_request`, API process) maps an engine-level speech job onto the
-variant's rules (`stages.models.delay.adapters`): `input` is the text (SoundEffect: the sound
-description), `instructions` the instruction field (VoiceGenerator: required voice description),
-`ref_codes` + `extra_ref_codes` the references (TTSD: speaker S1, S2, ... in order), `ref_text`
-their transcript (continuation; TTSD: one transcript with [S1]..[S5] tags, or untagged for a
-single reference). A rule violation is an `AdapterError` (HTTP 400).
+The request adapter (`adapt`, through `build_request`, API process) maps an engine-level speech
+job onto the variant's rules (`stages.models.delay.adapters`): `input` is the text (SoundEffect:
+the sound description; TTSD: untagged text is spoken by [S1]), `instructions` the instruction
+field (VoiceGenerator: required voice description), `ref_codes` + `extra_ref_codes` the
+references (TTSD: speaker S1, S2, ... in order), `ref_text` their transcript (continuation;
+TTSD: one transcript with [S1]..[S5] tags, or untagged for a single reference). The optional
+fields a variant does not use (`adapters.USED_FIELDS`: TTSD has no instruction field,
+SoundEffect uses none, VoiceGenerator no reference) are cleared before the adapter runs. A rule
+violation is an `AdapterError` (HTTP 400).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import numpy as np
 
 from profiles import Profile
 from speech.job import SpeechJob
-from stages.models.delay.adapters import SAMPLING_DEFAULTS, DelayRequest, build_request, variant_for_config
+from stages.models.delay.adapters import (DEFAULT_SPEAKER, SAMPLING_DEFAULTS, USED_FIELDS, DelayRequest, build_request,
+                                          variant_for_config)
 from stages.models.delay.processor import DelayProcessor
 from stages.runtime.talker_runner import TalkerRunner
 from stages.variant import AdapterError, CheckpointRecipe, Size, TalkerRequest, UnknownModel, Variant
@@ -91,6 +95,7 @@ class DelayVariant(Variant):
         self.variant = delay_variant_name(self.config, profile)
         self.name = DISPLAY_NAMES[self.variant]
         self.sampling_defaults = SAMPLING_DEFAULTS[self.variant]
+        self.used_fields = USED_FIELDS[self.variant]
 
     @classmethod
     def check(cls, model_dir: Path, config: dict, profile: Profile) -> None:
@@ -104,7 +109,7 @@ class DelayVariant(Variant):
 
     # ---- the request adapter -------------------------------------------------------------------
 
-    def build_request(self, job: SpeechJob) -> TalkerRequest:
+    def adapt(self, job: SpeechJob) -> TalkerRequest:
         """Prompt `[S, 1 + n_vq]` int64 (delayed layout), sampling and priming; AdapterError / ValueError.
 
         Continuation (references + `ref_text`): the codec first decodes the reference codes
@@ -133,12 +138,14 @@ class DelayVariant(Variant):
         refs = [job.ref_codes, *(job.extra_ref_codes or ())]
         return np.concatenate([np.asarray(c, dtype=np.int64) for c in refs])
 
+    def default_speaker(self, text: str) -> str | None:
+        """TTSD: [S1] speaks text without speaker tags (with the first reference as its voice)."""
+        return DEFAULT_SPEAKER if self.variant == "ttsd" and not _TAGGED.search(text) else None
+
     def warm_up_job(self) -> SpeechJob:
-        """The plain warm-up job, with what this variant's rules need (TTSD: a speaker tag;
-        VoiceGenerator: a voice description)."""
+        """The plain warm-up job, with what this variant's rules need (VoiceGenerator: a voice
+        description)."""
         job = super().warm_up_job()
-        if self.variant == "ttsd":
-            job.text = "[S1] warm up"
         if self.variant == "voice-generator":
             job.instructions = "a calm, clear voice"
         return job

@@ -1,17 +1,18 @@
 """The MOSS-TTS-Local-Transformer-v1.5 variant: request adapter, sampling defaults, runner, checkpoints.
 
-The request adapter (`build_request`) runs in the API process: it turns a speech job into the
-prompt `[S, 1 + n_vq]`, the resolved sampling and, in continuation, the codes the codec decodes
-first, so the engine never tokenizes.
+The request adapter (`adapt`, through `build_request`) runs in the API process: it turns a speech
+job into the prompt `[S, 1 + n_vq]`, the resolved sampling and, in continuation, the codes the
+codec decodes first, so the engine never tokenizes. It uses every optional field: one reference,
+its transcript (continuation), instructions and language.
 """
 
 from __future__ import annotations
 
-from speech.job import SpeechJob
+from speech.job import OPTIONAL_FIELDS, SpeechJob
 from speech.sampling import SamplingParams
 from stages.models.local_v15.processor import LocalV15Processor
 from stages.runtime.talker_runner import TalkerRunner
-from stages.variant import CheckpointRecipe, Size, TalkerRequest, Variant
+from stages.variant import AdapterError, CheckpointRecipe, Size, TalkerRequest, Variant
 
 
 class LocalV15Variant(Variant):
@@ -23,6 +24,7 @@ class LocalV15Variant(Variant):
     processor_class = LocalV15Processor
     processor: LocalV15Processor
     continues_context = True
+    used_fields = frozenset(OPTIONAL_FIELDS)
 
     @property
     def sampling_defaults(self) -> SamplingParams:  # the model card's, up to the profile's frame cap
@@ -30,7 +32,7 @@ class LocalV15Variant(Variant):
 
     # ---- the request adapter -------------------------------------------------------------------
 
-    def build_request(self, job: SpeechJob) -> TalkerRequest:
+    def adapt(self, job: SpeechJob) -> TalkerRequest:
         """Prompt `[S, 1 + n_vq]` int64, sampling and priming for `job`; ValueError on a bad field.
 
         Continuation (`ref_codes` + `ref_text`): the prompt ends with the reference's audio rows,
@@ -42,6 +44,8 @@ class LocalV15Variant(Variant):
         Context (`job.context_codes` + `context_text`, the audio a stream spoke just before): the
         same continuation with those codes and that transcript, the reference (if any) as the
         voice-clone reference, so a stream's sentences go on in one voice and one prosody."""
+        if job.extra_ref_codes:
+            raise AdapterError("MOSS-TTS-Local-Transformer takes one reference clip (ref_audio), not several")
         common = dict(language=job.language, instruction=job.instructions)
         sampling = self.resolve_sampling(job)
         if job.context_codes is not None and self.profile.codec.prime_continuation:

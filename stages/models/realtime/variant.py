@@ -4,9 +4,10 @@ first frame.
 The request adapter: `input` is the text to speak; an optional reference (`ref_codes`, one clip)
 becomes the voice-timbre context block. Its text may also arrive while it speaks
 (`open_text_stream`), as the model was built for. Realtime has no continuation mode, instruction or
-language field and takes one reference: a request that sets `ref_text`, `instructions`,
-`language` or several references is refused with an `AdapterError` (HTTP 400) that says so,
-rather than silently ignored. Sampling defaults: upstream's (docs/models.md, "Realtime").
+language field, so the only optional field it uses is the reference: `ref_text`, `instructions`
+and `language` are ignored (and reported by the API), for whole texts and text streams alike.
+Several references are wrong rather than unused: an `AdapterError` (HTTP 400). Sampling defaults:
+upstream's (docs/models.md, "Realtime").
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ class RealtimeVariant(Variant):
     processor_class = RealtimeProcessor
     processor: RealtimeProcessor
     takes_text_while_speaking = True
+    used_fields = frozenset({"reference"})
 
     def codebooks(self) -> int:
         return RealtimeConfig.from_dict(self.config).rvq
 
-    def build_request(self, job: SpeechJob) -> TalkerRequest:
+    def adapt(self, job: SpeechJob) -> TalkerRequest:
         """Prompt (prefill rows, then one row per text token still to stream) and sampling."""
-        self._check_fields(job)
+        self._check_references(job)
         if not job.text or not job.text.strip():
             raise AdapterError("input text is required")
         try:
@@ -50,18 +52,16 @@ class RealtimeVariant(Variant):
 
     def open_text_stream(self, job: SpeechJob) -> TextStream:
         """Text while it speaks (`stages.models.realtime.text_stream`): the request starts once its
-        first 12 tokens are there, later tokens are fed to it as they come."""
+        first 12 tokens are there, later tokens are fed to it as they come. The optional fields it
+        does not use are cleared first, as `build_request` clears them for whole texts."""
         from stages.models.realtime.text_stream import RealtimeTextStream
 
-        self._check_fields(job)
+        job = self.without_ignored(job)
+        self._check_references(job)
         return RealtimeTextStream(self, job)
 
-    def _check_fields(self, job: SpeechJob) -> None:
-        for field, why in (("ref_text", "it has no continuation mode; send ref_audio alone to clone a voice"),
-                           ("instructions", "it has no instruction field"),
-                           ("language", "it has no language field")):
-            if getattr(job, field):
-                raise AdapterError(f"MOSS-TTS-Realtime does not take {field}: {why}")
+    @staticmethod
+    def _check_references(job: SpeechJob) -> None:
         if job.extra_ref_codes:
             raise AdapterError("MOSS-TTS-Realtime takes one reference clip (ref_audio), not several")
 
