@@ -3,13 +3,15 @@
 
 Each of C clients posts its next prompt as soon as its previous response has ended: one
 ``POST /v1/audio/speech`` per prompt with ``stream_format=audio``, ``response_format=pcm`` in the
-model's own layout (``sample_rate`` and ``channels`` from ``GET /v1/models``), the reference
-clip as a ``data:audio/wav;base64,...`` URL in ``ref_audio`` and its transcript in ``ref_text``,
-and (for random weights, which never stop by themselves) a forced length
+model's own layout (``sample_rate`` and ``channels`` from ``GET /v1/models``), the prompt's fields
+(the reference clip as a ``data:audio/wav;base64,...`` URL in ``ref_audio`` and its transcript in
+``ref_text``; a voice description in ``instructions``: whichever the prompt has), and (for random
+weights, which never stop by themselves) a forced length
 ``forced_frames = min(cap, max(1, round(frames_per_char * len(input))))`` with
 ``max_new_tokens = cap``. Every body chunk's arrival time and size is recorded
-(`bench.report.RequestResult`); a request succeeds only with HTTP 200, a complete body and
-non-empty whole-sample PCM.
+(`bench.report.RequestResult`), with the fields the server says it ignored
+(``X-Ignored-Fields``: MOSS-TTS-Realtime has no use for ``ref_text``); a request succeeds only
+with HTTP 200, a complete body and non-empty whole-sample PCM.
 
 At high concurrency one Python process cannot keep up with the streams (it measured its own
 ceiling, not the server's), so the C clients can be spread over P worker processes
@@ -85,11 +87,13 @@ class ClientConfig:
 
 @dataclass(frozen=True)
 class ServerInfo:
-    """The served model and its PCM layout, from ``GET /v1/models``."""
+    """The served model and its PCM layout, from ``GET /v1/models`` (``root``: the model family's
+    own name, e.g. moss-sound-effect, when the server lists it)."""
 
     model: str
     sample_rate: int
     channels: int
+    root: str | None = None
 
     @property
     def bytes_per_s(self) -> int:
@@ -106,22 +110,27 @@ async def server_info(config: ClientConfig) -> ServerInfo:
     if card is None:
         raise ValueError(f"model {config.model!r} is not served at {config.url} "
                          f"(served: {', '.join(c['id'] for c in cards)})")
-    return ServerInfo(card["id"], int(card["sample_rate"]), int(card["channels"]))
+    return ServerInfo(card["id"], int(card["sample_rate"]), int(card["channels"]), card.get("root"))
 
 
 def request_body(prompt: Prompt, index: int, config: ClientConfig, info: ServerInfo) -> bytes:
-    """The JSON body for one prompt; reads its reference clip (OSError if unreadable). The PCM
-    layout asked for is the model's own (the server's pcm default is OpenAI's 24 kHz mono), so
-    the figures measure the native stream. The base64 clip (hundreds of KB, nothing to escape)
-    is spliced in rather than JSON-encoded."""
-    clip = base64.b64encode(prompt.prompt_wav.read_bytes())
+    """The JSON body for one prompt; reads its reference clip, if it has one (OSError if
+    unreadable). The PCM layout asked for is the model's own (the server's pcm default is OpenAI's
+    24 kHz mono), so the figures measure the native stream. The base64 clip (hundreds of KB,
+    nothing to escape) is spliced in rather than JSON-encoded."""
     fields = {"model": info.model, "input": prompt.target_text, "response_format": "pcm",
               "sample_rate": info.sample_rate, "channels": info.channels,
-              "stream_format": "audio", "ref_text": prompt.prompt_text,
-              "seed": (config.seed + index) % 2**63}
+              "stream_format": "audio", "seed": (config.seed + index) % 2**63}
+    if prompt.prompt_text:
+        fields["ref_text"] = prompt.prompt_text
+    if prompt.instructions:
+        fields["instructions"] = prompt.instructions
     if config.forced is not None:
         fields["forced_frames"] = config.forced.frames(prompt.target_text)
         fields["max_new_tokens"] = config.forced.max_new_tokens
+    if prompt.prompt_wav is None:
+        return msgspec.json.encode(fields)
+    clip = base64.b64encode(prompt.prompt_wav.read_bytes())
     return b"".join((msgspec.json.encode(fields)[:-1], b',"ref_audio":"data:audio/wav;base64,', clip, b'"}'))
 
 
@@ -141,6 +150,7 @@ async def _one_request(client: httpx.AsyncClient, prompt: Prompt, index: int, co
                                  headers={"Content-Type": "application/json"}) as response:
             result.status = response.status_code
             result.ref_cache = response.headers.get("x-ref-cache")
+            result.ignored_fields = response.headers.get("x-ignored-fields")
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", "replace")
                 result.error = f"HTTP {response.status_code}: {text[:300]}"

@@ -1,4 +1,5 @@
-"""Prompt sets for `mossvox bench serve`: Seed-TTS-format directories and `synthetic-en1088`.
+"""Prompt sets for `mossvox bench serve`: Seed-TTS-format directories and `synthetic-en1088`
+(the sets without clips are in `bench.text_prompts`; `bench.prompt_sets` picks one by name).
 
 A Seed-TTS-format directory holds ``<root>/en/meta.lst``, one prompt a line::
 
@@ -64,12 +65,15 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark request: speak ``target_text`` in the voice of the clip ``prompt_wav``."""
+    """One benchmark request: speak ``target_text`` in the voice of the clip ``prompt_wav`` (or,
+    without a clip, as ``instructions`` describe; for a sound-effect model ``target_text`` is the
+    sound's description)."""
 
     utt_id: str
-    prompt_text: str  # the reference clip's transcript (sent as ref_text)
-    prompt_wav: Path  # the reference clip (sent as a data: URL)
+    prompt_text: str | None  # the reference clip's transcript (sent as ref_text)
+    prompt_wav: Path | None  # the reference clip (sent as a data: URL)
     target_text: str  # the text to speak (sent as input)
+    instructions: str | None = None  # a voice description (sent as instructions)
 
 
 class SeedTtsDataset:
@@ -204,11 +208,6 @@ def render_clip(index: int, seconds: float, rate: int = _CLIP_RATE) -> bytes:
     return buf.getvalue()
 
 
-def load_dataset(spec: str, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR) -> SeedTtsDataset | SyntheticEn1088:
-    """``synthetic-en1088`` or the path of a Seed-TTS-format directory."""
-    return SyntheticEn1088(cache_dir) if spec == SYNTHETIC_NAME else SeedTtsDataset(spec)
-
-
 def select_prompts(prompts: list[Prompt], num: int | None, seed: int) -> list[Prompt]:
     """``num`` prompts (all when None) in a seeded order; cycles through the set when ``num``
     exceeds it, so every prompt is used as evenly as possible."""
@@ -220,7 +219,7 @@ def select_prompts(prompts: list[Prompt], num: int | None, seed: int) -> list[Pr
 def describe(prompts: list[Prompt]) -> dict:
     """Counts a report prints: prompts, distinct clips, mean and range of the target length."""
     chars = [len(p.target_text) for p in prompts]
-    return {"prompts": len(prompts), "distinct_clips": len({p.prompt_wav for p in prompts}),
+    return {"prompts": len(prompts), "distinct_clips": len({p.prompt_wav for p in prompts} - {None}),
             "target_chars_mean": round(float(np.mean(chars)), 2) if chars else 0.0,
             "target_chars_min": min(chars, default=0), "target_chars_max": max(chars, default=0)}
 
@@ -229,7 +228,9 @@ def digest(prompts: list[Prompt]) -> str:
     """A short hash of the prompt texts and clip names, to tell two prompt sets apart."""
     h = hashlib.sha256()
     for p in prompts:
-        h.update(f"{p.utt_id}|{p.prompt_text}|{p.prompt_wav.name}|{p.target_text}\n".encode())
+        clip = p.prompt_wav.name if p.prompt_wav is not None else ""
+        voice = "" if p.instructions is None else f"|{p.instructions}"  # the clip sets hash as before
+        h.update(f"{p.utt_id}|{p.prompt_text}|{clip}|{p.target_text}{voice}\n".encode())
     return h.hexdigest()[:12]
 
 

@@ -52,6 +52,7 @@ class RequestResult:
     chunk_at_s: list[float] = field(default_factory=list)  # arrival of each non-empty chunk
     chunk_bytes: list[int] = field(default_factory=list)
     ref_cache: str | None = None  # the server's X-Ref-Cache header (hit / miss)
+    ignored_fields: str | None = None  # the server's X-Ignored-Fields header ("ref_text, ...")
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ def summarize(concurrency: int, results: list[RequestResult], wall_s: float, byt
         "max_stall_ms": _stats([p.max_stall_s for p in players], 1000, 1),
         "share_smooth": round(sum(p.smooth for p in players) / len(results), 4) if results else 0.0,
         "ref_cache_hits": sum(r.ref_cache == "hit" for r in ok),
+        "ignored_fields": _ignored(ok),
         "errors": [f"{r.utt_id}: {r.error}" for r in failed[:10]],
         "client_cpu_s": None if client_cpu_s is None else round(client_cpu_s, 3),
         "client_cpu_max_s": (None if client_cpu_s is None else
@@ -135,6 +137,15 @@ def summarize(concurrency: int, results: list[RequestResult], wall_s: float, byt
                      for r, p in zip(ok, players)] + [asdict(r) for r in failed],
     }
     return run
+
+
+def _ignored(results: list[RequestResult]) -> dict[str, int]:
+    """Requests whose field the server ignored, per field (e.g. {"ref_text": 8})."""
+    counts: dict[str, int] = {}
+    for r in results:
+        for name in filter(None, (part.strip() for part in (r.ignored_fields or "").split(","))):
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _f(value, fmt: str) -> str:

@@ -39,8 +39,13 @@
 #                                       # together, mixed into 64; Local-v1.5 and Delay), then
 #                                       # high-concurrency with talker.batch_invariant off and on
 #                                       # (C=1, 64, 128), one server each; SKIP_TESTS=1: servers only
+#   bash docs/device_runs.sh family NAME
+#                                       # one model family (delay = MOSS-TTS 8B, ttsd, realtime,
+#                                       # sound-effect, voice-generator), full size, default
+#                                       # profile: bench serve C=1, 16, 64 with the prompt set in
+#                                       # the model's own fields (--dataset auto); one call each
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|sweep|delay}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|sweep|delay|family NAME}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -68,7 +73,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 
 start_server() {  # start_server PORT NAME SERVE_ARGS... ; sets SPID
   local port=$1 name=$2; shift 2
-  PYTHONPATH=${SERVER_PATH:-$PYTHONPATH} mossvox serve /tmp/l15 --port "$port" "$@" > "$R/serve_$name.log" 2>&1 &
+  PYTHONPATH=${SERVER_PATH:-$PYTHONPATH} mossvox serve "${MODEL:-/tmp/l15}" --port "$port" "$@" > "$R/serve_$name.log" 2>&1 &
   SPID=$!
   for _ in $(seq 1 400); do
     curl -sf "localhost:$port/ready" >/dev/null && break
@@ -278,6 +283,12 @@ invariant)
   start_server 8001 inv_on --profile high-concurrency --set talker.batch_invariant=true
   pair 8001 inv_on "1 64 128"
   stop_server inv_on
+  ;;
+family)
+  NAME=${2:?usage: device_runs.sh family delay|ttsd|realtime|sound-effect|voice-generator}
+  mossvox make-checkpoint --variant "$NAME" --size full --out /tmp/fam > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
+  el "$NAME checkpoint written"
+  MODEL=/tmp/fam sweep 8000 "$NAME" "1 16 64" --profile default
   ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

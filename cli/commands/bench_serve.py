@@ -1,12 +1,14 @@
 """`mossvox bench serve`: closed-loop streaming clients against a running server.
 
     mossvox bench serve --url http://127.0.0.1:8000 --concurrency 1,16,64 \
-        [--dataset synthetic-en1088 | --dataset PATH] [--num-prompts N] [--client-procs P|auto] \
-        [--out results.json]
+        [--dataset auto | synthetic-en1088 | synthetic-sound-effect | synthetic-voice-design | PATH] \
+        [--num-prompts N] [--client-procs P|auto] [--out results.json]
 
-Prints the forcing rule and a table of runs (one per concurrency); exit status 1 when any
-request of any run (warm-up included) failed, 2 when the dataset or server cannot be used.
-Clients: `bench.client`; prompt sets: `bench.dataset`; figures: `bench.report`.
+Prints the forcing rule and a table of runs (one per concurrency), and the request fields the
+server said it ignored; exit status 1 when any request of any run (warm-up included) failed, 2
+when the dataset or server cannot be used. The default prompt set, ``auto``, is the one in the
+served model's own fields (`bench.prompt_sets`). Clients: `bench.client`; prompt sets:
+`bench.dataset`, `bench.text_prompts`; figures: `bench.report`.
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     parser.add_argument("--concurrency", action="append", default=[], metavar="C[,C...]",
                         help="closed-loop clients; repeatable or a comma list to sweep (default 1)")
-    parser.add_argument("--dataset", default="synthetic-en1088", metavar="PATH|synthetic-en1088",
-                        help="a Seed-TTS-format directory (<root>/en/meta.lst) or the synthetic stand-in")
+    parser.add_argument("--dataset", default="auto", metavar="NAME|PATH",
+                        help="a Seed-TTS-format directory (<root>/en/meta.lst) or a synthetic set: "
+                             "synthetic-en1088 (clips and transcripts), synthetic-sound-effect, "
+                             "synthetic-voice-design; auto (default): the set in the served model's "
+                             "own fields (sound descriptions for MOSS-SoundEffect, voice descriptions "
+                             "for MOSS-VoiceGenerator, synthetic-en1088 otherwise)")
     parser.add_argument("--num-prompts", type=int, default=None, metavar="N",
                         help="prompts per pass, in a seeded order (default: the whole dataset)")
     parser.add_argument("--seed", type=int, default=0, help="prompt order and per-request sampling seeds")
@@ -70,17 +76,15 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     from bench.client import ClientConfig, ForcedLength, run_sweep, server_info
-    from bench.dataset import DatasetError, describe, digest, load_dataset, select_prompts
+    from bench.dataset import DatasetError, describe, digest, select_prompts
+    from bench.prompt_sets import load_dataset
     from bench.report import format_table, write_json
 
     try:
         concurrencies = _concurrencies(args.concurrency)
-        dataset = load_dataset(args.dataset, args.cache_dir)
-    except (ValueError, DatasetError) as exc:
+    except ValueError as exc:
         print(f"mossvox bench serve: {exc}", file=sys.stderr)
         return 2
-    prompts = select_prompts(dataset.prompts, args.num_prompts, args.seed)
-    dataset.prepare(prompts)
     forced = ForcedLength(args.frames_per_char, args.max_new_tokens) if args.frames_per_char > 0 else None
     config = ClientConfig(args.url.rstrip("/"), args.model, args.api_key, args.seed, forced, args.timeout)
     try:
@@ -88,11 +92,19 @@ def run(args: argparse.Namespace) -> int:
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         print(f"mossvox bench serve: cannot use {config.url}: {exc}", file=sys.stderr)
         return 2
+    try:
+        dataset = load_dataset(args.dataset, args.cache_dir, model=info.root or info.model)
+    except (ValueError, DatasetError) as exc:
+        print(f"mossvox bench serve: {exc}", file=sys.stderr)
+        return 2
+    prompts = select_prompts(dataset.prompts, args.num_prompts, args.seed)
+    dataset.prepare(prompts)
     rule = forced.describe() if forced else "none (the model stops by itself)"
-    print(f"server {config.url}: model {info.model}, {info.sample_rate} Hz x {info.channels} ch s16 PCM")
+    family = f" ({info.root})" if info.root and info.root != info.model else ""
+    print(f"server {config.url}: model {info.model}{family}, {info.sample_rate} Hz x {info.channels} ch s16 PCM")
     stats = describe(prompts)
     print(f"dataset {dataset.name}: {stats['prompts']} prompts, {stats['distinct_clips']} distinct "
-          f"reference clips, target text {stats['target_chars_mean']} chars on average")
+          f"reference clips, input text {stats['target_chars_mean']} chars on average")
     print(f"forced length: {rule}")
     print(f"warm-up pass: {'yes, discarded' if args.warmup else 'no'}")
     runs = asyncio.run(run_sweep(prompts, config, concurrencies, warmup=args.warmup, info=info,
@@ -101,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     failed = any(r["failed"] for r in runs) or len(runs) < len(concurrencies)
     print(format_table(runs))
     for r in runs:
+        if r["ignored_fields"]:
+            counts = ", ".join(f"{name} ({n} of {r['num_requests']} requests)"
+                               for name, n in r["ignored_fields"].items())
+            print(f"C={r['concurrency']}: the server ignored {counts}: the model does not use them")
         for line in (r["warmup"] or {}).get("errors", []) + r["errors"]:
             print(f"C={r['concurrency']} failed request: {line}")
     if len(runs) < len(concurrencies):
@@ -110,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.out, {
             "tool": "mossvox bench serve",
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "url": config.url, "model": info.model, "sample_rate": info.sample_rate,
+            "url": config.url, "model": info.model, "root": info.root, "sample_rate": info.sample_rate,
             "channels": info.channels, "dataset": {"name": dataset.name, "digest": digest(prompts), **stats},
             "seed": args.seed, "warmup": args.warmup, "forced_length": rule, "failed": failed,
             "client_procs": "auto" if args.client_procs is None else args.client_procs,

@@ -10,7 +10,8 @@ envelope. One request carrying every optional field (`ref_audio`, `ref_text`, `i
 `X-Ignored-Fields` and whose audio is exactly that of the request without them; where the family
 takes a reference, the reference changes the audio. TTSD takes a list of reference clips with a
 speaker-tagged transcript, and untagged text as [S1]'s; `mossvox synth` repeats --ref-audio for
-it.
+it. `mossvox bench serve` completes against every Delay-family and Realtime server, each sent the
+prompt set in its own fields (clips with transcripts, sound or voice descriptions).
 
 The number of talker steps before the first chunk is measured in
 `tests/stages/test_variants_delay_realtime.py`; streaming v1 decode = whole decode in
@@ -19,6 +20,7 @@ The number of talker steps before the first chunk is measured in
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -366,3 +368,29 @@ async def test_realtime_sessions_keep_at_most_two_utterances_in_the_engine(serve
     for u, text in zip(got, texts):
         assert len(u.audio) == round(0.87 * len(text)) * SAMPLES_PER_FRAME * 2 == u.sentences[0].done["total_bytes"]
     assert 1 <= max(seen) <= 2, seen
+
+
+# what the bench's prompt set for each model (`--dataset auto`) carries that the model ignores:
+# Realtime has no use for the clips' transcripts; the others get prompts in their own fields
+BENCH_IGNORED = {"realtime": {"ref_text": 4}, "delay": {}, "ttsd": {}, "sound-effect": {}, "voice-generator": {}}
+
+
+@pytest.mark.parametrize("name", list(BENCH_IGNORED))
+def test_bench_serve_completes_against_every_model(servers, name, tmp_path, capsys):
+    from cli.main import main
+
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "serve", "--url", servers[name].url, "--cache-dir", str(tmp_path / "clips"),
+               "--num-prompts", "4", "--concurrency", "2", "--no-warmup", "--no-progress",
+               "--frames-per-char", "0.25", "--max-new-tokens", "8", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert run["num_requests"] == 4 and run["num_failed"] == 0
+    assert run["ignored_fields"] == BENCH_IGNORED[name]
+    with_clips = doc["dataset"]["distinct_clips"] > 0
+    assert with_clips == (name not in ("sound-effect", "voice-generator"))
+    assert all((r["ref_cache"] is not None) == with_clips for r in run["requests"])  # the clips were used
+    if name == "realtime":
+        assert "the server ignored ref_text (4 of 4 requests)" in printed

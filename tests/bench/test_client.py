@@ -13,9 +13,9 @@ import wave
 
 import pytest
 
-from bench.client import ClientConfig, ForcedLength, run_pass, server_info
-from bench.dataset import (DatasetError, SyntheticEn1088, digest, load_dataset, read_seed_tts,
-                               select_prompts)
+from bench.client import ClientConfig, ForcedLength, ServerInfo, request_body, run_pass, server_info
+from bench.dataset import DatasetError, SyntheticEn1088, digest, read_seed_tts, select_prompts
+from bench.prompt_sets import load_dataset
 from bench.report import simulate_player, summarize
 from cli.commands.bench_serve import _concurrencies
 from cli.main import main
@@ -99,6 +99,26 @@ def test_seed_tts_directory_is_read_and_bad_lines_are_named(tmp_path):
         read_seed_tts(root)
     with pytest.raises(DatasetError, match="meta.lst"):
         read_seed_tts(tmp_path / "nothing-here")
+
+
+def test_models_without_clips_get_prompts_in_their_own_fields(tmp_path):
+    sound = load_dataset("auto", tmp_path, model="moss-sound-effect")
+    voice = load_dataset("auto", tmp_path, model="moss-voice-generator")
+    assert (sound.name, voice.name) == ("synthetic-sound-effect", "synthetic-voice-design")
+    assert load_dataset("auto", tmp_path, model="moss-tts-realtime").name == "synthetic-en1088"
+    en = SyntheticEn1088(tmp_path)
+    # the same amount of text per prompt as synthetic-en1088 (voice design speaks its very texts)
+    assert [p.target_text for p in voice.prompts] == [p.target_text for p in en.prompts]
+    assert len(sound.prompts) == 1088 and 58 <= sum(len(p.target_text) for p in sound.prompts) / 1088 <= 68
+    assert digest(sound.prompts) == digest(load_dataset("synthetic-sound-effect").prompts)  # deterministic
+    config = ClientConfig("http://127.0.0.1:1", forced=ForcedLength(0.25, 16))
+    en.prepare(en.prompts[:1])
+    for prompts, wanted in ((sound.prompts, set()), (voice.prompts, {"instructions"}),
+                            (en.prompts, {"ref_audio", "ref_text"})):
+        body = json.loads(request_body(prompts[0], 0, config, ServerInfo("mossvox", 24000, 1)))
+        assert body["input"] == prompts[0].target_text and body["forced_frames"] >= 1
+        assert {"ref_audio", "ref_text", "instructions"} & set(body) == wanted
+    assert all(p.instructions and p.prompt_wav is None for p in voice.prompts)
 
 
 def test_player_simulation_counts_stalls():
