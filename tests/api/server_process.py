@@ -24,9 +24,11 @@ START_TIMEOUT_S = 180.0
 class ServerProcess:
     """Start with ``start()``; ``url`` is the base URL; ``stop()`` sends SIGTERM and waits."""
 
-    def __init__(self, data_dir: Path, *args: str, sets: tuple[str, ...] = (), cwd: Path = REPO) -> None:
+    def __init__(self, data_dir: Path, *args: str, sets: tuple[str, ...] = (), cwd: Path = REPO,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.data_dir = Path(data_dir)
         self.cwd = cwd
+        self.start_timeout_s = start_timeout_s  # longer when several servers start at once
         self.args = args
         self.sets = sets
         self.proc: subprocess.Popen | None = None
@@ -54,7 +56,7 @@ class ServerProcess:
 
         self._pump = threading.Thread(target=pump, daemon=True)
         self._pump.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while not found.wait(0.2):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()

@@ -19,6 +19,7 @@ import pytest
 import soundfile
 
 from tests.api.audio_decode import decode_audio
+from tests.api.every_field import check_every_field
 from tests.api.helpers import (FRAME_S, assert_error, data_url, expected_seconds, labelled, metric,
                                parse_sse, tone_wav)
 from tests.api.server_process import ServerProcess
@@ -390,6 +391,14 @@ def test_first_chunk_size_follows_initial_codec_chunk_frames(http, rate_channels
 ])
 def test_error_statuses_and_envelope(http, body, status, param, contains):
     assert_error(http.post("/v1/audio/speech", json=body), status, param=param, contains=contains)
+
+
+def test_local_v15_uses_every_optional_field_and_refuses_several_clips(http):
+    check_every_field(http, {"input": TEXT}, ignored=())
+    assert http.get("/v1/models").json()["data"][0]["root"] == "moss-tts-local-v1.5"
+    clip = data_url(tone_wav(1.5))
+    several = http.post("/v1/audio/speech", json={"input": "hi", "ref_audio": [clip, clip]})
+    assert_error(several, 400, contains="one reference clip")  # wrong, not unused: not the first alone
 
 
 def test_reference_duration_errors_name_the_measured_duration(http):
