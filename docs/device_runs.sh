@@ -39,18 +39,26 @@
 #                                       # together, mixed into 64; Local-v1.5 and Delay), then
 #                                       # high-concurrency with talker.batch_invariant off and on
 #                                       # (C=1, 64, 128), one server each; SKIP_TESTS=1: servers only
-#   bash docs/device_runs.sh family NAME
-#                                       # one model family (delay = MOSS-TTS 8B, ttsd, realtime,
-#                                       # sound-effect, voice-generator), full size, default
-#                                       # profile: bench serve C=1, 16, 64 with the prompt set in
-#                                       # the model's own fields (--dataset auto); one call each
+#   BUDGET=540 bash docs/device_runs.sh families [NAME...]
+#                                       # every model family (default: delay = MOSS-TTS 8B, ttsd,
+#                                       # sound-effect, realtime, voice-generator), full-size random
+#                                       # weights, each its own server on its own GPU, all at once:
+#                                       # bench serve C=1, 16, 64 with the prompt set in the model's
+#                                       # own fields (--dataset auto), then one table of every run.
+#                                       # One call of the 8-GPU kind (one GPU per family; on 4 GPUs
+#                                       # the last two share the last GPU, one after the other; on
+#                                       # fewer, name fewer families). PROFILE (high-concurrency),
+#                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|sweep|delay|family NAME}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then  # none: the environment has them all already
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /tmp/cache
 if [ -n "${CACHE:-}" ] && ls "$CACHE"/cache.tgz.* >/dev/null 2>&1; then
   cat "$CACHE"/cache.tgz.* | tar xzf - -C /tmp/cache && echo "compile caches restored: $(du -sh /tmp/cache | cut -f1)"
@@ -100,7 +108,8 @@ sweep() {  # sweep PORT NAME "CS" SERVE_ARGS...
     [ "$(left)" -lt 40 ] && { el "$name: no time left for C=$c"; break; }
     bench "$port" "$name" "$c"
   done
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed "s/^/$name GPU memory: /"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader ${CUDA_VISIBLE_DEVICES:+-i $CUDA_VISIBLE_DEVICES} \
+    | sed "s/^/$name GPU memory: /"
   stop_server "$name"
 }
 pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured pass, its window kept
@@ -284,11 +293,51 @@ invariant)
   pair 8001 inv_on "1 64 128"
   stop_server inv_on
   ;;
-family)
-  NAME=${2:?usage: device_runs.sh family delay|ttsd|realtime|sound-effect|voice-generator}
-  mossvox make-checkpoint --variant "$NAME" --size full --out /tmp/fam > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
-  el "$NAME checkpoint written"
-  MODEL=/tmp/fam sweep 8000 "$NAME" "1 16 64" --profile default
+families)
+  shift
+  NAMES=(${*:-delay ttsd sound-effect realtime voice-generator})
+  NGPU=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}; [ "$NGPU" -ge 1 ] || NGPU=1
+  # the first NGPU families get a GPU each; the others queue behind them from the last GPU back
+  # (named last: the 1.7B models). CUDA_VISIBLE_DEVICES, not engine.devices: each server's private
+  # MPS daemon must see its GPU only.
+  declare -A QUEUE
+  for i in "${!NAMES[@]}"; do
+    g=$(( i < NGPU ? i : NGPU - 1 - (i - NGPU) % NGPU ))
+    QUEUE[$g]="${QUEUE[$g]:-} $i"
+  done
+  for g in "${!QUEUE[@]}"; do
+    (
+      export CUDA_VISIBLE_DEVICES=$g
+      for i in ${QUEUE[$g]}; do
+        name=${NAMES[$i]}
+        [ "$(left)" -lt 120 ] && { el "$name: no time left to start it"; continue; }
+        mossvox make-checkpoint --variant "$name" --size "${SIZE:-full}" --out "/tmp/fam_$name" \
+          > "$R/mkck_$name.log" 2>&1 || { el "$name: make-checkpoint failed"; tail -3 "$R/mkck_$name.log"; continue; }
+        el "$name checkpoint written; serving it on GPU $g"
+        MODEL=/tmp/fam_$name sweep $(( 8000 + i )) "$name" "${CS:-1 16 64}" --profile "${PROFILE:-high-concurrency}"
+        rm -rf "/tmp/fam_$name"
+      done
+    ) &
+  done
+  wait
+  el "every family's runs (profile ${PROFILE:-high-concurrency}; smooth: no stall over 100 ms)"
+  python3 - "$R" "${NAMES[@]}" <<'PY'
+import json, pathlib, sys
+root, names = pathlib.Path(sys.argv[1]), sys.argv[2:]
+print("| family | C | audio-s/s | TTFA mean / p50 / p99 | smooth | failed | ignored fields |")
+print("|---|---:|---:|---|---:|---:|---|")
+for name in names:
+    outs = sorted(root.glob(f"{name}_c*.json"), key=lambda p: int(p.stem.rsplit("_c", 1)[1]))
+    if not outs:
+        print(f"| {name} | - | no run | | | | |")
+    for out in outs:
+        for r in json.loads(out.read_text())["runs"]:
+            t = r["ttfa_ms"]
+            ttfa = " / ".join("-" if t.get(k) is None else f"{t[k]:.1f}" for k in ("mean", "p50", "p99"))
+            print(f"| {name} | {r['concurrency']} | {r['audio_s_per_s']} | {ttfa} ms "
+                  f"| {100 * r['share_smooth']:.0f}% | {r['num_failed']} of {r['num_requests']} "
+                  f"| {', '.join(f'{k} ({n})' for k, n in r['ignored_fields'].items()) or '-'} |")
+PY
   ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
