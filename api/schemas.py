@@ -146,6 +146,10 @@ class SpeechBatchItem(Struct, kw_only=True, omit_defaults=True):
     channels: int | None = None
     finish_reason: Literal["stop", "length"] | None = None
     usage: SpeechUsage | None = None
+    ignored_fields: Annotated[list[str] | None, Meta(
+        description="The item's fields the served model does not use, ignored (X-Ignored-Fields).")] = None
+    untagged_speaker: Annotated[str | None, Meta(
+        description="The speaker that text without speaker tags went to (X-Untagged-Speaker).")] = None
     status_code: Annotated[int | None, Meta(description="The HTTP status the item alone would get.")] = None
     error: ErrorDetail | None = None
 

@@ -4,8 +4,8 @@ The body is ``{"items": [request, ...], ...defaults}``: 1 to ``api.max_batch_ite
 requests, and any other field of a speech request at the top level as a default for every item
 (an item's own value wins), as vLLM-Omni has it. The items run concurrently through the engine,
 each as its own request (admission, voices, encoding, metrics). The response lists, in the
-items' order, each item's file (base64), its format and layout, finish reason and usage, or the
-item's error in the OpenAI envelope with its HTTP status. One bad item fails only itself; a body
+items' order, each item's file (base64), its format and layout, finish reason and usage, the
+fields the model ignored (`api.fields`), or the item's error in the OpenAI envelope with its HTTP status. One bad item fails only itself; a body
 that is not a batch is a 400. A client that leaves cancels every item still running.
 """
 
@@ -96,7 +96,8 @@ def _succeeded(index: int, req: SpeechRequest, started, tracker: RequestTracker,
     return SpeechBatchItem(index=index, status="success", audio_data=base64.b64encode(audio).decode(),
                            media_type=started.encoder.content_type, response_format=plan.response_format,
                            sample_rate=plan.sample_rate, channels=plan.channels,
-                           finish_reason=tracker.finish_reason or "stop", usage=tracker.usage(req.input))
+                           finish_reason=tracker.finish_reason or "stop", usage=tracker.usage(req.input),
+                           **started.fields.event_fields())
 
 
 def _failed(index: int, exc: ApiError) -> SpeechBatchItem:

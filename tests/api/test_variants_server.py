@@ -7,9 +7,9 @@ while the talker is still generating (its slot gauge, read from /metrics when th
 arrive, is 1), and each variant's request-adapter errors come back as 400s in the OpenAI
 envelope. One request carrying every optional field (`ref_audio`, `ref_text`, `instructions`,
 `language`) succeeds against every family, which names the fields it ignored in
-`X-Ignored-Fields` and whose audio is exactly that of the request without them; where the family
-takes a reference, the reference changes the audio (`tests/api/every_field.py`). TTSD takes a list of reference clips with a
-speaker-tagged transcript, and untagged text as [S1]'s; `mossvox synth` repeats --ref-audio for
+`X-Ignored-Fields` (and each batch item in `ignored_fields`) and whose audio is exactly that of
+the request without them; where the family takes a reference, the reference changes the audio
+(`tests/api/every_field.py`). TTSD takes a list of reference clips with a speaker-tagged transcript, and untagged text as [S1]'s; `mossvox synth` repeats --ref-audio for
 it. `mossvox bench serve` completes against every Delay-family and Realtime server, each sent the
 prompt set in its own fields (clips with transcripts, sound or voice descriptions).
 
@@ -174,6 +174,37 @@ def test_the_sse_done_event_names_the_ignored_fields_too(servers):
     assert response.headers["x-ignored-fields"] == ", ".join(fields)
     name, done = parse_sse(response.content)[-1]
     assert name == "speech.audio.done" and done["ignored_fields"] == fields
+
+
+def test_each_batch_item_names_the_fields_its_model_ignored(servers):
+    """A batch item reports what the model ignored of its own fields (a default beside `items`
+    counts as the item's); under api.strict_fields only the item that carries such a field fails,
+    with the 400 it would get alone."""
+    body = {"items": [{"input": "Hello from the realtime model.", **EVERY_FIELD},
+                      {"input": "Hello again.", "ref_audio": CLIP}, {"input": "And once more."}],
+            "response_format": "pcm", "forced_frames": 4, "seed": 7}
+    served = httpx.post(f"{servers['realtime'].url}/v1/audio/speech/batch", json=body, timeout=120)
+    assert served.status_code == 200, served.text
+    results = served.json()["results"]
+    assert [r["status"] for r in results] == ["success"] * 3
+    assert results[0]["ignored_fields"] == ["ref_text", "instructions", "language"]
+    assert "ignored_fields" not in results[1] and "ignored_fields" not in results[2]
+    with_default = httpx.post(f"{servers['realtime'].url}/v1/audio/speech/batch",
+                              json={**body, "language": "English"}, timeout=120).json()["results"]
+    assert [r.get("ignored_fields") for r in with_default] == [
+        ["ref_text", "instructions", "language"], ["language"], ["language"]]
+    strict = httpx.post(f"{servers[STRICT].url}/v1/audio/speech/batch", json=body, timeout=120)
+    assert strict.status_code == 200, strict.text
+    refused, *others = strict.json()["results"]
+    assert refused["status"] == "error" and refused["status_code"] == 400
+    assert refused["error"]["param"] == "ref_text" and refused["error"]["code"] == "unused_field"
+    assert "ref_text, instructions, language" in refused["error"]["message"]
+    assert [r["status"] for r in others] == ["success"] * 2
+    ttsd = httpx.post(f"{servers['ttsd'].url}/v1/audio/speech/batch", timeout=120, json={
+        "items": [{"input": "Hello there."}, {"input": "[S1] Hello there."}], "response_format": "pcm",
+        "forced_frames": 4, "seed": 7}).json()["results"]
+    assert ttsd[0]["untagged_speaker"] == "[S1]" and "untagged_speaker" not in ttsd[1]
+    assert "ignored_fields" not in ttsd[0] and "ignored_fields" not in ttsd[1]
 
 
 def test_a_voice_name_is_ignored_unlooked_up_by_a_family_without_references(servers):
