@@ -11,7 +11,8 @@ range) are the adapter's to refuse, as before.
 ``screen_fields`` runs once per request, before any reference is loaded, and returns the request
 without its ignored fields and a ``FieldReport``; every kind of response reports from that one
 record: ``headers()`` for HTTP responses, ``event_fields()`` for the SSE ``speech.audio.done``
-event, a batch item, and any other per-request completion record.
+event, a batch item, a WebSocket ``audio.done`` (`api.stream_settings`), and any other
+per-request completion record.
 """
 
 from __future__ import annotations

@@ -250,7 +250,8 @@ async def speak(out: Outbound, settings: SessionSettings, metrics, items, *, utt
     seconds = samples / settings.sample_rate
     if samples:
         metrics.audio_seconds.inc(seconds)
-    await out.send_json(audio_done(utterance, index, total, seconds, reason, error))
+    await out.send_json(audio_done(utterance, index, total, seconds, reason, error,
+                                   **settings.done_fields(text())))
 
 
 async def run_encoder(encoder, call, *args) -> bytes:

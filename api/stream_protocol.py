@@ -118,10 +118,12 @@ def audio_start(utterance: int, sentence: int, text: str, fmt: str, sample_rate:
 
 
 def audio_done(utterance: int, sentence: int, total_bytes: int, audio_seconds: float,
-               finish_reason: str | None, error: bool = False) -> dict:
+               finish_reason: str | None, error: bool = False, **report) -> dict:
+    """`report`: what the session's fields came to (`SessionSettings.done_fields`:
+    ``ignored_fields``, ``untagged_speaker``), each only when there is something to say."""
     return {"type": "audio.done", "utterance_index": utterance, "sentence_index": sentence,
             "total_bytes": total_bytes, "audio_seconds": round(audio_seconds, 4),
-            "finish_reason": finish_reason, "error": error}
+            "finish_reason": finish_reason, "error": error, **report}
 
 
 def session_done(utterance: int, total_sentences: int) -> dict:

@@ -377,6 +377,40 @@ async def test_realtime_sessions_keep_at_most_two_utterances_in_the_engine(serve
     assert 1 <= max(seen) <= 2, seen
 
 
+async def test_a_websocket_session_names_the_fields_its_model_ignored(servers):
+    """A `session.config` with every optional field is served as the HTTP request is: Realtime,
+    fed the text while it speaks, ignores ref_text, instructions and language (each `audio.done`
+    names them), uses the reference, and speaks exactly what the session without them speaks;
+    TTSD ignores instructions and says which speaker untagged sentences went to; under
+    api.strict_fields the config is refused, naming the fields, and the session goes on."""
+    from tests.api.stream_client import connect, next_event, send, speak
+
+    text = "One client speaks to every model family. It sends what it always sends."
+    config = {"response_format": "pcm", "seed": 4}
+    async with connect(servers["realtime"].url) as ws:
+        full = await speak(ws, [text], **config, **EVERY_FIELD)
+        bare = await speak(ws, [text], **config, ref_audio=EVERY_FIELD["ref_audio"])
+        unvoiced = await speak(ws, [text], **config)
+    assert [s.done["ignored_fields"] for s in full.sentences] == [["ref_text", "instructions", "language"]]
+    assert all("ignored_fields" not in s.done for s in bare.sentences + unvoiced.sentences)
+    assert full.audio == bare.audio != unvoiced.audio  # the reference is used, the rest ignored
+    async with connect(servers["ttsd"].url) as ws:
+        got = await speak(ws, ["[S1] Hello there. [S2] Hi, how are you? Fine, thanks."],
+                          response_format="pcm", seed=3, instructions="a calm, low voice")
+    assert [s.start["sentence_text"] for s in got.sentences] == [
+        "[S1] Hello there.", "[S2] Hi, how are you?", "Fine, thanks."]
+    assert [s.done.get("untagged_speaker") for s in got.sentences] == [None, None, "[S1]"]
+    assert all(s.done["ignored_fields"] == ["instructions"] for s in got.sentences)
+    async with connect(servers[STRICT].url) as ws:
+        await send(ws, "session.config", **config, **EVERY_FIELD, event_id="cfg")
+        refused = await next_event(ws)
+        assert refused["type"] == "error" and refused["event_id"] == "cfg"
+        assert refused["error"]["code"] == "unused_field" and refused["error"]["param"] == "ref_text"
+        assert "ref_text, instructions, language" in refused["message"]
+        served = await speak(ws, [text], **config, ref_audio=EVERY_FIELD["ref_audio"])
+    assert served.audio == bare.audio and "ignored_fields" not in served.sentences[0].done
+
+
 # what the bench's prompt set for each model (`--dataset auto`) carries that the model ignores:
 # Realtime has no use for the clips' transcripts; the others get prompts in their own fields
 BENCH_IGNORED = {"realtime": {"ref_text": 4}, "delay": {}, "ttsd": {}, "sound-effect": {}, "voice-generator": {}}

@@ -94,6 +94,18 @@ def test_a_long_word_a_character_at_a_time_costs_linear_time(variant):
     assert [int(t) for t in whole[len(prompt):, 0]] == fed
 
 
-def test_fields_it_cannot_take_are_refused(variant):
-    with pytest.raises(AdapterError, match="language"):
-        variant.open_text_stream(speech_job("", language="English"))
+def test_fields_it_does_not_use_change_nothing_and_several_references_are_refused(variant):
+    """As for whole texts: ref_text, instructions and language are ignored (the API reports
+    them), the reference is used, and several reference clips are wrong rather than unused."""
+    ref = np.random.default_rng(0).integers(0, 1024, size=(20, 16), dtype=np.int64)
+    unused = dict(ref_text="the reference words", instructions="a calm voice", language="English")
+    prompts = []
+    for fields in ({"ref_codes": ref, **unused}, {"ref_codes": ref}, {}):
+        stream = variant.open_text_stream(speech_job("", **fields))
+        stream.push(TEXTS[0])
+        stream.end()
+        prompts.append(stream.request().prompt)
+    np.testing.assert_array_equal(prompts[0], prompts[1])
+    assert prompts[1].shape != prompts[2].shape  # the reference is the voice-context block
+    with pytest.raises(AdapterError, match="one reference clip"):
+        variant.open_text_stream(speech_job("", ref_codes=ref, extra_ref_codes=[ref]))
