@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -118,7 +117,7 @@ def fit_kv_cache(request: TalkerRequest, rows: int) -> TalkerRequest:
                          "the reference audio")
     if prompt + sampling.max_new_frames <= rows:
         return request
-    return dataclasses.replace(request, sampling=msgspec.structs.replace(sampling, max_new_frames=rows - prompt))
+    return replace(request, sampling=msgspec.structs.replace(sampling, max_new_frames=rows - prompt))
 
 
 class EngineClient:
