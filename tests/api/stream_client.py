@@ -7,7 +7,10 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
+import httpx
 import websockets
+
+from tests.api.helpers import metric
 
 
 @dataclass
@@ -75,3 +78,30 @@ async def speak(ws, pieces: list[str], **config) -> Utterance:
         await send(ws, "input.text", text=piece)
     await send(ws, "input.done")
     return await read_utterance(ws)
+
+
+async def speak_queued(http_url: str, texts: list[str], **config) -> tuple[list[Utterance], list[float]]:
+    """One session queues every text as its own utterance before the first is spoken, then reads
+    them all; meanwhile `/metrics` is sampled every 50 ms. Returns the utterances and the samples
+    of `mossvox_engine_client_open` (the session's requests in the engine)."""
+    seen: list[float] = []
+
+    async def watch(stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(base_url=http_url) as http:
+            while not stop.is_set():
+                seen.append(metric((await http.get("/metrics")).text, "mossvox_engine_client_open"))
+                await asyncio.sleep(0.05)
+
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(stop))
+    try:
+        async with connect(http_url) as ws:
+            await send(ws, "session.config", **config)
+            for text in texts:
+                await send(ws, "input.text", text=text)
+                await send(ws, "input.done")
+            got = [await read_utterance(ws) for _ in texts]
+    finally:
+        stop.set()
+        await watcher
+    return got, seen

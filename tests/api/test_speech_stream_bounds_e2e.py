@@ -7,7 +7,6 @@ and the server goes on serving other sessions.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import time
 
@@ -17,7 +16,7 @@ import websockets
 
 from tests.api.helpers import FRAMES_PER_CHAR, metric
 from tests.api.server_process import ServerProcess
-from tests.api.stream_client import connect, next_event, read_utterance, send, speak, ws_url
+from tests.api.stream_client import connect, next_event, read_utterance, send, speak, speak_queued, ws_url
 from tests.api.test_speech_stream_e2e import engine_gauges
 
 MAX_MESSAGE = 64 * 1024  # api.max_body_bytes here
@@ -142,27 +141,7 @@ async def test_a_client_that_stops_reading_is_dropped(server):
 
 async def test_one_session_holds_at_most_two_requests_however_many_utterances_it_queues(server):
     texts = [f"Utterance number {n} is one sentence long." for n in range(6)]
-    seen: list[float] = []
-
-    async def watch(stop: asyncio.Event) -> None:
-        async with httpx.AsyncClient(base_url=server.url) as http:
-            while not stop.is_set():
-                text = (await http.get("/metrics")).text
-                seen.append(metric(text, "mossvox_engine_client_open"))
-                await asyncio.sleep(0.05)
-
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(watch(stop))
-    try:
-        async with connect(server.url) as ws:
-            await send(ws, "session.config", **NATIVE)
-            for text in texts:  # all of them queued before the first is spoken
-                await send(ws, "input.text", text=text)
-                await send(ws, "input.done")
-            got = [await read_utterance(ws) for _ in texts]
-    finally:
-        stop.set()
-        await watcher
+    got, seen = await speak_queued(server.url, texts, **NATIVE)
     assert [u.done["utterance_index"] for u in got] == list(range(6))
     assert [u.sentences[0].start["sentence_text"] for u in got] == texts
     assert max(seen) <= 2 and max(seen) >= 1, seen

@@ -344,32 +344,11 @@ async def test_the_delay_family_over_the_websocket_speaks_sentence_by_sentence(s
 async def test_realtime_sessions_keep_at_most_two_utterances_in_the_engine(servers):
     """Utterances queued faster than they are spoken wait in the API process: at most the one
     being spoken and the next are engine requests; each is spoken in order, whole."""
-    import asyncio
-
-    from tests.api.stream_client import connect, read_utterance, send
+    from tests.api.stream_client import speak_queued
 
     url = servers["realtime"].url
     texts = [f"Queued answer number {n} is spoken in its turn." for n in range(4)]
-    seen: list[float] = []
-
-    async def watch(stop: asyncio.Event) -> None:
-        async with httpx.AsyncClient(base_url=url) as http:
-            while not stop.is_set():
-                seen.append(metric((await http.get("/metrics")).text, "mossvox_engine_client_open"))
-                await asyncio.sleep(0.05)
-
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(watch(stop))
-    try:
-        async with connect(url) as ws:
-            await send(ws, "session.config", response_format="pcm", seed=4)
-            for text in texts:
-                await send(ws, "input.text", text=text)
-                await send(ws, "input.done")
-            got = [await read_utterance(ws) for _ in texts]
-    finally:
-        stop.set()
-        await watcher
+    got, seen = await speak_queued(url, texts, response_format="pcm", seed=4)
     assert [u.done["utterance_index"] for u in got] == list(range(4))
     assert [u.sentences[0].start["sentence_text"] for u in got] == texts
     for u, text in zip(got, texts):
