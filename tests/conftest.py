@@ -1,4 +1,4 @@
-"""Shared test helpers: where the golden fixtures live (outside the repository: docs/models.md,
+"""Shared test helpers: where the golden fixtures live (outside the repository: docs/model_facts.md,
 "Golden fixtures"), loading a golden case or codec, one intra-op torch thread for modules of tiny
 tensors, and a speech job for request adapters."""
 
@@ -16,7 +16,7 @@ def golden_dir(name: str) -> Path:
     """The golden fixture folder `name`, or skip the test with the reason when it is absent."""
     path = GOLDEN_ROOT / name
     if not path.is_dir():
-        pytest.skip(f"golden fixtures not found at {path} (docs/models.md, 'Golden fixtures')")
+        pytest.skip(f"golden fixtures not found at {path} (docs/model_facts.md, 'Golden fixtures')")
     return path
 
 

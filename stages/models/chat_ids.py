@@ -1,6 +1,6 @@
-"""The special ids every MOSS-TTS talker prompt uses (docs/models.md, "Special ids"), under the
+"""The special ids every MOSS-TTS talker prompt uses (docs/model_facts.md, "Special ids"), under the
 `config.json` keys the talker configs share: those of the real Qwen3 vocabulary and those of the
-golden tiny tokenizer (docs/models.md, "Golden fixtures") that tiny checkpoints pair with."""
+golden tiny tokenizer (docs/model_facts.md, "Golden fixtures") that tiny checkpoints pair with."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Qwen3 decoder backbone shared by every MOSS-TTS variant (docs/models.md, "Qwen3 backbone").
+"""Qwen3 decoder backbone shared by every MOSS-TTS variant (docs/model_facts.md, "Qwen3 backbone").
 
 Pre-norm RMSNorm (computed in fp32), GQA attention with per-head RMSNorm on q and k applied
 *before* NeoX (rotate-half) RoPE with θ from the config, SwiGLU MLP, final norm. Parameter names

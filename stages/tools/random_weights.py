@@ -6,7 +6,7 @@ fixtures' scheme), so a tensor's values depend only on (seed, name, shape) and n
 or sharding of the write. Tensors are generated and saved one shard at a time: the peak memory is
 one shard, never the whole model.
 
-Initialisation (docs/models.md, "Golden fixtures", with the talker std capped at 1/sqrt(fan_in) so that
+Initialisation (docs/model_facts.md, "Golden fixtures", with the talker std capped at 1/sqrt(fan_in) so that
 full-size random models stay finite):
 * talker: matrices/embeddings N(0, min(0.1, fan_in^-1/2)^2); norm weights 1 + 0.1 N; biases 0.05 N.
 * codec:  matrices N(0, 1/fan_in); codebooks N(0, 1); LayerNorm weight 1 + 0.1 N, bias 0.05 N;

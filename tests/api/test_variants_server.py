@@ -58,7 +58,7 @@ REFUSED = {
     "realtime": ({"input": "Hello.", "ref_audio": [CLIP, CLIP2]}, "one reference clip"),
 }
 BASE = {name: body for name, (body, _) in ACCEPTED.items()}
-# what each family ignores of EVERY_FIELD (docs/models.md): TTSD has no instruction field,
+# what each family ignores of EVERY_FIELD (docs/model_facts.md): TTSD has no instruction field,
 # SoundEffect's prompt is its description alone, VoiceGenerator makes its own voice, Realtime has
 # neither continuation nor an instruction or language field (Local-v1.5, which uses them all, is
 # checked on the demo model's server: tests/api/test_speech_e2e.py)

@@ -2,7 +2,7 @@
 
 The golden tiny codecs have 1.28 s attention contexts (16 frames at 12.5 Hz), so their 32-frame
 (v2) and 40-frame (v1) code sequences run well past every window: exactly where upstream's
-context-sized rings drift (docs/models.md, "Golden fixtures": max error 2.8 for v2, 3.1 for v1).
+context-sized rings drift (docs/model_facts.md, "Golden fixtures": max error 2.8 for v2, 3.1 for v1).
 """
 
 import pytest

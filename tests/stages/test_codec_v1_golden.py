@@ -83,4 +83,4 @@ def test_batch_decode(model, g):
 def test_full_size_v1_parameter_count():
     n = count_parameters(CodecConfig.from_json(full_size_v1_config()))
     print(f"full-size v1 codec parameters: {n:,}")
-    assert 1.76e9 < n < 1.79e9  # docs/models.md, "Codec": 1.775 B
+    assert 1.76e9 < n < 1.79e9  # docs/model_facts.md, "Codec": 1.775 B

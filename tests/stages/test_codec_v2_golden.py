@@ -97,4 +97,4 @@ def test_loader_names_missing_and_extra_tensors():
 def test_full_size_v2_parameter_count():
     n = count_parameters(CodecConfig.from_json(full_size_v2_config()))
     print(f"full-size v2 codec parameters: {n:,}")
-    assert 2.10e9 < n < 2.14e9  # docs/models.md, "Codec": ~2.12 B
+    assert 2.10e9 < n < 2.14e9  # docs/model_facts.md, "Codec": ~2.12 B

@@ -65,7 +65,7 @@ def count_params(config: dict) -> int:
 
 
 def test_full_size_parameter_counts():
-    # docs/models.md, "Delay family": MOSS-TTS v1.5 = 8.490 B parameters (16,979,683,328 bytes in bf16)
+    # docs/model_facts.md, "Delay family": MOSS-TTS v1.5 = 8.490 B parameters (16,979,683,328 bytes in bf16)
     assert count_params(full_size_config("moss-tts")) * 2 == 16_979_683_328
     assert 8.3e9 < count_params(full_size_config("ttsd")) < 8.49e9
     assert 1.7e9 < count_params(full_size_config("voice-generator")) < 2.2e9

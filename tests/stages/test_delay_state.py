@@ -12,7 +12,7 @@ from stages.models.delay.state import INSIDE_AUDIO, OUTSIDE_AUDIO, DelayState
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
 if not GOLDEN.is_dir():
-    pytest.skip(f"golden fixtures not found at {GOLDEN} (docs/models.md, 'Golden fixtures')",
+    pytest.skip(f"golden fixtures not found at {GOLDEN} (docs/model_facts.md, 'Golden fixtures')",
                 allow_module_level=True)
 CONFIG = DelayConfig.from_dict(json.loads((GOLDEN / "config.json").read_text()))
 

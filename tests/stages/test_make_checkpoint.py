@@ -224,7 +224,7 @@ def test_other_variants_load_through_their_own_loaders(variant, tmp_path):
 
 def test_full_size_moss_tts_8b_counts_8_49_b_parameters():
     specs = module_specs(_meta_talker(talker_config("full", "delay"), "delay"), "talker")
-    assert 8.48e9 < sum(s.numel() for s in specs) < 8.50e9  # docs/models.md, "Delay family": 8.490 B
+    assert 8.48e9 < sum(s.numel() for s in specs) < 8.50e9  # docs/model_facts.md, "Delay family": 8.490 B
 
 
 # ---------------------------------------------------------------- the embedded demo model

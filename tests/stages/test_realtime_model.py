@@ -72,7 +72,7 @@ def test_parameter_counts():
         return sum(p.numel() for p in m.parameters()), sum(p.numel() for p in m.local_transformer.model.layers.parameters())
 
     total, local_layers = count(full_size_config())
-    assert 195e6 < local_layers < 205e6  # upstream's "200M" depth transformer (docs/models.md, "Realtime": 201 M)
+    assert 195e6 < local_layers < 205e6  # upstream's "200M" depth transformer (docs/model_facts.md, "Realtime": 201 M)
     assert 2.0e9 < total < 2.4e9
     assert count(tiny_config())[0] < 2e6
 

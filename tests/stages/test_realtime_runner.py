@@ -12,7 +12,7 @@ from stages.models.realtime.runner import RealtimeRunner
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
 if not GOLDEN.is_dir():
-    pytest.skip(f"golden fixtures not found at {GOLDEN} (docs/models.md, 'Golden fixtures')",
+    pytest.skip(f"golden fixtures not found at {GOLDEN} (docs/model_facts.md, 'Golden fixtures')",
                 allow_module_level=True)
 TEXT = json.loads((GOLDEN / "cases.json").read_text())["text"]
 

@@ -111,7 +111,7 @@ def test_adapter_errors_say_what_to_change(checkpoints, profile, name, job, mess
         variant_of(checkpoints, name, profile).build_request(job)
 
 
-# the optional fields each variant uses (docs/models.md): TTSD has no instruction field,
+# the optional fields each variant uses (docs/model_facts.md): TTSD has no instruction field,
 # SoundEffect's prompt is its description alone, VoiceGenerator makes its own voice, and
 # Realtime has neither continuation nor an instruction or language field
 USES = {"delay": {"reference", "ref_text", "instructions", "language"},

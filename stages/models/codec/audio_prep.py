@@ -1,6 +1,6 @@
 """Reference audio for a codec: read, fix the channel count, resample, normalise loudness.
 
-The processor rules of docs/models.md, "Reference audio", in upstream's order (channels, resample, loudness):
+The processor rules of docs/model_facts.md, "Reference audio", in upstream's order (channels, resample, loudness):
 
 * v2 codec (2 channels, 48 kHz): mono is duplicated to 2 channels, more than 2 are cut to the
   first 2.

@@ -1,7 +1,7 @@
 """MOSS-Audio-Tokenizer configuration: both `config.json` layouts -> one frozen `CodecConfig`.
 
 v1 (24 kHz mono, `model_type: "speech_tokenizer"`) and v2 (48 kHz stereo, channel-interleaved,
-`model_type: "moss-audio-tokenizer"`) share one architecture (docs/models.md, "Codec"). Their differences are
+`model_type: "moss-audio-tokenizer"`) share one architecture (docs/model_facts.md, "Codec"). Their differences are
 config-driven here:
 
 | | v1 | v2 |
@@ -247,7 +247,7 @@ def _v1_dict(encoder: list, decoder: list, quantizer: dict, duration: float) -> 
 
 
 def full_size_v2_config() -> dict:
-    """MOSS-Audio-Tokenizer-v2 at real size (docs/models.md, "Codec"): ~2.12 B parameters."""
+    """MOSS-Audio-Tokenizer-v2 at real size (docs/model_facts.md, "Codec"): ~2.12 B parameters."""
     narrow = dict(d=768, heads=12, layers=12, ff=3072)
     wide = dict(d=1280, heads=20, layers=32, ff=5120)
     encoder = [
@@ -285,7 +285,7 @@ def tiny_v2_config() -> dict:
 
 
 def full_size_v1_config() -> dict:
-    """MOSS-Audio-Tokenizer (v1) at real size (docs/models.md, "Codec"): ~1.78 B parameters."""
+    """MOSS-Audio-Tokenizer (v1) at real size (docs/model_facts.md, "Codec"): ~1.78 B parameters."""
     narrow = dict(d=768, heads=12, layers=12, ff=3072)
     wide = dict(d=1280, heads=20, layers=32, ff=5120)
     encoder = [

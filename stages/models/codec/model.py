@@ -1,4 +1,4 @@
-"""MOSS-Audio-Tokenizer v1/v2: encoder stack, RLFQ quantizer, decoder stack (docs/models.md, "Codec").
+"""MOSS-Audio-Tokenizer v1/v2: encoder stack, RLFQ quantizer, decoder stack (docs/model_facts.md, "Codec").
 
 Module names follow the checkpoint: `encoder.{i}` / `decoder.{i}` index ModuleLists that include
 the weightless patch stages, `quantizer.*` is the `ResidualLFQ`.

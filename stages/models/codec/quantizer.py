@@ -1,4 +1,4 @@
-"""Residual LFQ quantizer (docs/models.md, "Codec"), always fp32, conv layout `[B, D, T]` as upstream.
+"""Residual LFQ quantizer (docs/model_facts.md, "Codec"), always fp32, conv layout `[B, D, T]` as upstream.
 
 Encode: `res = input_proj(z)`; per stage `z_e = in_proj(res)`, L2-normalise z_e and the codebook,
 take the nearest code, `z_q = out_proj(codebook[idx])` (the *un-normalised* row), `res -= z_q`;

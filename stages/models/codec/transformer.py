@@ -1,4 +1,4 @@
-"""The codec's causal windowed transformer (docs/models.md, "Codec"), channel-last `[B, T, D]` throughout.
+"""The codec's causal windowed transformer (docs/model_facts.md, "Codec"), channel-last `[B, T, D]` throughout.
 
 Layer: `x += ls1 * attn(LN1(x))`; `x += ls2 * linear2(gelu_erf(linear1(LN2(x))))`; LayerNorm eps 1e-5
 with bias, bias-free linears, fused `in_projs.0` ([3D, D], q|k|v blocks, head-major) and

@@ -1,5 +1,5 @@
 """Request adapters of the Delay variants: request fields -> prompt, with per-variant rules and
-sampling defaults (docs/models.md, "Delay family").
+sampling defaults (docs/model_facts.md, "Delay family").
 
 | variant          | text                          | references                        | other             |
 |------------------|-------------------------------|-----------------------------------|-------------------|
@@ -52,7 +52,7 @@ def _text_defaults(**audio) -> SamplingParams:
     return SamplingParams(text_temperature=1.5, text_top_p=1.0, text_top_k=50, **audio)
 
 
-# Model-card / CLI defaults (docs/models.md, "Delay family"); max_new_frames from each CLI's max_new_tokens.
+# Model-card / CLI defaults (docs/model_facts.md, "Delay family"); max_new_frames from each CLI's max_new_tokens.
 SAMPLING_DEFAULTS = {
     "moss-tts": _text_defaults(temperature=1.7, top_p=0.8, top_k=25, repetition_penalty=1.0, max_new_frames=4096),
     "ttsd": _text_defaults(temperature=1.1, top_p=0.9, top_k=50, repetition_penalty=1.1, max_new_frames=2000),

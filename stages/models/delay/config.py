@@ -1,8 +1,8 @@
-"""Configuration of the Delay talker (`model_type: moss_tts_delay`, docs/models.md, "Delay family").
+"""Configuration of the Delay talker (`model_type: moss_tts_delay`, docs/model_facts.md, "Delay family").
 
 `DelayConfig` is the typed view of a checkpoint's `config.json`; `tiny_config()` and
 `full_size_config()` return `config.json` dicts for random-weight checkpoints (the real
-checkpoints' configs were never read; the full-size shapes: docs/models.md, "Qwen3 backbone" and
+checkpoints' configs were never read; the full-size shapes: docs/model_facts.md, "Qwen3 backbone" and
 "Delay family").
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 from stages.models.chat_ids import QWEN3_CHAT_IDS, TINY_CHAT_IDS, ChatIds, read_chat_ids
 from stages.models.qwen3 import hf_language_config
 
-# Special ids of the real checkpoints and of the golden tiny tokenizer (docs/models.md, "Special ids").
+# Special ids of the real checkpoints and of the golden tiny tokenizer (docs/model_facts.md, "Special ids").
 REAL_SPECIAL_IDS = {**QWEN3_CHAT_IDS, "audio_start_token_id": 151652, "audio_end_token_id": 151653,
                     "audio_assistant_delay_slot_token_id": 151662}
 TINY_SPECIAL_IDS = {**TINY_CHAT_IDS, "audio_assistant_delay_slot_token_id": 612}
 
-# The Delay variants: n_vq per released checkpoint (docs/models.md, "Served models").
+# The Delay variants: n_vq per released checkpoint (docs/model_facts.md, "Served models").
 VARIANT_N_VQ = {"moss-tts": 32, "ttsd": 16, "sound-effect": 16, "voice-generator": 16}
 
 
@@ -95,7 +95,7 @@ def tiny_config(n_vq: int = 4) -> dict[str, Any]:
 def full_size_config(variant: str = "moss-tts") -> dict[str, Any]:
     """Real shapes: `moss-tts` (8B, n_vq 32), `ttsd` / `sound-effect` (8B, n_vq 16),
     `voice-generator` (1.7B, n_vq 16). Vocabulary 155648 for the 8B models (pinned by the v1.5
-    index size, docs/models.md, "Served models"); 151936 (Qwen3-1.7B) for VoiceGenerator, which is unconfirmed."""
+    index size, docs/model_facts.md, "Served models"); 151936 (Qwen3-1.7B) for VoiceGenerator, which is unconfirmed."""
     if variant not in VARIANT_N_VQ:
         raise ValueError(f"unknown Delay variant {variant!r}; choose one of {sorted(VARIANT_N_VQ)}")
     pad = REAL_SPECIAL_IDS["pad_token_id"]

@@ -1,4 +1,4 @@
-"""The delay pattern: codebook k of frame t sits k rows later (docs/models.md, "Delay family").
+"""The delay pattern: codebook k of frame t sits k rows later (docs/model_facts.md, "Delay family").
 
 Delayed layout `D` has `T + n_vq - 1` rows; `D[t + k, k] = codes[t, k]`, pad elsewhere. The whole
 inverse (`de_delay`) is upstream's `apply_de_delay_pattern`. `IncrementalDeDelayer` inverts it

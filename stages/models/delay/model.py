@@ -1,4 +1,4 @@
-"""The Delay talker network (docs/models.md, "Delay family"): Qwen3 + summed audio embeddings + n_vq + 1 heads.
+"""The Delay talker network (docs/model_facts.md, "Delay family"): Qwen3 + summed audio embeddings + n_vq + 1 heads.
 
 Input row embedding: `embed_tokens[text] + sum_k emb_ext[k][code_k]`; the pad code is a learned
 row of every `emb_ext` table and *is* added. Every head reads the final-norm hidden state: the

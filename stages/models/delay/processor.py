@@ -1,4 +1,5 @@
-"""Prompt processor of the Delay talker: request fields -> 2-D prompt `[S, 1 + n_vq]` (docs/models.md, "Delay family").
+"""Prompt processor of the Delay talker: request fields -> 2-D prompt `[S, 1 + n_vq]`
+(docs/model_facts.md, "Delay family").
 
 Column 0 is the text stream, columns 1..n_vq the audio codes in the *delayed* layout (pad code
 everywhere but inside audio blocks). Upstream renders a chat-formatted string per message

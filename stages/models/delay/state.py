@@ -1,6 +1,6 @@
 """Per-sequence generation state of the Delay talker: upstream `generate`'s rules, one row at a time.
 
-Each step produces one row `[text, code_0 .. code_{n_vq-1}]` (docs/models.md, "Delay family"). The state decides
+Each step produces one row `[text, code_0 .. code_{n_vq-1}]` (docs/model_facts.md, "Delay family"). The state decides
 what the text channel may be and which audio channels are sampled; `advance` applies the text
 token that was chosen. Host-side and scalar: the runner turns the decisions of a batch into
 device tensors in one go.

@@ -1,9 +1,9 @@
-"""Configuration of MOSS-TTS-Local-Transformer-v1.5 (`model_type: moss_tts_local`, docs/models.md, "Local-v1.5").
+"""Configuration of MOSS-TTS-Local-Transformer-v1.5 (`model_type: moss_tts_local`, docs/model_facts.md, "Local-v1.5").
 
 `LocalV15Config.from_dict` is the typed view of a checkpoint's `config.json` (the upstream layout:
 `qwen3_config`/`language_config`, `gpt2_config`, special ids). `tiny_config()` and
 `full_size_config()` return `config.json` dicts for random-weight checkpoints; the full-size shapes
-are docs/models.md, "Qwen3 backbone" (Qwen3-4B) and "Local-v1.5" (gpt2 local block), never read from a
+are docs/model_facts.md, "Qwen3 backbone" (Qwen3-4B) and "Local-v1.5" (gpt2 local block), never read from a
 real checkpoint.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from stages.models.chat_ids import QWEN3_CHAT_IDS, TINY_CHAT_IDS, ChatIds, read_chat_ids
 from stages.models.qwen3 import Qwen3Config, hf_language_config
 
-# Special ids of the real checkpoint and of the golden tiny tokenizer (docs/models.md, "Special ids"):
+# Special ids of the real checkpoint and of the golden tiny tokenizer (docs/model_facts.md, "Special ids"):
 # v1.5 names the gen slot `audio_assistant_slot_token_id` too.
 REAL_SPECIAL_IDS = {**QWEN3_CHAT_IDS, "audio_start_token_id": 151669, "audio_end_token_id": 151670,
                     "audio_assistant_slot_token_id": 151656}

@@ -1,4 +1,4 @@
-"""MOSS-TTS-Local-Transformer-v1.5 talker: Qwen3 backbone + GPT-2-style local block (docs/models.md, "Local-v1.5").
+"""MOSS-TTS-Local-Transformer-v1.5 talker: Qwen3 backbone + GPT-2-style local block (docs/model_facts.md, "Local-v1.5").
 
 Per 80 ms frame: the backbone turns the previous row into a hidden state `h`; the local block
 runs 12 positions that restart every frame: position 0 is `h` itself, position k (1..11) the

@@ -1,7 +1,7 @@
 """Prompt processor of MOSS-TTS-Local-Transformer-v1.5: request fields -> 2-D prompt `[S, 1 + n_vq]`.
 
 Column 0 is the text channel, columns 1..n_vq the audio codes (the pad code on text rows).
-Three layouts, as the upstream processor builds them (docs/models.md, "Local-v1.5" and "Golden fixtures"):
+Three layouts, as the upstream processor builds them (docs/model_facts.md, "Local-v1.5" and "Golden fixtures"):
 
 * plain:        user turn with reference "None", then `<|im_start|>assistant\\n<|audio_start|>`.
 * voice clone:  the reference rows `audio_start, user_slot * T, audio_end` stand directly after

@@ -1,4 +1,4 @@
-"""Configuration of MOSS-TTS-Realtime (`model_type: moss_tts_realtime`, docs/models.md, "Realtime").
+"""Configuration of MOSS-TTS-Realtime (`model_type: moss_tts_realtime`, docs/model_facts.md, "Realtime").
 
 The local depth transformer's config class upstream hard-codes `rvq = 16`, `audio_vocab_size =
 1027` and `audio_pad_token = 1024` whatever config.json says; `RealtimeConfig.from_dict` does the
@@ -78,7 +78,7 @@ def _realtime_config(language: dict[str, Any], local: dict[str, Any], audio_pad_
 
 
 def tiny_config() -> dict[str, Any]:
-    """CPU-test shapes (docs/models.md, "Golden fixtures") that pair with the golden tiny tokenizer (vocab 615)."""
+    """CPU-test shapes (docs/model_facts.md, "Golden fixtures") that pair with the golden tiny tokenizer (vocab 615)."""
     language = hf_language_config(hidden=16, layers=2, heads=2, kv_heads=1, head_dim=8, ffn=48, vocab=615,
                                   pad_token_id=605, max_positions=4096)
     local = _local_config(hidden=16, layers=2, heads=2, kv_heads=1, head_dim=8, ffn=48)
@@ -86,7 +86,7 @@ def tiny_config() -> dict[str, Any]:
 
 
 def full_size_config() -> dict[str, Any]:
-    """Qwen3-1.7B backbone + 4-layer depth transformer "aligned with Qwen3-1.7B" (docs/models.md, "Realtime")."""
+    """Qwen3-1.7B backbone + 4-layer depth transformer "aligned with Qwen3-1.7B" (docs/model_facts.md, "Realtime")."""
     language = hf_language_config(hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=6144,
                                   vocab=151936, pad_token_id=151643)
     local = _local_config(hidden=2048, layers=4, heads=16, kv_heads=8, head_dim=128, ffn=6144)

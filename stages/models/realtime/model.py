@@ -1,4 +1,4 @@
-"""MOSS-TTS-Realtime network (docs/models.md, "Realtime"): Qwen3 backbone + 16-codebook local depth transformer.
+"""MOSS-TTS-Realtime network (docs/model_facts.md, "Realtime"): Qwen3 backbone + 16-codebook local depth transformer.
 
 Backbone input row: `sum_c embed_tokens[c](ids[..., c])` over the 17 columns (text + 16 codebooks;
 the padding rows are zero in the checkpoint, upstream zeroes them on load). The backbone's own

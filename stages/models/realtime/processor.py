@@ -1,4 +1,4 @@
-"""Prompt processor of MOSS-TTS-Realtime (docs/models.md, "Realtime"): system block, optional voice context,
+"""Prompt processor of MOSS-TTS-Realtime (docs/model_facts.md, "Realtime"): system block, optional voice context,
 assistant prefix, then the text stream.
 
 `build_prompt` returns one array `[S, 1 + 16]` that carries the whole request:

@@ -1,7 +1,7 @@
 """MOSS-TTS-Realtime's text while it speaks: text pieces in, the request and its text rows out.
 
 Upstream's streaming session tokenizes text as it arrives and starts the model once 12 text
-tokens are there (the prefill, docs/models.md "Realtime"), then feeds one token per frame. Here:
+tokens are there (the prefill, docs/model_facts.md "Realtime"), then feeds one token per frame. Here:
 - `push(text)` tokenizes the longest prefix whose tokens no later text can change (`stable_cut`),
   so the ids equal those of the whole text tokenized at once, however it was split;
 - `request()` is the request to submit once 12 tokens are there (or the text has ended): the

@@ -7,7 +7,7 @@ becomes the voice-timbre context block. Its text may also arrive while it speaks
 language field, so the only optional field it uses is the reference: `ref_text`, `instructions`
 and `language` are ignored (and reported by the API), for whole texts and text streams alike.
 Several references are wrong rather than unused: an `AdapterError` (HTTP 400). Sampling defaults:
-upstream's (docs/models.md, "Realtime").
+upstream's (docs/model_facts.md, "Realtime").
 """
 
 from __future__ import annotations
