@@ -2,7 +2,7 @@
 # Whole GPU measurements, one device call per phase (docs/performance.md says what each found).
 # Run from the tree to measure; wheels the GPU image lacks (starlette, msgspec, uvicorn, av, ...)
 # in $WHEELS (default .whl). Each phase keeps to $BUDGET seconds (default 560) by skipping the
-# levels that no longer fit; results go to $OUT/results.tgz; with SAVE_CACHE=1 the compile caches
+# levels that no longer fit; results go to $OUT/results_PHASE.tgz (phases can follow each other in one call); with SAVE_CACHE=1 the compile caches
 # go to $OUT/cache.tgz.* (about 40 MB; restored from $CACHE, when given, so later calls start warm).
 #
 #   bash docs/device_runs.sh timeline   # one server, C=128 then C=64, with the workers' timelines;
@@ -33,6 +33,9 @@
 #   bash docs/device_runs.sh codec      # the codec's replay grid (B=64, 128 x 1, 4, 15 frames): as
 #                                       # shipped, compiled layers, ring attention in place, both;
 #                                       # first its GPU tests
+#   bash docs/device_runs.sh invtests   # the batch-invariant tests alone (GPU and interpreter)
+#   bash docs/device_runs.sh codecsplit # the codec's B=128 replay grid (1, 4, 15 frames), compiled layers
+#                                       # alone, then ring attention alone
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -50,7 +53,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -72,7 +75,7 @@ T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
 finish() {
   el "done"
-  tar czf "$OUT/results.tgz" -C "$OUT" r
+  tar czf "$OUT/results_$PHASE.tgz" -C "$OUT" r
   [ -n "${SAVE_CACHE:-}" ] && (cd /tmp/cache && tar czf - inductor triton 2>/dev/null | split -b 15m - "$OUT/cache.tgz.")
   ls -la "$OUT"
 }
@@ -257,6 +260,17 @@ buckets)
     python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
     python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t = d['talker']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1))"
   done < "$R/windows.txt"
+  ;;
+invtests)
+  timeout $(( $(left) - 10 )) python3 -m pytest -q -s -p no:cacheprovider tests/stages/test_batch_invariant_gpu.py \
+    tests/stages/test_batch_invariant.py tests/stages/test_attention_triton.py 2>&1 | tail -12 | tee "$R/invariant_tests.txt"
+  ;;
+codecsplit)
+  for flag in --compile --ring-attention; do
+    [ "$(left)" -lt 60 ] && break
+    timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 128 \
+      --grid 1,4,15 --iters 5 $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -5
+  done
   ;;
 codec)
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_compile.py \
