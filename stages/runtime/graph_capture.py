@@ -43,6 +43,11 @@ def bucket(n: int, cap: int) -> int:
     return min(b, cap) if n <= cap else n
 
 
+def powers_up_to(cap: int) -> list[int]:
+    """1, 2, 4, ... below `cap`, then `cap`: every bucket of `graph_capture.bucket` up to it."""
+    return [b for b in (1 << i for i in range(cap.bit_length())) if b < cap] + [cap]
+
+
 def pack_decode_inputs(slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],
                        seq_lens: list[int], tables: list[list[int]], *, batch: int, blocks: int,
                        scratch_slot: int, scratch_block: int, block_size: int) -> torch.Tensor:

@@ -47,7 +47,7 @@ from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.model import LocalV15Talker
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
-from stages.runtime.graph_capture import resolve_graph_path
+from stages.runtime.graph_capture import powers_up_to, resolve_graph_path
 from stages.runtime.prefill_graphs import PrefillGraphs
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
@@ -115,11 +115,6 @@ class _SlotSampler:
 
 PREFILL_GRAPH_SEQS = 32  # prompt chunks one prefill-graph replay holds at most (more: eager)
 GRAPH_AHEAD_TOKENS = 2048  # graphs are captured ahead for sequences up to this long
-
-
-def powers_up_to(cap: int) -> list[int]:
-    """1, 2, 4, ... below `cap`, then `cap`: every bucket of `graph_capture.bucket` up to it."""
-    return [b for b in (1 << i for i in range(cap.bit_length())) if b < cap] + [cap]
 
 
 class LocalV15Runner(ScheduledRunner):
