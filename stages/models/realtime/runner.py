@@ -6,7 +6,10 @@ row) and, after them, the text tokens still to stream. One `step()`:
    (`ScheduledRunner.forward_scheduled`: one call, or decoding rows replayed from CUDA graphs);
 2. for every request whose rows are all cached: the 16-codebook depth loop, batched, each
    codebook sampled per request (repetition penalty over that request's last 50 generated frames
-   of the codebook, not at the prefill frame; then temperature, top-k, top-p, seeded draw);
+   of the codebook, not at the prefill frame; then temperature, top-k, top-p, seeded draw). With
+   graphs the ready requests are padded to a batch bucket and the whole loop (embeddings, local
+   transformer, bans, penalty, sampling, history write) replays that bucket's graph
+   (`stages.models.realtime.graphs.DepthGraphs`); padding rows use the scratch slot;
 3. one device-to-host copy of the codes; the frame is emitted at once (streaming starts with the
    prefill step), and the next row is `[next text token, or <|text_pad|> once they run out | codes]`.
 The request stops when codebook 0 is the audio EOS (1026; that frame is not emitted), at
@@ -19,6 +22,13 @@ frame is sampled and no text token is left while more may come, the frame is emi
 text (or says none will come, then `<|text_pad|>` follows). Each row is the same as with the
 whole text up front, and sampling depends only on (seed, frame index), so the frames are too.
 A forced length ends the request only once its input is final.
+
+`graph_path` ("off" | "eager" | "cuda", `stages.runtime.graph_capture`) covers both the backbone's
+decode rows and the depth loop: "off" runs the loop eagerly on the ready requests alone, "eager"
+runs the graphs' body on the same padded static inputs without capture (the CPU tests), "cuda"
+records one graph per batch bucket on its first use (or at warm-up, `capture_ahead`).
+Per-request state the loop reads lives in slot-indexed device tensors (sampling settings,
+repetition history ring, forced-length bans), one slot more than `max_running`: the scratch slot.
 """
 
 from __future__ import annotations
@@ -30,15 +40,17 @@ import numpy as np
 import torch
 
 from speech.sampling import SamplingParams
+from stages.models.realtime.graphs import DepthGraphs
 from stages.models.realtime.model import RealtimeModel
 from stages.models.realtime.processor import split_prompt
-from stages.runtime.graph_capture import resolve_graph_path
+from stages.runtime.graph_capture import powers_up_to, resolve_graph_path
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.sampling import SamplingSlots, sample_tokens
-from stages.runtime.scheduled_runner import ScheduledRunner
+from stages.runtime.scheduled_runner import ScheduledRunner, in_kernel_mode
 from stages.runtime.talker_runner import FrameEvent
 
 REPETITION_WINDOW = 50  # frames of history the repetition penalty looks at (upstream default)
+HISTORY_RING = REPETITION_WINDOW + 1  # the window and the entry this frame writes (see `_depth`)
 
 
 @dataclass(eq=False)
@@ -56,20 +68,31 @@ class RealtimeRunner(ScheduledRunner):
     def __init__(self, model: RealtimeModel, *, cuda_graphs: bool = False, graph_path: str | None = None,
                  **capacity) -> None:
         """`capacity`: `ScheduledRunner`'s KV, batching and attention settings. `graph_path`:
-        "off" | "eager" | "cuda" for the backbone's decode rows (None = "cuda" with `cuda_graphs`
-        on a CUDA device, else "off"); the depth loop runs eagerly."""
+        "off" | "eager" | "cuda" for the backbone's decode rows and the depth loop (None = "cuda"
+        with `cuda_graphs` on a CUDA device, else "off"; "cuda" off CUDA runs "eager")."""
         on_cuda = next(model.parameters()).device.type == "cuda"
-        super().__init__(model, model.language_model.config,
-                         backbone_graphs=resolve_graph_path(graph_path, cuda_graphs, on_cuda), **capacity)
+        graph_path = resolve_graph_path(graph_path, cuda_graphs, on_cuda)
+        super().__init__(model, model.language_model.config, backbone_graphs=graph_path, **capacity)
         self.config = model.config
         self.n_vq = self.config.rvq
-        max_running = self.max_running
-        self.sampling = SamplingSlots(max_running, self.device)
-        # last REPETITION_WINDOW frames per slot; unused entries hold `vocab` (a dummy column)
-        self.history = torch.full((max_running, REPETITION_WINDOW, self.n_vq), self.config.audio_vocab_size,
-                                  dtype=torch.long, device=self.device)
-        self.forced_bans = torch.zeros(max_running, dtype=torch.bool, device=self.device)
+        vocab = self.config.audio_vocab_size
+        # one slot past the requests' (`scratch`): graph padding rows and held rows' replayed frames use it
+        self.scratch = self.max_running
+        self.sampling = SamplingSlots(self.scratch + 1, self.device)
+        # ring of the last HISTORY_RING frames per slot (frame f at f % HISTORY_RING); unused entries hold
+        # `vocab` (a dummy column)
+        self.history = torch.full((self.scratch + 1, HISTORY_RING, self.n_vq), vocab, dtype=torch.long,
+                                  device=self.device)
+        self.forced_bans = torch.zeros(self.scratch + 1, dtype=torch.bool, device=self.device)
+        self._non_codes = torch.arange(vocab, device=self.device) >= self.config.audio_pad  # [vocab]: pad, BOS, EOS
+        self._ring = torch.arange(HISTORY_RING, device=self.device)  # [HISTORY_RING]
         self._requests: dict[int, _Realtime] = {}
+        self.depth_graphs: DepthGraphs | None = None
+        if graph_path != "off":
+            self.depth_graphs = DepthGraphs(self._depth, max_batch=self.max_running,
+                                            hidden_size=self.config.hidden_size, dtype=self.dtype,
+                                            scratch_slot=self.scratch, n_vq=self.n_vq, device=self.device,
+                                            capture=graph_path == "cuda")
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -113,32 +136,55 @@ class RealtimeRunner(ScheduledRunner):
             return []  # every request waits for text (none at all: nothing to do either)
         return super().step()
 
+    @in_kernel_mode
+    def capture_ahead(self, budget_s: float) -> int:
+        """The depth-loop graphs of every batch bucket not made yet, largest first, within
+        `budget_s` (the backbone's are made on first use of a bucket); how many were made (0
+        without graphs)."""
+        if self.depth_graphs is None:
+            return 0
+        with torch.inference_mode():
+            return self.depth_graphs.capture_ahead(powers_up_to(self.max_running), budget_s)
+
     def _sample(self, ready: list[_Realtime], h: torch.Tensor) -> torch.Tensor:
-        """Depth loop: h [B, H] -> codes [B, 16] (device)."""
-        dev, vocab, local = self.device, self.config.audio_vocab_size, self.model.local_transformer
-        slots = torch.tensor([r.sched.slot for r in ready]).to(dev, non_blocking=True)
-        frames = torch.tensor([r.frames for r in ready], dtype=torch.long).to(dev, non_blocking=True)
-        rows = self.sampling.rows(slots)
-        history = self.history[slots]  # [B, W, 16]
-        seen = torch.zeros(len(ready), self.n_vq, vocab + 1, dtype=torch.bool, device=dev)
+        """Depth loop: h [B, H] -> codes [B, 16] (device), replayed from the batch bucket's graph
+        with graphs. A held request (prefilled again after a preemption, no new frame) writes its
+        history entry to the scratch slot instead of its own (see `_advance`)."""
+        slots = [r.sched.slot for r in ready]
+        frames = [r.frames for r in ready]
+        writes = [s if r.held is None else self.scratch for s, r in zip(slots, ready)]
+        if self.depth_graphs is not None:
+            return self.depth_graphs.run(h, slots, frames, writes)
+        packed = torch.tensor([slots, frames, writes], dtype=torch.long).to(self.device, non_blocking=True)  # [3, B]
+        (codes,) = self._depth(h, packed[0], packed[1], packed[2])
+        return codes
+
+    def _depth(self, h: torch.Tensor, slots: torch.Tensor, frames: torch.Tensor,
+               writes: torch.Tensor) -> tuple[torch.Tensor]:
+        """The depth loop of one frame as pure device work (what `DepthGraphs` records): h [B, H],
+        slots / frames / writes [B] (request slot, frame index, history slot written) -> (codes
+        [B, 16],). Re-running it on the same inputs gives the same codes (capture runs it twice):
+        the history entry it writes (frame f at f % HISTORY_RING) is left out of the penalty's
+        window, which is the REPETITION_WINDOW frames before f."""
+        vocab, local = self.config.audio_vocab_size, self.model.local_transformer
+        entry = frames % HISTORY_RING  # [B]: this frame's ring entry
+        history = self.history[slots]  # [B, HISTORY_RING, 16]
+        history = history.masked_fill((self._ring[None, :] == entry[:, None])[:, :, None], vocab)
+        seen = torch.zeros(len(slots), self.n_vq, vocab + 1, dtype=torch.bool, device=h.device)
         seen.scatter_(2, history.transpose(1, 2), True)  # [B, 16, vocab + 1]; column `vocab` = empty entry
-        bans = self.forced_bans[slots][:, None] & (torch.arange(vocab, device=dev) >= self.config.audio_pad)[None]
-        kv = local.new_kv(len(ready), h.dtype, dev)
+        rows = self.sampling.rows(slots)
+        bans = self.forced_bans[slots][:, None] & self._non_codes[None]  # [B, vocab]
+        kv = local.new_kv(len(slots), h.dtype, h.device)
         x, out = h, []
         for i in range(self.n_vq):
             logits = local.step(x, i, kv).float().masked_fill(bans, float("-inf"))  # [B, vocab]
-            token = sample_tokens(logits, rows, frames, stream=i, seen=seen[:, i, :vocab])
+            token = sample_tokens(logits, rows, frames, stream=i, seen=seen[:, i, :vocab])  # [B]
             out.append(token)
             if i < self.n_vq - 1:
                 x = local.embed_code(i, token)
         codes = torch.stack(out, dim=1)  # [B, 16]
-        fresh = [i for i, r in enumerate(ready) if r.held is None]  # (see `_advance`)
-        if len(fresh) < len(ready):
-            keep = torch.tensor(fresh, dtype=torch.long).to(dev, non_blocking=True)
-            self.history[slots[keep], frames[keep] % REPETITION_WINDOW] = codes[keep]
-        else:
-            self.history[slots, frames % REPETITION_WINDOW] = codes
-        return codes
+        self.history[writes, entry] = codes
+        return (codes,)
 
     def _advance(self, req: _Realtime, codes: np.ndarray) -> FrameEvent | None:
         if req.held is not None:  # paused and prefilled again after a preemption: no new frame
