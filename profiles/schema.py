@@ -110,8 +110,8 @@ class TalkerConfig(_Section):
     cuda_graphs: Annotated[bool, doc(
         "capture the decode step in CUDA graphs per batch bucket")] = True
     backbone_graphs: Annotated[bool, doc(
-        "Delay and Realtime talkers: replay the decoding rows' backbone step from CUDA graphs "
-        "(with cuda_graphs, CUDA only; the 8B Delay step: 32.8 ms eager, 9.5 ms from graphs on "
+        "Delay and Realtime talkers: replay the decoding rows' backbone step (and Realtime's depth loop) "
+        "from CUDA graphs (with cuda_graphs, CUDA only; the 8B Delay step: 32.8 ms eager, 9.5 ms from graphs on "
         "an H200 at one stream)")] = True
     prefill_graphs: Annotated[bool, doc(
         "with cuda_graphs, a step's prompt chunks replay a CUDA graph per token bucket, captured "
