@@ -12,6 +12,7 @@ Without `capture` (any device; the CPU tests) the same padded static inputs run 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
 from stages.runtime.graph_capture import (StaticCall, bucket, decode_metadata, pack_decode_inputs,
-                                          replay_or_build)
+                                          replay_or_build, table_bucket)
 
 
 @dataclass
@@ -35,10 +36,12 @@ class BackboneGraphs:
 
     def __init__(self, forward: Callable[[torch.Tensor, AttentionMetadata], torch.Tensor], *, width: int,
                  hidden_size: int, dtype: torch.dtype, max_batch: int, max_blocks: int, scratch_block: int,
-                 block_size: int, device: torch.device, capture: bool = True) -> None:
-        """width: ids per row (1 + n_vq); max_blocks: KV blocks a request can hold at most."""
+                 block_size: int, device: torch.device, capture: bool = True, table_width: int | None = None) -> None:
+        """width: ids per row (1 + n_vq); max_blocks: KV blocks a request can hold at most;
+        table_width: one block-table width for every table that fits it (`graph_capture.table_bucket`)."""
         self.forward, self.width, self.hidden_size, self.dtype = forward, width, hidden_size, dtype
         self.max_batch, self.max_blocks = max_batch, max_blocks
+        self.table_width = None if table_width is None else min(table_width, max_blocks)
         self.scratch_block, self.block_size, self.device, self.capture = scratch_block, block_size, device, capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self._graphs: dict[tuple[int, int], _Graph] = {}
@@ -54,7 +57,7 @@ class BackboneGraphs:
         reserved) and block tables -> hidden [n, H]: a view of the static output, valid until the
         next call."""
         n = len(rows)
-        key = (bucket(n, self.max_batch), bucket(max(len(t) for t in tables), self.max_blocks))
+        key = (bucket(n, self.max_batch), table_bucket(max(len(t) for t in tables), self.max_blocks, self.table_width))
         # the request-slot and frame columns are unused here (no per-request state inside the graph)
         packed = pack_decode_inputs([0] * n, [0] * n, positions, slot_mapping, [p + 1 for p in positions], tables,
                                     batch=key[0], blocks=key[1], scratch_slot=0, scratch_block=self.scratch_block,
@@ -64,6 +67,22 @@ class BackboneGraphs:
         host = torch.cat([torch.from_numpy(ids), packed], dim=1)  # [B, C + 5 + M]
         g = replay_or_build(self._graphs, key, host, self._build)
         return g.hidden[:n]
+
+    def capture_ahead(self, batches: list[int], blocks: list[int], budget_s: float | None = None) -> int:
+        """Make the (B, M) buckets of these batch sizes and block counts not made yet (padding rows
+        only: id 0 on the scratch block), largest first, stopping after `budget_s`; returns how many."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        keys = {(bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
+                for b in batches for m in blocks}
+        made = 0
+        for B, M in sorted(keys - set(self._graphs), reverse=True):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            packed = pack_decode_inputs([], [], [], [], [], [], batch=B, blocks=M, scratch_slot=0,
+                                        scratch_block=self.scratch_block, block_size=self.block_size)
+            self._build(torch.cat([torch.zeros(B, self.width, dtype=torch.int64), packed], dim=1), (B, M))
+            made += 1
+        return made
 
     def _build(self, host: torch.Tensor, key: tuple[int, int]) -> _Graph:
         """The bucket's static tensors, its graph recorded (with capture) and this call's result."""

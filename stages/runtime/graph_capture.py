@@ -2,7 +2,8 @@
 step (one new token per request over the paged KV cache), its attention metadata, and recording.
 
 A decode step's shapes are fixed once its requests are padded to a bucket of B (requests) and
-M (KV blocks per request): the host packs one int64 array `[B, 5 + M]` (slot, frame, position,
+M (KV blocks per request; one fixed M up to `GRAPH_AHEAD_TOKENS` tokens when the attention reads
+a block table only as far as its sequence's length, `table_bucket`): the host packs one int64 array `[B, 5 + M]` (slot, frame, position,
 KV slot, sequence length, block table), copied to the device in one transfer, and the metadata
 below are views of it. Padding rows point at a scratch request slot and a scratch KV block, so
 they compute garbage nobody reads and write only there.
@@ -43,8 +44,19 @@ def bucket(n: int, cap: int) -> int:
     return min(b, cap) if n <= cap else n
 
 
+GRAPH_AHEAD_TOKENS = 2048  # graphs are captured ahead for sequences up to this long
+
+
+def table_bucket(blocks: int, max_blocks: int, width: int | None) -> int:
+    """The block-table width M of a decode bucket whose longest table holds `blocks` blocks: the
+    fixed `width` when one is set and the table fits it (an attention that reads a table only as
+    far as its sequence's length, so the width costs nothing: one graph per batch bucket), else
+    the power-of-two bucket (`bucket`)."""
+    return width if width is not None and blocks <= width else bucket(blocks, max_blocks)
+
+
 def powers_up_to(cap: int) -> list[int]:
-    """1, 2, 4, ... below `cap`, then `cap`: every bucket of `graph_capture.bucket` up to it."""
+    """1, 2, 4, ... below `cap`, then `cap`: every bucket of `bucket` up to it."""
     return [b for b in (1 << i for i in range(cap.bit_length())) if b < cap] + [cap]
 
 

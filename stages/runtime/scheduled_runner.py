@@ -28,7 +28,7 @@ from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAtt
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.backbone_graphs import BackboneGraphs
 from stages.runtime.batch_invariant import BatchInvariantKernels, batch_invariant_supported, invariant_attention
-from stages.runtime.graph_capture import GRAPH_PATHS
+from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, GRAPH_PATHS, powers_up_to
 from stages.runtime.kv_cache import BackboneShape, PagedKVCache
 from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
 from stages.runtime.talker_runner import FrameEvent
@@ -134,8 +134,28 @@ class ScheduledRunner:
         return (spec.num_blocks - self._spare_blocks) * spec.block_size - 1
 
     def capture_ahead(self, budget_s: float) -> int:
-        """No graphs to record ahead here (a runner with some overrides this)."""
-        return 0
+        """Every graph serving can replay, made now: here the backbone's decode graphs
+        (`capture_decode_graphs`); a runner with more overrides this."""
+        return self.capture_decode_graphs(budget_s)
+
+    def graph_table_width(self) -> int | None:
+        """The one block-table width of decode graphs (tables of up to `GRAPH_AHEAD_TOKENS` tokens),
+        when the attention reads a table only as far as its sequence's length; None: widths are
+        bucketed (then each (batch, width) bucket is a graph of its own)."""
+        if not getattr(self.attention, "table_width_free", False):
+            return None
+        return self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
+
+    @in_kernel_mode
+    def capture_decode_graphs(self, budget_s: float) -> int:
+        """With one table width (`graph_table_width`), the backbone decode graph of every batch
+        bucket not made yet, largest first, within `budget_s` (a capture while serving stalls
+        every stream; one width makes them few). Needs a decode step run first (warm-up), which
+        makes the graph set. Returns how many were made."""
+        graphs, width = self._backbone_graphs, self.graph_table_width()
+        if graphs is None or width is None:
+            return 0
+        return graphs.capture_ahead(powers_up_to(self.max_running), [width], budget_s)
 
     def num_running(self) -> int:
         return len(self._requests)
@@ -229,5 +249,6 @@ class ScheduledRunner:
                 lambda ids, meta: model(ids, meta, cache, attention), width=len(rows[0]),
                 hidden_size=self._hidden_size, dtype=self.dtype, max_batch=self.max_running,
                 max_blocks=cache.spec.num_blocks - 1, scratch_block=self._graph_block,
-                block_size=cache.spec.block_size, device=self.device, capture=self.backbone_graph_path == "cuda")
+                block_size=cache.spec.block_size, device=self.device, capture=self.backbone_graph_path == "cuda",
+                table_width=self.graph_table_width())
         return self._backbone_graphs.run(np.stack(rows), positions, kv_slots, [cache.block_table(r.rid) for r in decode])

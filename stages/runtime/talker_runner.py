@@ -67,6 +67,10 @@ class TalkerRunner(Protocol):
         """Record, at warm-up and within `budget_s`, the graphs serving may need that requests
         have not made yet (so none is captured while requests wait); returns how many (0: none)."""
 
+    def capture_decode_graphs(self, budget_s: float) -> int:
+        """Record, at warm-up and within `budget_s`, the decode graphs of every batch bucket when
+        they are few (one block-table width), for what the warm-up met; returns how many (0: none)."""
+
     def close(self) -> None:
         """Release what the runner holds besides memory (a tensor-parallel runner stops its follower
         ranks); called once, when the worker stops."""

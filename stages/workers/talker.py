@@ -263,7 +263,9 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
     what compiles the shape-generic code). The job is the variant's (`warm_up_job`). Then, with
     `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead;
-    without it, a runner with prefill graphs (`talker.prefill_graphs`) records those."""
+    without it, the decode graphs of every batch bucket when one block-table width serves them
+    all (`capture_decode_graphs`: a few per sampler mode met) and the prefill graphs
+    (`talker.prefill_graphs`), so no capture stalls the streams of the first requests."""
     request = variant.build_request(variant.warm_up_job())
     batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
     for rids in batches:
@@ -280,7 +282,12 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     if capture_ahead:
         made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)
         log.info("talker: captured %d graphs ahead in %.1f s", made, time.perf_counter() - t0)
-    elif getattr(runner, "prefill_graphs", None) is not None:  # one per token bucket: seconds, not minutes
+        return
+    made = runner.capture_decode_graphs(WARM_CAPTURE_BUDGET_S)
+    if made:
+        log.info("talker: captured %d decode graphs in %.1f s", made, time.perf_counter() - t0)
+    if getattr(runner, "prefill_graphs", None) is not None:  # one per token bucket: seconds, not minutes
+        t0 = time.perf_counter()
         made = runner.capture_prefill_graphs(WARM_CAPTURE_BUDGET_S)
         log.info("talker: captured %d prefill graphs in %.1f s", made, time.perf_counter() - t0)
 

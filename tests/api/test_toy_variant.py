@@ -73,6 +73,9 @@ class ToyRunner:
     def capture_ahead(self, budget_s: float) -> int:
         return 0
 
+    def capture_decode_graphs(self, budget_s: float) -> int:
+        return 0
+
     def max_prompt_rows(self) -> int:
         return 0
 

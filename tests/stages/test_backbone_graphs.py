@@ -124,3 +124,32 @@ def test_padding_rows_write_only_the_scratch_block():
                                            rtol=0, atol=1e-5)
     scratch = graphed._graph_block
     assert scratch not in {b for rid in (1, 2, 3) for b in graphed.cache.block_table(rid)}
+
+
+def test_delay_decode_graphs_of_one_table_width_made_ahead():
+    """With one block-table width (an attention that reads a table only as far as its sequence's
+    length), one backbone graph per batch bucket: made after a warm-up step, it is every graph
+    the later requests need, and their frames are the one-call step's."""
+    prompts = [golden(DELAY, n)["input_ids"] for n in ("plain", "voice_clone", "continuation")]
+    params = [SamplingParams(temperature=1.0, top_k=20, top_p=0.9, text_temperature=1.0, seed=s, forced_frames=5)
+              for s in (3, 4, 5)]
+    arrivals = {0: [(1, prompts[0], params[0])], 4: [(2, prompts[1], params[1]), (3, prompts[2], params[2])]}
+
+    def runner(graph_path):
+        return DelayRunner.from_dir(DELAY, max_running=4, num_kv_blocks=64, prefill_chunk_tokens=24,
+                                    attention=PaddedBatchAttention(), graph_path=graph_path)
+
+    plain = drive(runner("off"), arrivals)
+    graphed = runner("eager")
+    graphed.graph_table_width = lambda: 32
+    assert graphed.capture_decode_graphs(60.0) == 0  # no decode step yet: no graph set
+    drive(graphed, {0: [(9, prompts[0], SamplingParams(greedy=True, forced_frames=2))]})
+    made = graphed.capture_decode_graphs(60.0)
+    before = set(graphed._backbone_graphs.keys)
+    assert made == 2 and before == {(1, 32), (2, 32), (4, 32)}  # (1, 32) made by the warm-up step
+    assert graphed.capture_decode_graphs(60.0) == 0
+    got = drive(graphed, arrivals)
+    assert set(graphed._backbone_graphs.keys) == before
+    for rid in plain:
+        np.testing.assert_array_equal(got[rid], plain[rid])
+    assert runner("eager").capture_decode_graphs(60.0) == 0  # bucketed widths: nothing ahead

@@ -326,3 +326,35 @@ def test_capture_ahead_makes_every_graph_serving_meets(model):
     assert made > 150  # the warm-up request made a few itself
     drive(runner, reqs)
     assert graphs() == before
+
+
+def test_decode_graphs_of_one_table_width_equal_the_eager_runner(model):
+    """With one block-table width (an attention that reads a table only as far as its sequence's
+    length), a decode graph per batch bucket serves every table that fits it, longer ones get
+    bucketed widths; events stay exact. Captured after a warm-up request, the graphs of every
+    batch bucket are all a workload of that sampler mode needs: serving it makes none."""
+    reqs = workload()
+    plain, _ = drive(LocalV15Runner(model, **CAPACITY), reqs)
+    runner = LocalV15Runner(model, **CAPACITY, graph_path="eager")
+    runner.graph_table_width = lambda: 4  # 32 tokens
+    graphed, _ = drive(runner, reqs)
+    assert graphed == plain
+    widths = {M for decode, _ in runner._graph_sets.values() for _, M in decode._graphs}
+    assert 4 in widths and min(widths) == 4 and max(widths) > 4
+
+    one_mode = {rid: (arrival, prompt, SamplingParams(seed=params.seed, forced_frames=params.forced_frames,
+                                                      max_new_frames=params.max_new_frames, temperature=1.0,
+                                                      top_k=5))
+                for rid, (arrival, prompt, params) in workload(10, seed=6).items()}
+    plain, _ = drive(LocalV15Runner(model, **CAPACITY), one_mode)
+    fresh = LocalV15Runner(model, **CAPACITY, graph_path="eager")
+    fresh.graph_table_width = lambda: 16  # 128 tokens: every table of this workload
+    assert fresh.capture_decode_graphs(60.0) == 0  # no sampler mode met yet
+    drive(fresh, {-1: (0, one_mode[0][1][:5], SamplingParams(seed=1, forced_frames=2, temperature=1.0, top_k=5))})
+    made = fresh.capture_decode_graphs(60.0)
+    before = {(mode, key) for mode, (d, f) in fresh._graph_sets.items() for key in (*d._graphs, *f._graphs)}
+    assert made > 0 and fresh.capture_decode_graphs(60.0) == 0
+    assert {key for _, key in before} == {(1, 16), (2, 16), (4, 16), (6, 16), 1, 2, 4, 6}
+    assert drive(fresh, one_mode)[0] == plain
+    assert {(mode, key) for mode, (d, f) in fresh._graph_sets.items() for key in (*d._graphs, *f._graphs)} == before
+    assert LocalV15Runner(model, **CAPACITY, graph_path="eager").capture_decode_graphs(60.0) == 0  # bucketed widths

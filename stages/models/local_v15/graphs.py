@@ -28,7 +28,7 @@ import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
 from stages.runtime.graph_capture import (StaticCall, bucket, decode_metadata, pack_decode_inputs,
-                                          replay_or_build)
+                                          replay_or_build, table_bucket)
 
 
 @dataclass
@@ -47,10 +47,13 @@ class DecodeGraphs:
     `capture`, the body run eagerly on the bucket's static inputs)."""
 
     def __init__(self, body, *, max_batch: int, max_blocks: int, scratch_slot: int, scratch_block: int,
-                 block_size: int, n_vq: int, device: torch.device, capture: bool = True, pool=None) -> None:
-        """`pool`: a graph memory pool to share (None = a new one when capturing)."""
+                 block_size: int, n_vq: int, device: torch.device, capture: bool = True, pool=None,
+                 table_width: int | None = None) -> None:
+        """`pool`: a graph memory pool to share (None = a new one when capturing). `table_width`:
+        one block-table width for every table that fits it (`graph_capture.table_bucket`)."""
         self.body = body
         self.max_batch, self.max_blocks = max_batch, max_blocks
+        self.table_width = None if table_width is None else min(table_width, max_blocks)
         self.scratch_slot, self.scratch_block, self.block_size = scratch_slot, scratch_block, block_size
         self.n_vq, self.device, self.capture = n_vq, device, capture
         self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
@@ -60,7 +63,7 @@ class DecodeGraphs:
              seq_lens: list[int], tables: list[list[int]]) -> tuple[torch.Tensor, tuple[int, int]]:
         """Host tensor [B, 5 + M]: slot, frame, position, kv slot, seq len, block table (padded)."""
         n = len(slots)
-        key = (bucket(n, self.max_batch), bucket(max(len(t) for t in tables), self.max_blocks))
+        key = (bucket(n, self.max_batch), table_bucket(max(len(t) for t in tables), self.max_blocks, self.table_width))
         return pack_decode_inputs(slots, frames, positions, slot_mapping, seq_lens, tables, batch=key[0],
                                   blocks=key[1], scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
                                   block_size=self.block_size), key
@@ -69,7 +72,8 @@ class DecodeGraphs:
         """Make the (B, M) buckets of these batch sizes and block counts not made yet, every row
         on the scratch slot and block, largest first, stopping after `budget_s`; returns how many."""
         deadline = None if budget_s is None else time.monotonic() + budget_s
-        keys = {(bucket(b, self.max_batch), bucket(m, self.max_blocks)) for b in batches for m in blocks}
+        keys = {(bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
+                for b in batches for m in blocks}
         made = 0
         for key in sorted(keys - set(self._graphs), reverse=True):
             if deadline is not None and time.monotonic() > deadline:

@@ -47,7 +47,7 @@ from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.model import LocalV15Talker
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
-from stages.runtime.graph_capture import powers_up_to, resolve_graph_path
+from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, powers_up_to, resolve_graph_path
 from stages.runtime.prefill_graphs import PrefillGraphs
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
@@ -114,7 +114,6 @@ class _SlotSampler:
 
 
 PREFILL_GRAPH_SEQS = 32  # prompt chunks one prefill-graph replay holds at most (more: eager)
-GRAPH_AHEAD_TOKENS = 2048  # graphs are captured ahead for sequences up to this long
 
 
 class LocalV15Runner(ScheduledRunner):
@@ -162,8 +161,7 @@ class LocalV15Runner(ScheduledRunner):
                 max_chunk=self.prefill_chunk_tokens, max_blocks=cache.spec.num_blocks - 1,
                 scratch_block=self._scratch_block, block_size=cache.spec.block_size, device=self.device,
                 capture=self._capture, pool=self._pool,
-                table_width=(cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
-                             if getattr(self.attention, "table_width_free", False) else None))
+                table_width=self.graph_table_width())
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -197,6 +195,7 @@ class LocalV15Runner(ScheduledRunner):
         widest = self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
         made = 0
         every = [SamplerMode(candidates, penalty) for candidates in (True, False) for penalty in (False, True)]
+        # (with one table width, `table_bucket` folds every width up to `widest` into it)
         for mode in list(self._graph_sets) + [m for m in every if m not in self._graph_sets]:
             decode, frame = self._graph_set(mode)
             made += decode.capture_ahead(powers_up_to(self.max_running), powers_up_to(min(widest, decode.max_blocks)),
@@ -205,6 +204,21 @@ class LocalV15Runner(ScheduledRunner):
         g = self.prefill_graphs
         if g is not None:
             made += self.capture_prefill_graphs(deadline - time.monotonic())
+        return made
+
+    @in_kernel_mode
+    def capture_decode_graphs(self, budget_s: float) -> int:
+        """With one table width (`graph_table_width`), the decode and local-loop graphs of every
+        batch bucket for the sampler modes met so far (the warm-up requests'), largest first,
+        within `budget_s`; 0 when widths are bucketed. Returns how many were made."""
+        width = self.graph_table_width()
+        if self.graph_path == "off" or width is None:
+            return 0
+        deadline = time.monotonic() + budget_s
+        made = 0
+        for decode, frame in list(self._graph_sets.values()):
+            made += decode.capture_ahead(powers_up_to(self.max_running), [width], deadline - time.monotonic())
+            made += frame.capture_ahead(powers_up_to(self.max_running), deadline - time.monotonic())
         return made
 
     @in_kernel_mode
@@ -298,7 +312,7 @@ class LocalV15Runner(ScheduledRunner):
                                   max_batch=scratch, max_blocks=self.cache.spec.num_blocks - 1,
                                   scratch_slot=scratch, scratch_block=self._scratch_block,
                                   block_size=self.cache.spec.block_size, n_vq=n_vq, device=self.device,
-                                  capture=self._capture, pool=self._pool)
+                                  capture=self._capture, pool=self._pool, table_width=self.graph_table_width())
             frame = FrameGraphs(lambda h, slots, frames: self._frame_body(h, slots, frames, mode),
                                 max_batch=scratch, hidden_size=self.model.config.hidden_size, dtype=self.dtype,
                                 scratch_slot=scratch, n_vq=n_vq, pool=self._pool, device=self.device,
