@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import (StaticCall, bucket, decode_metadata, pack_decode_inputs,
+from stages.runtime.graph_capture import (StaticCall, batch_bucket, decode_metadata, pack_decode_inputs,
                                           replay_or_build, table_bucket)
 
 
@@ -57,7 +57,8 @@ class BackboneGraphs:
         reserved) and block tables -> hidden [n, H]: a view of the static output, valid until the
         next call."""
         n = len(rows)
-        key = (bucket(n, self.max_batch), table_bucket(max(len(t) for t in tables), self.max_blocks, self.table_width))
+        key = (batch_bucket(n, self.max_batch),
+               table_bucket(max(len(t) for t in tables), self.max_blocks, self.table_width))
         # the request-slot and frame columns are unused here (no per-request state inside the graph)
         packed = pack_decode_inputs([0] * n, [0] * n, positions, slot_mapping, [p + 1 for p in positions], tables,
                                     batch=key[0], blocks=key[1], scratch_slot=0, scratch_block=self.scratch_block,
@@ -72,7 +73,7 @@ class BackboneGraphs:
         """Make the (B, M) buckets of these batch sizes and block counts not made yet (padding rows
         only: id 0 on the scratch block), largest first, stopping after `budget_s`; returns how many."""
         deadline = None if budget_s is None else time.monotonic() + budget_s
-        keys = {(bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
+        keys = {(batch_bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
                 for b in batches for m in blocks}
         made = 0
         for B, M in sorted(keys - set(self._graphs), reverse=True):

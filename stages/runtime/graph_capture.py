@@ -60,6 +60,22 @@ def powers_up_to(cap: int) -> list[int]:
     return [b for b in (1 << i for i in range(cap.bit_length())) if b < cap] + [cap]
 
 
+BATCH_STEP = 32  # decode batch buckets: powers of two up to this, then its multiples
+
+
+def batch_bucket(n: int, cap: int) -> int:
+    """The decode batch bucket of n requests: a power of two up to `BATCH_STEP`, then a multiple of
+    it (87 rows replay 96, not 128: a padding row costs a decode step as much as a real one),
+    at most cap (cap itself when n is beyond the largest step below it)."""
+    b = bucket(n, BATCH_STEP) if n <= BATCH_STEP else -(-n // BATCH_STEP) * BATCH_STEP
+    return min(b, cap) if n <= cap else n
+
+
+def batch_buckets(cap: int) -> list[int]:
+    """Every `batch_bucket` up to `cap`, ascending."""
+    return sorted({batch_bucket(n, cap) for n in range(1, cap + 1)})
+
+
 def pack_decode_inputs(slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],
                        seq_lens: list[int], tables: list[list[int]], *, batch: int, blocks: int,
                        scratch_slot: int, scratch_block: int, block_size: int) -> torch.Tensor:

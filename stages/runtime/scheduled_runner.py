@@ -28,7 +28,7 @@ from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAtt
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.backbone_graphs import BackboneGraphs
 from stages.runtime.batch_invariant import BatchInvariantKernels, batch_invariant_supported, invariant_attention
-from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, GRAPH_PATHS, powers_up_to
+from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, GRAPH_PATHS, batch_buckets
 from stages.runtime.kv_cache import BackboneShape, PagedKVCache
 from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
 from stages.runtime.talker_runner import FrameEvent
@@ -155,7 +155,7 @@ class ScheduledRunner:
         graphs, width = self._backbone_graphs, self.graph_table_width()
         if graphs is None or width is None:
             return 0
-        return graphs.capture_ahead(powers_up_to(self.max_running), [width], budget_s)
+        return graphs.capture_ahead(batch_buckets(self.max_running), [width], budget_s)
 
     def num_running(self) -> int:
         return len(self._requests)

@@ -358,3 +358,13 @@ def test_decode_graphs_of_one_table_width_equal_the_eager_runner(model):
     assert drive(fresh, one_mode)[0] == plain
     assert {(mode, key) for mode, (d, f) in fresh._graph_sets.items() for key in (*d._graphs, *f._graphs)} == before
     assert LocalV15Runner(model, **CAPACITY, graph_path="eager").capture_decode_graphs(60.0) == 0  # bucketed widths
+
+
+def test_batch_buckets_pad_little_past_32_rows():
+    from stages.runtime.graph_capture import batch_bucket, batch_buckets
+
+    assert [batch_bucket(n, 256) for n in (1, 3, 17, 32, 33, 87, 129, 256)] == [1, 4, 32, 32, 64, 96, 160, 256]
+    assert batch_bucket(300, 256) == 300 and batch_bucket(85, 90) == 90 and batch_bucket(5, 6) == 6
+    assert batch_buckets(256) == [1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256]
+    assert batch_buckets(6) == [1, 2, 4, 6]
+    assert all(batch_bucket(n, 256) - n < 32 for n in range(1, 257))

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import (StaticCall, bucket, decode_metadata, pack_decode_inputs,
+from stages.runtime.graph_capture import (StaticCall, batch_bucket, decode_metadata, pack_decode_inputs,
                                           replay_or_build, table_bucket)
 
 
@@ -63,7 +63,8 @@ class DecodeGraphs:
              seq_lens: list[int], tables: list[list[int]]) -> tuple[torch.Tensor, tuple[int, int]]:
         """Host tensor [B, 5 + M]: slot, frame, position, kv slot, seq len, block table (padded)."""
         n = len(slots)
-        key = (bucket(n, self.max_batch), table_bucket(max(len(t) for t in tables), self.max_blocks, self.table_width))
+        key = (batch_bucket(n, self.max_batch),
+               table_bucket(max(len(t) for t in tables), self.max_blocks, self.table_width))
         return pack_decode_inputs(slots, frames, positions, slot_mapping, seq_lens, tables, batch=key[0],
                                   blocks=key[1], scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
                                   block_size=self.block_size), key
@@ -72,7 +73,7 @@ class DecodeGraphs:
         """Make the (B, M) buckets of these batch sizes and block counts not made yet, every row
         on the scratch slot and block, largest first, stopping after `budget_s`; returns how many."""
         deadline = None if budget_s is None else time.monotonic() + budget_s
-        keys = {(bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
+        keys = {(batch_bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
                 for b in batches for m in blocks}
         made = 0
         for key in sorted(keys - set(self._graphs), reverse=True):
@@ -132,7 +133,7 @@ class FrameGraphs:
         largest first, stopping after `budget_s`; returns how many."""
         deadline = None if budget_s is None else time.monotonic() + budget_s
         made = 0
-        for B in sorted({bucket(b, self.max_batch) for b in batches} - set(self._graphs), reverse=True):
+        for B in sorted({batch_bucket(b, self.max_batch) for b in batches} - set(self._graphs), reverse=True):
             if deadline is not None and time.monotonic() > deadline:
                 break
             self.run(torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device), [], [], batch=B)
@@ -144,7 +145,7 @@ class FrameGraphs:
         """hidden [n, H] backbone states of the ready requests -> stop [n], codes [n, n_vq];
         `batch`: the bucket to use (default: the bucket of n)."""
         n = len(slots)
-        B = bucket(n, self.max_batch) if batch is None else batch
+        B = batch_bucket(n, self.max_batch) if batch is None else batch
         packed = np.zeros((B, 2), dtype=np.int64)
         packed[:, 0] = self.scratch_slot
         packed[:n, 0], packed[:n, 1] = slots, frames

@@ -47,7 +47,7 @@ from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.model import LocalV15Talker
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
-from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, powers_up_to, resolve_graph_path
+from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, batch_buckets, powers_up_to, resolve_graph_path
 from stages.runtime.prefill_graphs import PrefillGraphs
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
@@ -198,9 +198,9 @@ class LocalV15Runner(ScheduledRunner):
         # (with one table width, `table_bucket` folds every width up to `widest` into it)
         for mode in list(self._graph_sets) + [m for m in every if m not in self._graph_sets]:
             decode, frame = self._graph_set(mode)
-            made += decode.capture_ahead(powers_up_to(self.max_running), powers_up_to(min(widest, decode.max_blocks)),
+            made += decode.capture_ahead(batch_buckets(self.max_running), powers_up_to(min(widest, decode.max_blocks)),
                                          deadline - time.monotonic())
-            made += frame.capture_ahead(powers_up_to(self.max_running), deadline - time.monotonic())
+            made += frame.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic())
         g = self.prefill_graphs
         if g is not None:
             made += self.capture_prefill_graphs(deadline - time.monotonic())
@@ -217,8 +217,8 @@ class LocalV15Runner(ScheduledRunner):
         deadline = time.monotonic() + budget_s
         made = 0
         for decode, frame in list(self._graph_sets.values()):
-            made += decode.capture_ahead(powers_up_to(self.max_running), [width], deadline - time.monotonic())
-            made += frame.capture_ahead(powers_up_to(self.max_running), deadline - time.monotonic())
+            made += decode.capture_ahead(batch_buckets(self.max_running), [width], deadline - time.monotonic())
+            made += frame.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic())
         return made
 
     @in_kernel_mode
