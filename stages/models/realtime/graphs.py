@@ -3,7 +3,7 @@
 The depth loop of a frame (16 positions through the local transformer, a head and `sample_tokens`
 per codebook, the repetition history read and written) is thousands of small kernels: launch-bound
 when run eagerly. Its shapes are fixed once the ready requests are padded to a batch bucket
-(`graph_capture.bucket`), so one graph per bucket is recorded on first use (or ahead,
+(`graph_capture.batch_bucket`, as the backbone's), so one graph per bucket is recorded on first use (or ahead,
 `capture_ahead`) and replayed afterwards. Everything the body reads is a device tensor: the static
 inputs below (the hidden states copied in, one host-to-device copy of the packed slot columns per
 call) and the runner's slot-indexed state (sampling settings, repetition history, forced-length
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.runtime.graph_capture import StaticCall, bucket
+from stages.runtime.graph_capture import StaticCall, batch_bucket
 
 # body(hidden [B, H], slots [B], frames [B], writes [B]) -> (codes [B, n_vq],)
 DepthBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor]]
@@ -63,7 +63,7 @@ class DepthGraphs:
         first, stopping after `budget_s`; returns how many."""
         deadline = None if budget_s is None else time.monotonic() + budget_s
         made = 0
-        for B in sorted({bucket(b, self.max_batch) for b in batches} - set(self._graphs), reverse=True):
+        for B in sorted({batch_bucket(b, self.max_batch) for b in batches} - set(self._graphs), reverse=True):
             if deadline is not None and time.monotonic() > deadline:
                 break
             self.run(torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device), [], [], [], batch=B)
@@ -76,7 +76,7 @@ class DepthGraphs:
         writes -> codes [n, n_vq]: a view of the static output, valid until the next call.
         `batch`: the bucket to use (default: the bucket of n)."""
         n = len(slots)
-        B = bucket(n, self.max_batch) if batch is None else batch
+        B = batch_bucket(n, self.max_batch) if batch is None else batch
         packed = np.zeros((B, 3), dtype=np.int64)  # padding rows: scratch slot, frame 0, scratch history
         packed[:, 0] = packed[:, 2] = self.scratch_slot
         packed[:n, 0], packed[:n, 1], packed[:n, 2] = slots, frames, writes

@@ -26,13 +26,14 @@ A forced length ends the request only once its input is final.
 `graph_path` ("off" | "eager" | "cuda", `stages.runtime.graph_capture`) covers both the backbone's
 decode rows and the depth loop: "off" runs the loop eagerly on the ready requests alone, "eager"
 runs the graphs' body on the same padded static inputs without capture (the CPU tests), "cuda"
-records one graph per batch bucket on its first use (or at warm-up, `capture_ahead`).
+records one graph per batch bucket, every bucket at warm-up (`capture_decode_graphs`).
 Per-request state the loop reads lives in slot-indexed device tensors (sampling settings,
 repetition history ring, forced-length bans), one slot more than `max_running`: the scratch slot.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,10 +44,10 @@ from speech.sampling import SamplingParams
 from stages.models.realtime.graphs import DepthGraphs
 from stages.models.realtime.model import RealtimeModel
 from stages.models.realtime.processor import split_prompt
-from stages.runtime.graph_capture import powers_up_to, resolve_graph_path
+from stages.runtime.graph_capture import batch_buckets, resolve_graph_path
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.sampling import SamplingSlots, sample_tokens
-from stages.runtime.scheduled_runner import ScheduledRunner, in_kernel_mode
+from stages.runtime.scheduled_runner import ScheduledRunner
 from stages.runtime.talker_runner import FrameEvent
 
 REPETITION_WINDOW = 50  # frames of history the repetition penalty looks at (upstream default)
@@ -136,15 +137,17 @@ class RealtimeRunner(ScheduledRunner):
             return []  # every request waits for text (none at all: nothing to do either)
         return super().step()
 
-    @in_kernel_mode
-    def capture_ahead(self, budget_s: float) -> int:
-        """The depth-loop graphs of every batch bucket not made yet, largest first, within
-        `budget_s` (the backbone's are made on first use of a bucket); how many were made (0
-        without graphs)."""
-        if self.depth_graphs is None:
-            return 0
-        with torch.inference_mode():
-            return self.depth_graphs.capture_ahead(powers_up_to(self.max_running), budget_s)
+    def capture_decode_graphs(self, budget_s: float) -> int:
+        """The backbone's decode graphs of every batch bucket (with one table width,
+        `ScheduledRunner.capture_decode_graphs`), then the depth-loop graphs of every batch bucket
+        not made yet (one per bucket: always few), largest first, within `budget_s`; how many
+        were made (0 without graphs)."""
+        deadline = time.monotonic() + budget_s
+        made = super().capture_decode_graphs(budget_s)
+        if self.depth_graphs is not None:
+            with self.kernel_mode(), torch.inference_mode():
+                made += self.depth_graphs.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic())
+        return made
 
     def _sample(self, ready: list[_Realtime], h: torch.Tensor) -> torch.Tensor:
         """Depth loop: h [B, H] -> codes [B, 16] (device), replayed from the batch bucket's graph
