@@ -36,6 +36,9 @@
 #   bash docs/device_runs.sh invtests   # the batch-invariant tests alone (GPU and interpreter)
 #   bash docs/device_runs.sh codecsplit # the codec's B=128 replay grid (1, 4, 15 frames), compiled layers
 #                                       # alone, then ring attention alone
+#   bash docs/device_runs.sh ringshort  # high-concurrency as shipped, then with the codec's ring attention
+#                                       # for chunks up to 4 frames (C=128, 64); then MOSS-TTS-Realtime
+#                                       # (full size) at C=1, 16, 64
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -53,7 +56,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -281,6 +284,21 @@ codec)
     timeout $(( $(left) - 20 )) python3 -m bench.codec --version v2 --size full --batches 64,128 \
       --grid 1,4,15 --iters 5 $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -5
   done
+  ;;
+ringshort)
+  mossvox make-checkpoint --variant realtime --size full --out /tmp/fam_realtime > "$R/mkck_realtime.log" 2>&1 &
+  RT=$!
+  checkpoint
+  start_server 8000 base --profile high-concurrency
+  pair 8000 base "128 64"
+  stop_server base
+  start_server 8001 ring4 --profile high-concurrency --set codec.ring_attention=true \
+    --set codec.ring_attention_max_frames=4
+  grep -E "decode call cost" "$R/serve_ring4.log" | cut -c1-200
+  pair 8001 ring4 "128 64"
+  stop_server ring4
+  wait $RT
+  [ "$(left)" -gt 120 ] && MODEL=/tmp/fam_realtime sweep 8002 realtime "1 16 64" --profile high-concurrency
   ;;
 sweep)
   checkpoint

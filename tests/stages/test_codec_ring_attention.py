@@ -54,6 +54,27 @@ def test_in_place_ring_attention_equals_copy_and_mask():
     want = decode(model, codes, sizes)
     model.use_ring_attention()
     got = decode(model, codes, sizes, valid_pad=3)
-    model.use_ring_attention(False)
+    model.use_ring_attention(0)
     assert got.shape == want.shape
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
+def test_ring_attention_up_to_a_chunk_length(monkeypatch):
+    """With a frame limit, chunks up to it attend in place and longer ones copy the rings out, in
+    one stream (the rings are shared by both paths); the audio equals copy-and-mask throughout."""
+    import stages.models.codec.ring_attention as ring
+
+    cfg = CodecConfig.from_json(tiny_v2_config())
+    model = random_codec(cfg, DEVICE, torch.float32, seed=9)
+    codes = torch.randint(0, 1024, (12, 2, 24), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    sizes = [1, 2, 15, 4, 2]
+    want = decode(model, codes, sizes)
+    lengths = []  # query tokens of each in-place call
+    kernel = ring.ring_attention
+    monkeypatch.setattr(ring, "ring_attention", lambda q, *a: lengths.append(q.shape[1]) or kernel(q, *a))
+    model.use_ring_attention(2)
+    got = decode(model, codes, sizes)
+    model.use_ring_attention(0)
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+    tokens = {stage.tokens_per_frame for stage in model.decoder_stages()}
+    assert lengths and set(lengths) <= {n * t for n in (1, 2) for t in tokens}  # the 15- and 4-frame chunks copied

@@ -11,6 +11,7 @@ upstream's conv layout `[B, D, T]`. Transformers run in the model's dtype; the q
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,7 @@ class CodecModel(nn.Module):
         self.encoder = nn.ModuleList(_stage_module(s, down=True) for s in cfg.encoder)
         self.quantizer = ResidualLFQ(cfg.quantizer)
         self.decoder = nn.ModuleList(_stage_module(s, down=False) for s in cfg.decoder)
+        self.ring_attention_frames = 0  # chunks up to this many frames attend in place (`use_ring_attention`)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -86,13 +88,12 @@ class CodecModel(nn.Module):
             if isinstance(module, ProjectedTransformer):
                 module.transformer.parts = parts
 
-    def use_ring_attention(self, on: bool = True) -> None:
-        """Streaming decode attends over the slots' rings in place (`ring_attention`, a Triton
-        kernel: CUDA, or Triton's CPU interpreter) instead of copying each row's rings out and
-        masking."""
-        for module in self.decoder:
-            if isinstance(module, ProjectedTransformer):
-                module.ring_attention = on
+    def use_ring_attention(self, max_frames: int | None = None) -> None:
+        """Streaming decode of chunks of at most `max_frames` frames (None: every length; 0: none)
+        attends over the slots' rings in place (`ring_attention`, a Triton kernel: CUDA, or
+        Triton's CPU interpreter) instead of copying each row's rings out and masking. The choice
+        is per chunk length, so a CUDA graph of one length records one of the two."""
+        self.ring_attention_frames = sys.maxsize if max_frames is None else max_frames
 
     def decoder_stages(self) -> list[TransformerStage]:
         return [m.stage for m in self.decoder if isinstance(m, ProjectedTransformer)]
@@ -137,7 +138,8 @@ class CodecModel(nn.Module):
                 x = module(x)
             else:
                 start = stream.start * module.stage.tokens_per_frame  # [B] first position of this chunk
-                x = module.forward_streaming(x, start, stream.caches[stage_index], stream.slots)
+                x = module.forward_streaming(x, start, stream.caches[stage_index], stream.slots,
+                                             in_place=T <= self.ring_attention_frames)
                 stage_index += 1
         # x: [B, T * stream_hop, 1] -> [B, channels, T * downsample_rate]
         return x.reshape(B, -1, self.cfg.channels).transpose(1, 2).float()

@@ -242,7 +242,6 @@ class ProjectedTransformer(nn.Module):
         keep_out = stage.project_always or stage.output_dim != stage.d_model
         self.input_proj = nn.Linear(stage.input_dim, stage.d_model, bias=False) if keep_in else nn.Identity()
         self.transformer = Transformer(stage)
-        self.ring_attention = False  # streaming attention over the rings in place (CodecModel.use_ring_attention)
         self.output_proj = nn.Linear(stage.d_model, stage.output_dim, bias=False) if keep_out else nn.Identity()
 
     @property
@@ -258,10 +257,11 @@ class ProjectedTransformer(nn.Module):
         return self.output_proj(x)
 
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
-                          slots: torch.Tensor) -> torch.Tensor:
-        """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer."""
+                          slots: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
+        """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer.
+        `in_place`: attend over the rings in place (`ring_attention`) rather than copy and mask."""
         plan = WindowPlan.chunk(slots, start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype,
-                                in_place=self.ring_attention)
+                                in_place=in_place)
         x = self.input_proj(x)
         for layer, cache in zip(self.transformer.layers, caches, strict=True):
             x = layer(x, plan, cache, slots, self.transformer.parts)
