@@ -141,8 +141,8 @@ class TalkerConfig(_Section):
         "at any load: the talker's linears, norms, sampling scans and small attention run Triton "
         "kernels with a fixed tiling (stages/runtime/batch_invariant.py), the paged attention one "
         "split with decode rows as prefill tiles, and torch.compile is off; needs CUDA (Triton) and "
-        "triton attention, one GPU per talker. Off in every profile until its cost is measured on "
-        "a GPU")] = False
+        "triton attention, one GPU per talker. Off in every profile: on an H200 it halved "
+        "throughput at one stream and cost 40% of it at 128 (docs/performance.md)")] = False
     tensor_parallel: Annotated[int, doc(
         "GPUs one Delay talker is split over (tensor parallelism: heads, KV cache and FFN "
         "sharded, embeddings and heads replicated); 1 = one device", ge=1)] = 1
