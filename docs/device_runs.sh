@@ -36,9 +36,11 @@
 #   bash docs/device_runs.sh invtests   # the batch-invariant tests alone (GPU and interpreter)
 #   bash docs/device_runs.sh codecsplit # the codec's B=128 replay grid (1, 4, 15 frames), compiled layers
 #                                       # alone, then ring attention alone
-#   bash docs/device_runs.sh ringshort  # high-concurrency as shipped, then with the codec's ring attention
-#                                       # for chunks up to 4 frames (C=128, 64); then MOSS-TTS-Realtime
-#                                       # (full size) at C=1, 16, 64
+#   BASE=DIR bash docs/device_runs.sh ringshort
+#                                       # high-concurrency of the build in DIR, then this build with the
+#                                       # codec's ring attention for chunks up to 4 frames (C=128, 64;
+#                                       # each level's first pass shown); then MOSS-TTS-Realtime (full
+#                                       # size) at C=1, 16
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -289,16 +291,16 @@ ringshort)
   mossvox make-checkpoint --variant realtime --size full --out /tmp/fam_realtime > "$R/mkck_realtime.log" 2>&1 &
   RT=$!
   checkpoint
-  start_server 8000 base --profile high-concurrency
+  SERVER_PATH=/tmp/site:$BASE start_server 8000 base --profile high-concurrency
   pair 8000 base "128 64"
   stop_server base
   start_server 8001 ring4 --profile high-concurrency --set codec.ring_attention=true \
     --set codec.ring_attention_max_frames=4
-  grep -E "decode call cost" "$R/serve_ring4.log" | cut -c1-200
+  grep -E "captured|decode call cost" "$R/serve_ring4.log" | cut -c1-200
   pair 8001 ring4 "128 64"
   stop_server ring4
   wait $RT
-  [ "$(left)" -gt 120 ] && MODEL=/tmp/fam_realtime sweep 8002 realtime "1 16 64" --profile high-concurrency
+  [ "$(left)" -gt 100 ] && MODEL=/tmp/fam_realtime sweep 8002 realtime "1 16" --profile high-concurrency
   ;;
 sweep)
   checkpoint
