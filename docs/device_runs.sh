@@ -87,9 +87,11 @@ finish() {
 trap finish EXIT
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.device_count(), "GPU")'
 
-start_server() {  # start_server PORT NAME SERVE_ARGS... ; sets SPID
+start_server() {  # start_server PORT NAME SERVE_ARGS... ; sets SPID. SERVER_TREE=DIR: serve DIR's build
   local port=$1 name=$2; shift 2
-  PYTHONPATH=${SERVER_PATH:-$PYTHONPATH} mossvox serve "${MODEL:-/tmp/l15}" --port "$port" "$@" > "$R/serve_$name.log" 2>&1 &
+  # from inside the tree served: `python -c` puts the working directory ahead of PYTHONPATH
+  (cd "${SERVER_TREE:-.}" && PYTHONPATH=/tmp/site:$PWD exec mossvox serve "${MODEL:-/tmp/l15}" --port "$port" "$@") \
+    > "$R/serve_$name.log" 2>&1 &
   SPID=$!
   for _ in $(seq 1 400); do
     curl -sf "localhost:$port/ready" >/dev/null && break
@@ -159,7 +161,7 @@ timeline)
 compare)
   checkpoint
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py 2>&1 | tail -3
-  SERVER_PATH=/tmp/site:$BASE start_server 8000 base --profile high-concurrency
+  SERVER_TREE=$BASE start_server 8000 base --profile high-concurrency
   pair 8000 base "128 64"
   stop_server base
   TL=/tmp/timeline
@@ -291,7 +293,7 @@ ringshort)
   mossvox make-checkpoint --variant realtime --size full --out /tmp/fam_realtime > "$R/mkck_realtime.log" 2>&1 &
   RT=$!
   checkpoint
-  SERVER_PATH=/tmp/site:$BASE start_server 8000 base --profile high-concurrency
+  SERVER_TREE=$BASE start_server 8000 base --profile high-concurrency
   pair 8000 base "128 64"
   stop_server base
   start_server 8001 ring4 --profile high-concurrency --set codec.ring_attention=true \
