@@ -1,0 +1,76 @@
+"""MOSS-TTS-Realtime in the batch-invariant mode: the mode's kernels run in its backbone and in its
+depth loop (replayed on the graph path's static inputs), and a seeded request gives the same
+frames alone, together with others, and arriving among them mid-decode.
+
+CPU: the kernels run under Triton's interpreter (TRITON_INTERPRET=1 set before triton is
+imported, as in test_batch_invariant.py); tiny model, few frames."""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    assert "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
+        "triton was imported before TRITON_INTERPRET=1 could be set; its CPU interpreter is off")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from speech.sampling import SamplingParams  # noqa: E402
+from stages.models.realtime.config import RealtimeConfig, tiny_config  # noqa: E402
+from stages.models.realtime.model import RealtimeModel  # noqa: E402
+from stages.models.realtime.runner import RealtimeRunner  # noqa: E402
+from tests.stages.runner_drive import drive  # noqa: E402
+from tests.stages.test_batch_invariant_runners import counted  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def model() -> RealtimeModel:
+    torch.manual_seed(0)
+    model = RealtimeModel(RealtimeConfig.from_dict(tiny_config())).zero_padding_rows_().eval()
+    with torch.no_grad():  # scores spread out, so top-k / top-p and the penalty change the draws
+        for head in model.local_transformer.local_lm_heads:
+            head.weight.mul_(30.0)
+    return model
+
+
+def prompt(cfg, seed: int, prefill: int, text: int = 3) -> np.ndarray:
+    """Prefill rows (random text ids, audio pad), the audio BOS row, then `text` ids to stream."""
+    rng = np.random.default_rng(seed)
+    rows = np.full((prefill + 1 + text, 1 + cfg.rvq), cfg.audio_pad, dtype=np.int64)
+    rows[:, 0] = rng.integers(0, 600, len(rows))
+    rows[prefill, 1:] = cfg.audio_bos
+    return rows
+
+
+def invariant_runner(model, max_running: int = 3) -> RealtimeRunner:
+    return RealtimeRunner(model, max_running=max_running, num_kv_blocks=64, batch_invariant=True,
+                          graph_path="eager")
+
+
+@pytest.mark.slow  # about 60 s under the interpreter
+def test_seeded_requests_alone_together_and_mixed(model):
+    cfg = model.config
+    two = {rid: (prompt(cfg, rid, prefill=5 + 4 * i),
+                 SamplingParams(temperature=0.9, top_k=20, top_p=0.8, repetition_penalty=1.2, seed=40 + rid,
+                                forced_frames=2))
+           for i, rid in enumerate((1, 2))}
+    other = (prompt(cfg, 9, prefill=11), SamplingParams(seed=9, forced_frames=3))
+    runner = invariant_runner(model)
+    assert runner.attention.batch_invariant and runner.depth_graphs is not None
+    calls = counted(runner)
+    together = drive(runner, {0: [(rid, p, s) for rid, (p, s) in two.items()]})
+    assert {"linear", "rms_norm", "attention", "cumsum"} <= set(calls), calls  # backbone, depth loop, sampler
+    assert len({f.tobytes() for f in together.values()}) == 2
+    mixed = drive(invariant_runner(model), {0: [(9, *other)], 1: [(rid, p, s) for rid, (p, s) in two.items()]})
+    for rid, (p, s) in two.items():
+        alone = drive(invariant_runner(model, max_running=1), {0: [(rid, p, s)]})[rid]
+        assert len(alone) == 2
+        np.testing.assert_array_equal(alone, together[rid], err_msg=f"{rid}: alone vs together")
+        np.testing.assert_array_equal(alone, mixed[rid], err_msg=f"{rid}: alone vs mixed")
