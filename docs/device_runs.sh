@@ -41,6 +41,9 @@
 #                                       # codec's ring attention for chunks up to 4 frames (C=128, 64;
 #                                       # each level's first pass shown); then MOSS-TTS-Realtime (full
 #                                       # size) at C=1, 16
+#   bash docs/device_runs.sh ringtune   # the codec's streaming attention per stage, copied vs in place
+#                                       # over a grid of kernel tiles (B=128 x 1, 4, 8, 15 frames), then
+#                                       # the B=128 replay grid copied and with ring attention everywhere
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -58,7 +61,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -277,6 +280,14 @@ codecsplit)
     [ "$(left)" -lt 60 ] && break
     timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 128 \
       --grid 1,4,15 --iters 5 $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -5
+  done
+  ;;
+ringtune)
+  timeout $(( $(left) / 2 )) python3 -m bench.codec_ring --batch 128 --frames 1,4,8,15 2>&1 | tee "$R/codec_ring.txt" | tail -40
+  for flag in "" --ring-attention; do
+    [ "$(left)" -lt 60 ] && break
+    timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 128 \
+      --grid 1,4,8,15 --iters 5 $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -4
   done
   ;;
 codec)

@@ -3,10 +3,13 @@
 The plain path (`CausalWindowAttention.attend`) copies each row's whole ring out of the slot pool
 (`index_select`, ~125 MB a slot for the full v2 decoder in bf16, read and written) and hands
 SDPA an additive mask `[B, 1, T, C]` built per stage. Here one kernel reads the keys and values in
-place: a program owns (a tile of `BLOCK_M` queries, row b, head h) and walks ring indices
-0..C-1 in tiles of `BLOCK_N`, computing each index's absolute position from the chunk's last one
-(`last - (last - index) mod C`) and the window rule in registers: key visible iff it is written
-(position >= 0) and `0 <= query - key < context`. Softmax online in fp32 (exp2, scale folded in).
+place: a program owns (a tile of `BLOCK_M` queries, row b, head h) and walks only the key
+positions its queries can see, from `max(0, first query - context + 1)` to its last query, in
+tiles of `BLOCK_N`, each position read at ring index `position mod C` (the ring holds the last C
+positions, and C >= context + chunk length, so every one of them is there); the window rule
+`0 <= query - key < context` masks the rest in registers. A tile of queries so reads at most
+`context + BLOCK_M` keys, not the whole ring (880 ring rows against a 400-key window in the full
+v2 decoder's last stage). Softmax online in fp32 (exp2, scale folded in).
 
 Launch shapes depend only on tensor shapes (B, T, heads, head dim); slots and positions are read
 from device tensors, so the kernel runs inside CUDA graphs. On CPU it runs in Triton's
@@ -46,20 +49,22 @@ def _ring_attention_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
     q_pos = start + j  # [BLOCK_M]
-    last = start + T - 1  # the newest position written into the ring
+    q_first = start + tile * BLOCK_M
+    q_last = tl.minimum(q_first + BLOCK_M - 1, start + T - 1)  # the tile's last real query
+    k_first = tl.maximum(q_first - context + 1, 0)  # the oldest key a query of the tile can see
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(0, C, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n < C
-        pos_k = last - (((last - n) % C) + C) % C  # position held at ring index n (mod as in Python)
+    for p0 in range(k_first, q_last + 1, BLOCK_N):
+        pos_k = p0 + tl.arange(0, BLOCK_N)  # key positions
+        k_ok = pos_k <= q_last
+        n = pos_k % C  # their ring indices
         k_t = tl.load(k_ptr + slot * stride_ks + n[None, :] * stride_kc + h * stride_kh + d[:, None],
-                      mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+                      mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
         s = tl.dot(q, k_t.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2
         delta = q_pos[:, None] - pos_k[None, :]
-        allowed = n_ok[None, :] & (pos_k[None, :] >= 0) & (delta >= 0) & (delta < context)
+        allowed = k_ok[None, :] & (delta >= 0) & (delta < context)
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: no NaN
@@ -67,7 +72,7 @@ def _ring_attention_kernel(
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + slot * stride_vs + n[:, None] * stride_vc + h * stride_vh + d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -81,11 +86,12 @@ def _pow2(x: int) -> int:
 
 def ring_attention(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, slots: torch.Tensor,
                    start: torch.Tensor, context: int, *, block_m: int | None = None, block_n: int | None = None,
-                   num_warps: int = 4) -> torch.Tensor:
+                   num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
     """q [B, T, H, Dh] (RoPE applied) of the chunk whose first position is start [B] in slots [B];
     k_ring, v_ring [S, C, H, Dh], the chunk's keys already written -> out [B, T, H, Dh].
     Tiles: `block_m` queries x `block_n` keys (default 32 x 64; on CPU, where the interpreter runs
-    each program in numpy, 64 x 256: fewer, larger steps)."""
+    each program in numpy, 64 x 256: fewer, larger steps); `num_warps`, `num_stages` (None: Triton's
+    default) as for any Triton launch (`python -m bench.codec_ring` times configurations)."""
     cpu = q.device.type == "cpu"
     block_m = block_m or (64 if cpu else 32)
     block_n = block_n or (256 if cpu else 64)
@@ -103,6 +109,6 @@ def ring_attention(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, 
         v_ring.stride(0), v_ring.stride(1), v_ring.stride(2), out.stride(0), out.stride(1), out.stride(2),
         HEAD_DIM=D, BLOCK_D=max(16, _pow2(D)), BLOCK_M=block_m, BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
-        DOT_FP32=q.device.type == "cpu", num_warps=num_warps,
+        DOT_FP32=q.device.type == "cpu", num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
     )
     return out
