@@ -256,12 +256,47 @@ class TalkerLoop:
 
 
 WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long (largest first)
+WARM_SERVING_REQUESTS = 8  # the serving-size warm-up batch: requests prefilled together
+WARM_SERVING_TEXT_REPEATS = 12  # ... each with the warm-up text this many times over
+WARM_SERVING_REFERENCE_FRAMES = 60  # ... and a reference of this many frames, where the family takes one
+
+
+def serving_size_request(variant: Variant) -> Any:
+    """A warm-up request shaped like a served one: the warm-up text many times over and, where
+    the family takes a reference, a reference of `WARM_SERVING_REFERENCE_FRAMES` frames (codes
+    0: their values do not matter), so its prompt is a few hundred rows, as real ones are."""
+    job = variant.warm_up_job()
+    job.text = " ".join([job.text] * WARM_SERVING_TEXT_REPEATS)
+    job.forced_frames = 4
+    if "reference" in variant.used_fields:
+        job.ref_codes = np.zeros((WARM_SERVING_REFERENCE_FRAMES, variant.n_vq), dtype=np.int64)
+    return variant.build_request(job)
+
+
+def run_together(runner: Any, requests: list[tuple[int, Any]], max_steps: int) -> None:
+    """Add the (rid, request) pairs that fit at once and step until they finish (at most
+    `max_steps` steps), then remove them (a request cut short frees its state too)."""
+    rids = set()
+    for rid, request in requests:
+        if runner.can_admit(len(request.prompt)):
+            runner.add(rid, request.prompt, request.sampling)
+            rids.add(rid)
+    done: set[int] = set()
+    for _ in range(max_steps):
+        if done >= rids:
+            break
+        done.update(ev.rid for ev in runner.step() if ev.finished)
+    for rid in rids:
+        runner.remove(rid)
 
 
 def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     """Run short requests through the runner so first requests do not pay for lazy set-up: one
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
-    what compiles the shape-generic code). The job is the variant's (`warm_up_job`). Then, with
+    what compiles the shape-generic code), then a serving-size batch (`serving_size_request`:
+    prefill steps of about a thousand rows over several prompts, as under load, so the kernels of
+    those shapes are compiled before the first request rather than during it). The jobs are the
+    variant's (`warm_up_job`). Then, with
     `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead;
     without it, the decode graphs of every batch bucket when one block-table width serves them
     all (`capture_decode_graphs`: a few per sampler mode met) and the prefill graphs
@@ -269,15 +304,11 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     request = variant.build_request(variant.warm_up_job())
     batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
     for rids in batches:
-        for rid in rids:
-            runner.add(rid, request.prompt, request.sampling)
-        done: set[int] = set()
-        for _ in range(8):
-            done.update(ev.rid for ev in runner.step() if ev.finished)
-            if done.issuperset(rids):
-                break
-        for rid in rids:
-            runner.remove(rid)
+        run_together(runner, [(rid, request) for rid in rids], max_steps=8)
+    serving = serving_size_request(variant)
+    n = min(WARM_SERVING_REQUESTS, runner.max_running)
+    if n > 2:
+        run_together(runner, [(-10 - i, serving) for i in range(n)], max_steps=64)
     t0 = time.perf_counter()
     if capture_ahead:
         made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)

@@ -1,0 +1,39 @@
+"""The talker worker's warm-up: besides one request and two together, a serving-size batch is
+prefilled together (several prompts of a few hundred rows in one step, as under load, so their
+kernels are compiled before `/ready`), and the warm-up leaves the runner empty: every request
+removed, every KV block back."""
+
+import pytest
+
+from profiles import load_profile
+from stages.registry import load_variant
+from stages.workers.talker import WARM_SERVING_REQUESTS, serving_size_request, warm_up
+from tests.conftest import golden_dir
+
+
+@pytest.fixture(scope="module")
+def variant():
+    codec = golden_dir("moss_audio_tokenizer_v2")
+    profile = load_profile("cpu", [f"model.codec_path={codec}", "talker.max_running=16"])
+    return load_variant(golden_dir("moss_tts_local_v1_5"), profile)
+
+
+def test_serving_size_request_is_shaped_like_a_served_one(variant):
+    plain = variant.build_request(variant.warm_up_job())
+    serving = serving_size_request(variant)
+    assert len(serving.prompt) > len(plain.prompt) + 60  # the reference frames and the longer text
+    assert serving.sampling.forced_frames == 4
+
+
+def test_warm_up_prefills_a_serving_batch_together_and_leaves_the_runner_empty(variant):
+    runner = variant.make_talker_runner("cpu")
+    free = runner.cache.num_free_blocks
+    steps = []  # the scheduler's batches: (request, rows fed) per step
+    schedule = runner.scheduler.schedule
+    runner.scheduler.schedule = lambda: steps.append(schedule()) or steps[-1]
+    warm_up(runner, variant)
+    serving_rows = len(serving_size_request(variant).prompt)
+    together = max(sum(1 for r, n in batch if r.rid <= -10 and n > 1) for batch in steps)
+    assert together >= 3  # several serving-size prompts prefilled in one step
+    assert sum(n for batch in steps for r, n in batch if r.rid <= -10) >= WARM_SERVING_REQUESTS * serving_rows
+    assert runner.num_running() == 0 and runner.cache.num_free_blocks == free
