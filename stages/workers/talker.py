@@ -29,7 +29,7 @@ from ipc.errors import EndOfStream, PeerGone
 from ipc.messages import (Abort, CodeChunk, Feed, Ready, Shutdown, Slots, StageError, Submit,
                           TalkerInbox, TalkerStep)
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
-from stages.variant import TalkerRequest, Variant
+from stages.variant import AdapterError, TalkerRequest, Variant
 from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
                                   schedule_from)
@@ -264,13 +264,21 @@ WARM_SERVING_REFERENCE_FRAMES = 60  # ... and a reference of this many frames, w
 def serving_size_request(variant: Variant) -> Any:
     """A warm-up request shaped like a served one: the warm-up text many times over and, where
     the family takes a reference, a reference of `WARM_SERVING_REFERENCE_FRAMES` frames (codes
-    0: their values do not matter), so its prompt is a few hundred rows, as real ones are."""
+    0: their values do not matter) with its transcript, so its prompt is a few hundred rows, as
+    real ones are (without the reference if the family's rules refuse this one)."""
     job = variant.warm_up_job()
     job.text = " ".join([job.text] * WARM_SERVING_TEXT_REPEATS)
     job.forced_frames = 4
-    if "reference" in variant.used_fields:
-        job.ref_codes = np.zeros((WARM_SERVING_REFERENCE_FRAMES, variant.n_vq), dtype=np.int64)
-    return variant.build_request(job)
+    plain = variant.build_request(job)
+    if "reference" not in variant.used_fields:
+        return plain
+    job.ref_codes = np.zeros((WARM_SERVING_REFERENCE_FRAMES, variant.n_vq), dtype=np.int64)
+    if "ref_text" in variant.used_fields:
+        job.ref_text = "warm up."
+    try:
+        return variant.build_request(job)
+    except AdapterError:
+        return plain
 
 
 def run_together(runner: Any, requests: list[tuple[int, Any]], max_steps: int) -> None:

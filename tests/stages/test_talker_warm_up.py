@@ -37,3 +37,18 @@ def test_warm_up_prefills_a_serving_batch_together_and_leaves_the_runner_empty(v
     assert together >= 3  # several serving-size prompts prefilled in one step
     assert sum(n for batch in steps for r, n in batch if r.rid <= -10) >= WARM_SERVING_REQUESTS * serving_rows
     assert runner.num_running() == 0 and runner.cache.num_free_blocks == free
+
+
+@pytest.mark.parametrize("name", ["delay", "ttsd", "sound-effect", "voice-generator", "realtime"])
+def test_every_family_builds_its_serving_size_request(tmp_path, name):
+    """Each family's rules accept the serving-size warm-up request (TTSD wants a transcript with
+    its reference; SoundEffect takes none), and the reference is in it where the family takes one."""
+    from stages.tools.make_checkpoint import make_checkpoint
+
+    make_checkpoint(tmp_path / name, variant=name, size="tiny", seed=4)
+    family = load_variant(tmp_path / name, load_profile("cpu"))
+    plain = family.build_request(family.warm_up_job())
+    serving = serving_size_request(family)
+    assert len(serving.prompt) > len(plain.prompt)
+    if "reference" in family.used_fields:
+        assert len(serving.prompt) > len(plain.prompt) + 60
