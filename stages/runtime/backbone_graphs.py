@@ -12,7 +12,6 @@ Without `capture` (any device; the CPU tests) the same padded static inputs run 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,8 +19,8 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import (StaticCall, batch_bucket, decode_metadata, pack_decode_inputs,
-                                          replay_or_build, table_bucket)
+from stages.runtime.graph_capture import (StaticCall, batch_bucket, decode_metadata, make_missing,
+                                          pack_decode_inputs, replay_or_build, table_bucket)
 
 
 @dataclass
@@ -72,18 +71,16 @@ class BackboneGraphs:
     def capture_ahead(self, batches: list[int], blocks: list[int], budget_s: float | None = None) -> int:
         """Make the (B, M) buckets of these batch sizes and block counts not made yet (padding rows
         only: id 0 on the scratch block), largest first, stopping after `budget_s`; returns how many."""
-        deadline = None if budget_s is None else time.monotonic() + budget_s
         keys = {(batch_bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
                 for b in batches for m in blocks}
-        made = 0
-        for B, M in sorted(keys - set(self._graphs), reverse=True):
-            if deadline is not None and time.monotonic() > deadline:
-                break
+
+        def make(key: tuple[int, int]) -> None:
+            B, M = key
             packed = pack_decode_inputs([], [], [], [], [], [], batch=B, blocks=M, scratch_slot=0,
                                         scratch_block=self.scratch_block, block_size=self.block_size)
-            self._build(torch.cat([torch.zeros(B, self.width, dtype=torch.int64), packed], dim=1), (B, M))
-            made += 1
-        return made
+            self._build(torch.cat([torch.zeros(B, self.width, dtype=torch.int64), packed], dim=1), key)
+
+        return make_missing(keys, self._graphs, make, budget_s)
 
     def _build(self, host: torch.Tensor, key: tuple[int, int]) -> _Graph:
         """The bucket's static tensors, its graph recorded (with capture) and this call's result."""

@@ -15,8 +15,10 @@ they compute garbage nobody reads and write only there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -24,6 +26,7 @@ import torch
 from stages.runtime.attention.metadata import AttentionMetadata
 
 GRAPH_PATHS = ("off", "eager", "cuda")
+K = TypeVar("K")  # a graph key (a bucket, or a tuple of them)
 
 
 def resolve_graph_path(graph_path: str | None, cuda_graphs: bool, on_cuda: bool) -> str:
@@ -145,6 +148,20 @@ def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) 
             out.copy_(result)
     graph.replay()
     return graph
+
+
+def make_missing(keys: Iterable[K], made: Container[K], make: Callable[[K], object],
+                 budget_s: float | None) -> int:
+    """`make(key)` for each of `keys` not in `made`, largest first (later, smaller captures reuse
+    the pool's memory), stopping once `budget_s` has passed (None: no limit); how many were made."""
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    count = 0
+    for key in sorted(set(keys) - set(made), reverse=True):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        make(key)
+        count += 1
+    return count
 
 
 def replay_or_build(graphs: dict, key, host: torch.Tensor, build: Callable):

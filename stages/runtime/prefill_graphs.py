@@ -27,7 +27,6 @@ Without `capture` (any device; the CPU tests) the same padded static inputs run 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import StaticCall, bucket, replay_or_build
+from stages.runtime.graph_capture import StaticCall, bucket, make_missing, replay_or_build
 
 MIN_TOKENS = 16  # the smallest token bucket
 TOKEN_STEP = 256  # token buckets past this are its multiples
@@ -119,16 +118,10 @@ class PrefillGraphs:
         """Make the (T, M) buckets of these token counts and block-table widths not made yet, with
         one scratch-only chunk each (its keys go to the scratch block), largest first, stopping
         after `budget_s`; returns how many."""
-        made = 0
-        deadline = None if budget_s is None else time.monotonic() + budget_s
-        for key in sorted({self.key(t, b) for t in tokens for b in blocks} - set(self._graphs), reverse=True):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            rows = np.zeros((1, self.width), dtype=np.int64)
-            scratch = PrefillChunk(rows, 0, [self.scratch_block * self.block_size], [self.scratch_block])
-            self._build(self._pack([scratch], *key), key)
-            made += 1
-        return made
+        scratch = PrefillChunk(np.zeros((1, self.width), dtype=np.int64), 0, [self.scratch_block * self.block_size],
+                               [self.scratch_block])
+        return make_missing({self.key(t, b) for t in tokens for b in blocks}, self._graphs,
+                            lambda key: self._build(self._pack([scratch], *key), key), budget_s)
 
     # ---- static layout -------------------------------------------------------------------------
 

@@ -368,3 +368,12 @@ def test_batch_buckets_pad_little_past_32_rows():
     assert batch_buckets(256) == [1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256]
     assert batch_buckets(6) == [1, 2, 4, 6]
     assert all(batch_bucket(n, 256) - n < 32 for n in range(1, 257))
+
+
+def test_make_missing_makes_the_absent_keys_largest_first_within_the_budget():
+    from stages.runtime.graph_capture import make_missing
+
+    order = []
+    assert make_missing([(1, 4), (8, 4), (2, 4), (8, 4)], {(2, 4)}, order.append, None) == 2
+    assert order == [(8, 4), (1, 4)]  # (2, 4) was made already; duplicates once
+    assert make_missing([1, 2, 3], set(), order.append, -1.0) == 0  # the budget has passed

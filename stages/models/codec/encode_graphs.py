@@ -16,13 +16,12 @@ any decode capture; these graphs share no memory pool with the decode graphs.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
 from stages.models.codec.model import CodecModel
-from stages.runtime.graph_capture import StaticCall, bucket
+from stages.runtime.graph_capture import StaticCall, bucket, make_missing
 
 DEFAULT_LENGTHS_S = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # reference clips are 3-10 s as a rule
 
@@ -87,14 +86,7 @@ class EncodeGraphs:
         """Make the entries of every (bucket(b), S) not made yet, largest first, within `budget_s`;
         returns how many were made."""
         keys = {(bucket(min(b, self.max_batch), self.max_batch), s) for b in batches for s in self.lengths}
-        deadline = None if budget_s is None else time.monotonic() + budget_s
-        made = 0
-        for key in sorted(keys - set(self._entries), reverse=True):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            self._make(key)
-            made += 1
-        return made
+        return make_missing(keys, self._entries, self._make, budget_s)
 
     def _make(self, key: tuple[int, int]) -> _Entry:
         """The bucket's static tensors (silence, full lengths) and its first call (recorded with capture)."""

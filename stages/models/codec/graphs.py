@@ -32,13 +32,13 @@ the graphs' private one.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from stages.models.codec.streaming import StreamingDecoder
+from stages.runtime.graph_capture import make_missing
 
 WARMUP_CALLS = 1  # eager calls on a side stream before recording (kernels, cuBLAS workspaces, allocator)
 
@@ -134,14 +134,7 @@ class DecodeGraphs:
         Safe while requests hold slots: only the scratch slot is touched."""
         keys = {(bucket(min(b, self.max_batch), self.max_batch), T) for b in batches for T in chunk_lengths
                 if self.fits(min(b, self.max_batch), T)}
-        deadline = None if budget_s is None else time.monotonic() + budget_s
-        made = 0
-        for key in sorted(keys - set(self._entries), reverse=True):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            self._make(*key)
-            made += 1
-        return made
+        return make_missing(keys, self._entries, lambda key: self._make(*key), budget_s)
 
     def _body(self, entry: _Entry) -> None:
         entry.out.copy_(self.decoder.decode(entry.codes, entry.slots, entry.valid))

@@ -20,15 +20,14 @@ bucketing, padding and scratch slot/block logic is exercised exactly as the grap
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import (StaticCall, batch_bucket, decode_metadata, pack_decode_inputs,
-                                          replay_or_build, table_bucket)
+from stages.runtime.graph_capture import (StaticCall, batch_bucket, decode_metadata, make_missing,
+                                          pack_decode_inputs, replay_or_build, table_bucket)
 
 
 @dataclass
@@ -72,19 +71,15 @@ class DecodeGraphs:
     def capture_ahead(self, batches: list[int], blocks: list[int], budget_s: float | None = None) -> int:
         """Make the (B, M) buckets of these batch sizes and block counts not made yet, every row
         on the scratch slot and block, largest first, stopping after `budget_s`; returns how many."""
-        deadline = None if budget_s is None else time.monotonic() + budget_s
         keys = {(batch_bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
                 for b in batches for m in blocks}
-        made = 0
-        for key in sorted(keys - set(self._graphs), reverse=True):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            packed = pack_decode_inputs([], [], [], [], [], [], batch=key[0], blocks=key[1],
-                                        scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
-                                        block_size=self.block_size)
-            self._build(packed, key)
-            made += 1
-        return made
+
+        def make(key: tuple[int, int]) -> None:
+            self._build(pack_decode_inputs([], [], [], [], [], [], batch=key[0], blocks=key[1],
+                                           scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
+                                           block_size=self.block_size), key)
+
+        return make_missing(keys, self._graphs, make, budget_s)
 
     def run(self, packed_host: torch.Tensor, key: tuple[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (capturing first if new) the bucket's graph; returns stop [n], codes [n, n_vq]."""
@@ -131,14 +126,9 @@ class FrameGraphs:
     def capture_ahead(self, batches: list[int], budget_s: float | None = None) -> int:
         """Make the batch buckets of these sizes not made yet (every row on the scratch slot),
         largest first, stopping after `budget_s`; returns how many."""
-        deadline = None if budget_s is None else time.monotonic() + budget_s
-        made = 0
-        for B in sorted({batch_bucket(b, self.max_batch) for b in batches} - set(self._graphs), reverse=True):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            self.run(torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device), [], [], batch=B)
-            made += 1
-        return made
+        none = torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device)
+        return make_missing({batch_bucket(b, self.max_batch) for b in batches}, self._graphs,
+                            lambda B: self.run(none, [], [], batch=B), budget_s)
 
     def run(self, hidden: torch.Tensor, slots: list[int], frames: list[int],
             batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,14 +20,13 @@ copies its inputs into the same per-bucket static tensors and runs the same body
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from stages.runtime.graph_capture import StaticCall, batch_bucket
+from stages.runtime.graph_capture import StaticCall, batch_bucket, make_missing
 
 # body(hidden [B, H], slots [B], frames [B], writes [B]) -> (codes [B, n_vq],)
 DepthBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor]]
@@ -61,14 +60,9 @@ class DepthGraphs:
     def capture_ahead(self, batches: list[int], budget_s: float | None = None) -> int:
         """Make the buckets of these batch sizes not made yet (every row a padding row), largest
         first, stopping after `budget_s`; returns how many."""
-        deadline = None if budget_s is None else time.monotonic() + budget_s
-        made = 0
-        for B in sorted({batch_bucket(b, self.max_batch) for b in batches} - set(self._graphs), reverse=True):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            self.run(torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device), [], [], [], batch=B)
-            made += 1
-        return made
+        none = torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device)
+        return make_missing({batch_bucket(b, self.max_batch) for b in batches}, self._graphs,
+                            lambda B: self.run(none, [], [], [], batch=B), budget_s)
 
     def run(self, hidden: torch.Tensor, slots: list[int], frames: list[int], writes: list[int],
             batch: int | None = None) -> torch.Tensor:
