@@ -3,15 +3,9 @@ in-place kernel with its default tiles and with given tiles) gives the same outp
 adds each stage's layers up per decode call. On CPU the kernel runs in Triton's interpreter
 (TRITON_INTERPRET=1 set before triton is imported, as in the codec's ring-attention tests)."""
 
-import os
-import sys
-
 import torch
 
-if not torch.cuda.is_available():
-    assert "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
-        "triton was imported before TRITON_INTERPRET=1 could be set; its CPU interpreter is off")
-    os.environ["TRITON_INTERPRET"] = "1"
+import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import pytest  # noqa: E402
 

@@ -7,15 +7,9 @@ CUDA device; with no GPU nothing else in the process could run compiled Triton k
 Small shapes only: the interpreter executes every program in numpy.
 """
 
-import os
-import sys
-
 import torch
 
-if not torch.cuda.is_available():
-    assert "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
-        "triton was imported before TRITON_INTERPRET=1 could be set; its CPU interpreter is off")
-    os.environ["TRITON_INTERPRET"] = "1"
+import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import dataclasses  # noqa: E402
 

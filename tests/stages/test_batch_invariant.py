@@ -6,15 +6,9 @@ TRITON_INTERPRET=1 has to be set before triton itself is imported, so this modul
 thing when there is no CUDA device. Tiny shapes only: the interpreter runs every program in numpy.
 """
 
-import os
-import sys
-
 import torch
 
-if not torch.cuda.is_available():
-    assert "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
-        "triton was imported before TRITON_INTERPRET=1 could be set; its CPU interpreter is off")
-    os.environ["TRITON_INTERPRET"] = "1"
+import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

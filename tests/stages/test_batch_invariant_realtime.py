@@ -5,15 +5,7 @@ frames alone, together with others, and arriving among them mid-decode.
 CPU: the kernels run under Triton's interpreter (TRITON_INTERPRET=1 set before triton is
 imported, as in test_batch_invariant.py); tiny model, few frames."""
 
-import os
-import sys
-
-import torch
-
-if not torch.cuda.is_available():
-    assert "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
-        "triton was imported before TRITON_INTERPRET=1 could be set; its CPU interpreter is off")
-    os.environ["TRITON_INTERPRET"] = "1"
+import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -21,32 +13,12 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 from speech.sampling import SamplingParams  # noqa: E402
-from stages.models.realtime.config import RealtimeConfig, tiny_config  # noqa: E402
-from stages.models.realtime.model import RealtimeModel  # noqa: E402
 from stages.models.realtime.runner import RealtimeRunner  # noqa: E402
 from tests.stages.runner_drive import drive  # noqa: E402
 from tests.stages.test_batch_invariant_runners import counted  # noqa: E402
+from tests.stages.test_realtime_graphs import model, prompt  # noqa: E402, F401  (model: the fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def model() -> RealtimeModel:
-    torch.manual_seed(0)
-    model = RealtimeModel(RealtimeConfig.from_dict(tiny_config())).zero_padding_rows_().eval()
-    with torch.no_grad():  # scores spread out, so top-k / top-p and the penalty change the draws
-        for head in model.local_transformer.local_lm_heads:
-            head.weight.mul_(30.0)
-    return model
-
-
-def prompt(cfg, seed: int, prefill: int, text: int = 3) -> np.ndarray:
-    """Prefill rows (random text ids, audio pad), the audio BOS row, then `text` ids to stream."""
-    rng = np.random.default_rng(seed)
-    rows = np.full((prefill + 1 + text, 1 + cfg.rvq), cfg.audio_pad, dtype=np.int64)
-    rows[:, 0] = rng.integers(0, 600, len(rows))
-    rows[prefill, 1:] = cfg.audio_bos
-    return rows
 
 
 def invariant_runner(model, max_running: int = 3) -> RealtimeRunner:

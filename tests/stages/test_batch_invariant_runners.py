@@ -6,15 +6,7 @@ CPU: the mode's Triton kernels run under Triton's interpreter (TRITON_INTERPRET=
 triton is imported, as in test_batch_invariant.py); tiny model, few frames: the interpreter is slow.
 """
 
-import os
-import sys
-
-import torch
-
-if not torch.cuda.is_available():
-    assert "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
-        "triton was imported before TRITON_INTERPRET=1 could be set; its CPU interpreter is off")
-    os.environ["TRITON_INTERPRET"] = "1"
+import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import collections  # noqa: E402
 

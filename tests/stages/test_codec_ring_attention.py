@@ -3,15 +3,9 @@ copy-and-mask path. With a CUDA device the compiled kernel runs on it; without o
 interpreter runs it on CPU tensors (TRITON_INTERPRET=1 must be set before triton is imported,
 which this module does first thing, as the talker's Triton tests do)."""
 
-import os
-import sys
-
 import torch
 
-if not torch.cuda.is_available():
-    assert "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1", (
-        "triton was imported before TRITON_INTERPRET=1 could be set; its CPU interpreter is off")
-    os.environ["TRITON_INTERPRET"] = "1"
+import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import pytest  # noqa: E402
 
