@@ -110,11 +110,20 @@ async def test_shutdown_drains_or_aborts(demo_model_dir, mode) -> None:
     handle = await launch(load_profile("cpu", [f"engine.shutdown={mode}"]), demo_model_dir)
     client = handle.client(0)
     frames = 24
-    tasks = [asyncio.create_task(collect(client, SpeechJob(text="z", forced_frames=frames,
-                                                           sampling={"seed": i})))
+    started = [asyncio.Event() for _ in range(3)]
+
+    async def collect_started(job: SpeechJob, event: asyncio.Event) -> list:
+        chunks = []
+        async for chunk in client.generate(job):
+            chunks.append(chunk)
+            event.set()
+        return chunks
+
+    tasks = [asyncio.create_task(collect_started(SpeechJob(text="z", forced_frames=frames, sampling={"seed": i}),
+                                                 started[i]))
              for i in range(3)]
-    while client.counters()["chunks"] < 3:
-        await asyncio.sleep(0.02)
+    # every request streaming (the engine's chunk count can reach 3 while one is still queued)
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
     await handle.stop()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     if mode == "drain":
