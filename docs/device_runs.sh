@@ -44,6 +44,13 @@
 #   bash docs/device_runs.sh ringtune   # the codec's streaming attention per stage, copied vs in place
 #                                       # over a grid of kernel tiles (B=128 x 1, 4, 8, 15 frames), then
 #                                       # the B=128 replay grid copied and with ring attention everywhere
+#   BASE=DIR bash docs/device_runs.sh coldvoices
+#                                       # the GPU test of the encode graphs; this build's
+#                                       # high-concurrency with prefill graphs, ring attention at
+#                                       # every chunk length and encode graphs (C=128, 64, 256, 1),
+#                                       # then the build in DIR as shipped (C=128, 64); each server
+#                                       # with its own empty reference cache, so every level's first
+#                                       # pass encodes its voices; timelines
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -61,7 +68,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|coldvoices|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -314,6 +321,25 @@ ringshort)
   stop_server ring4
   wait $RT
   [ "$(left)" -gt 100 ] && MODEL=/tmp/fam_realtime sweep 8002 realtime "1 16" --profile high-concurrency
+  ;;
+coldvoices)
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_encode_graphs.py 2>&1 | tail -3
+  wait $CK; cat "$R/checkpoint.txt"
+  start_server 8000 new --profile high-concurrency --set engine.timeline_dir=/tmp/tl_new --set api.data_dir=/tmp/data_new \
+    --set talker.prefill_graphs=true --set codec.ring_attention_max_frames=null --set codec.encode_graphs=true
+  grep -E "captured|decode call cost" "$R/serve_new.log" | cut -c1-200
+  pair 8000 new "128 64 256 1"
+  stop_server new
+  SERVER_TREE=$BASE start_server 8001 base --profile high-concurrency --set engine.timeline_dir=/tmp/tl_base \
+    --set api.data_dir=/tmp/data_base
+  pair 8001 base "128 64"
+  stop_server base
+  while read -r name c a b; do
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
+    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', round(k['decode_us_per_frame']), 'us/frame', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
+  done < "$R/windows.txt"
   ;;
 sweep)
   checkpoint
