@@ -62,7 +62,8 @@
 #                                       # sound-effect, realtime, voice-generator), full-size random
 #                                       # weights, each its own server on its own GPU, all at once:
 #                                       # bench serve C=1, 16, 64 with the prompt set in the model's
-#                                       # own fields (--dataset auto), then one table of every run.
+#                                       # own fields (--dataset auto), then one table of every run;
+#                                       # each server's timelines (every pass) in timeline_NAME.*
 #                                       # One call of the 8-GPU kind (one GPU per family; on 4 GPUs
 #                                       # the last two share the last GPU, one after the other; on
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
@@ -387,7 +388,10 @@ families)
         mossvox make-checkpoint --variant "$name" --size "${SIZE:-full}" --out "/tmp/fam_$name" \
           > "$R/mkck_$name.log" 2>&1 || { el "$name: make-checkpoint failed"; tail -3 "$R/mkck_$name.log"; continue; }
         el "$name checkpoint written; serving it on GPU $g"
-        MODEL=/tmp/fam_$name sweep $(( 8000 + i )) "$name" "${CS:-1 16 64}" --profile "${PROFILE:-high-concurrency}"
+        MODEL=/tmp/fam_$name sweep $(( 8000 + i )) "$name" "${CS:-1 16 64}" --profile "${PROFILE:-high-concurrency}" \
+          --set engine.timeline_dir=/tmp/tl_$name
+        python3 -m bench.timeline /tmp/tl_$name --json "$R/timeline_$name.json" > "$R/timeline_$name.txt" 2>&1
+        cp -r /tmp/tl_$name "$R/"
         rm -rf "/tmp/fam_$name"
       done
     ) &
