@@ -28,7 +28,8 @@ OUTCOMES = ("ok", "client_error", "rejected", "failed", "cancelled")
 # Engine counters that only grow (exported as Prometheus counters; the rest are gauges).
 ENGINE_CUMULATIVE = frozenset({"submitted", "rejected", "failed", "finished_stop", "finished_length",
                                "aborted", "chunks", "audio_s", "decode_batches", "coordinator_busy_s",
-                               "codec_emit_s", "client_route_s", "restarts"})
+                               "codec_emit_s", "client_route_s", "restarts", "talker_prompt_rows",
+                               "talker_cached_rows"})
 
 # HELP text of each engine counter (`engine.counters`, plus the API process's own `client_*`).
 ENGINE_HELP = MappingProxyType({
@@ -57,6 +58,8 @@ ENGINE_HELP = MappingProxyType({
     "codec_emit_s": "Seconds the codec spent writing PCM and chunk records (ring overhead)",
     "codec_decode_s": "Seconds the codec spent in decode calls",
     "talker_step_s": "Seconds the talker spent in runner steps",
+    "talker_prompt_rows": "Prompt rows the talkers took in",
+    "talker_cached_rows": "Prompt rows the talkers took from their prefix caches instead of computing them",
     "replicas": "Talker and codec pairs launched",
     "replicas_up": "Replicas alive and serving",
     "restarts": "Replicas restarted in place after a worker failed",

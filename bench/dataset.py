@@ -22,11 +22,12 @@ once. The cache folder is then itself a Seed-TTS-format directory.
 
 from __future__ import annotations
 
+
 import hashlib
 import io
 import os
 import wave
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -208,12 +209,18 @@ def render_clip(index: int, seconds: float, rate: int = _CLIP_RATE) -> bytes:
     return buf.getvalue()
 
 
-def select_prompts(prompts: list[Prompt], num: int | None, seed: int) -> list[Prompt]:
+def select_prompts(prompts: list[Prompt], num: int | None, seed: int, text_shift: int = 0) -> list[Prompt]:
     """``num`` prompts (all when None) in a seeded order; cycles through the set when ``num``
-    exceeds it, so every prompt is used as evenly as possible."""
+    exceeds it, so every prompt is used as evenly as possible. With ``text_shift`` K, prompt i
+    keeps its voice (clip, transcript, instructions) and speaks the text of prompt i + K of the
+    same order: a pass after one with K = 0 hears known voices say new texts."""
     order = np.random.default_rng(seed).permutation(len(prompts))
     num = len(prompts) if num is None else num
-    return [prompts[int(order[i % len(order)])] for i in range(num)]
+    picked = [prompts[int(order[i % len(order)])] for i in range(num)]
+    if not text_shift:
+        return picked
+    return [replace(p, target_text=prompts[int(order[(i + text_shift) % len(order)])].target_text)
+            for i, p in enumerate(picked)]
 
 
 def describe(prompts: list[Prompt]) -> dict:

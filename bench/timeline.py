@@ -113,6 +113,8 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
             "prefill_step_ms": _scale(_stats([e["dur"] for e in prefill]), 1e3),
             "prefill_steps": len(prefill),
             "prefill_tokens_per_prefill_step": statistics.fmean(e["prefill"] for e in prefill) if prefill else 0,
+            "prefill_tokens": sum(e["prefill"] for e in prefill),
+            "cached_prompt_tokens": sum(e.get("cached", 0) for e in steps),  # from the prefix cache
             "host_ms_per_step": statistics.fmean(e["emit"] + e["drain"] + e["admit"] for e in steps) * 1e3,
             "emit_ms_per_step": statistics.fmean(e["emit"] for e in steps) * 1e3,
             "frames": sum(e["frames"] for e in steps),

@@ -51,6 +51,14 @@
 #                                       # then the build in DIR as shipped (C=128, 64); each server
 #                                       # with its own empty reference cache, so every level's first
 #                                       # pass encodes its voices; timelines
+#   bash docs/device_runs.sh prefix     # high-concurrency without and with talker.prefix_caching, one
+#                                       # server each with its own empty reference cache: C=128 new
+#                                       # voices and texts, the same prompts again, known voices with
+#                                       # new texts (--text-shift); C=64 twice; talker counters and
+#                                       # timelines
+#   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
+#                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
+#                                       # C=128 and 256; then at most 160 requests running (C=256)
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -69,7 +77,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|coldvoices|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|coldvoices|prefix|ramp|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -340,6 +348,44 @@ coldvoices)
   while read -r name c a b; do
     python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
     python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', round(k['decode_us_per_frame']), 'us/frame', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
+  done < "$R/windows.txt"
+  ;;
+prefix)
+  checkpoint
+  for name in nocache cache; do
+    flag=$([ $name = nocache ] && echo false || echo true)
+    start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name \
+      --set api.data_dir=/tmp/data_$name --set talker.prefix_caching=$flag
+    bench 8000 "${name}_new" 128 --no-warmup   # new voices, new texts
+    a=$(mono); bench 8000 "$name" 128 --no-warmup; b=$(mono)   # the same prompts again (the protocol)
+    echo "$name 128 $a $b" >> "$R/windows.txt"
+    a=$(mono); bench 8000 "${name}_texts" 128 --no-warmup --text-shift 384; b=$(mono)   # known voices, new texts
+    echo "${name}_texts 128 $a $b" >> "$R/windows.txt"
+    pair 8000 $name "64"
+    grep -E "talker_(prompt|cached)_rows_total " "$R/${name}_c64_metrics.txt"
+    stop_server $name
+  done
+  while read -r name c a b; do
+    tl=/tmp/tl_${name%_texts}
+    python3 -m bench.timeline $tl --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
+    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'tokens', t['prefill_tokens'], 'cached', t['cached_prompt_tokens'], 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
+  done < "$R/windows.txt"
+  ;;
+ramp)
+  checkpoint
+  start_server 8000 hc --profile high-concurrency --set engine.timeline_dir=/tmp/tl_hc
+  pair 8000 hc "128 256"
+  stop_server hc
+  start_server 8001 r148 --profile high-concurrency --set engine.timeline_dir=/tmp/tl_r148 --set "chunking.ramp=[4, 8]"
+  pair 8001 r148 "128 256"
+  stop_server r148
+  start_server 8002 cap --profile high-concurrency --set engine.timeline_dir=/tmp/tl_cap \
+    --set admission.max_running=160 --set talker.max_running=160
+  pair 8002 cap "256"
+  stop_server cap
+  while read -r name c a b; do
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
+    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', round(k['chunks_per_dispatch'], 1), 'chunks', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
   done < "$R/windows.txt"
   ;;
 sweep)

@@ -191,6 +191,8 @@ class Coordinator:
             case TalkerStep(batch=batch, steps=steps, step_s=step_s):
                 self.counters.count_talker_step(batch, steps)
                 self.counters.add("talker_step_s", step_s)
+                self.counters.add("talker_prompt_rows", msg.prompt_rows)
+                self.counters.add("talker_cached_rows", msg.cached_rows)
             case EncodeRequest():
                 self._on_encode(msg, rec)
             case EncodeDone(job=job):

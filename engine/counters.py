@@ -41,6 +41,8 @@ SCALARS = (
     "codec_emit_s",        # time the codec spent writing PCM/ChunkDone records (ring overhead)
     "codec_decode_s",      # time the codec spent in decode calls (model + host copy of the PCM)
     "talker_step_s",       # time the talker spent in runner.step()
+    "talker_prompt_rows",  # prompt rows the talkers took in
+    "talker_cached_rows",  # of those, rows taken from their prefix caches (not computed)
     "replicas",            # talker+codec pairs launched (engine.replicas)
     "replicas_up",         # of those, still alive and serving
     "restarts",            # replicas restarted in place after a worker failed

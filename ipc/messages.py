@@ -194,6 +194,8 @@ class TalkerStep(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like
     batch: int         # requests in the runner during the step (decode and prefill)
     steps: int         # consecutive steps of this batch size
     step_s: float      # their summed wall time of runner.step()
+    prompt_rows: int = 0  # prompt rows of the requests the runner took in since the last record
+    cached_rows: int = 0  # prompt rows it took from its prefix cache since then (not computed)
 
 
 class EncodeDone(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=None, metavar="N",
                         help="prompts per pass, in a seeded order (default: the whole dataset)")
     parser.add_argument("--seed", type=int, default=0, help="prompt order and per-request sampling seeds")
+    parser.add_argument("--text-shift", type=int, default=0, metavar="K",
+                        help="prompt i keeps its voice and speaks the text of prompt i + K (after a pass "
+                             "with K = 0 and N prompts, K >= N: known voices, new texts)")
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     parser.add_argument("--model", default=None, help="model name to request (default: the first served)")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, DatasetError) as exc:
         print(f"mossvox bench serve: {exc}", file=sys.stderr)
         return 2
-    prompts = select_prompts(dataset.prompts, args.num_prompts, args.seed)
+    prompts = select_prompts(dataset.prompts, args.num_prompts, args.seed, args.text_shift)
     dataset.prepare(prompts)
     rule = forced.describe() if forced else "none (the model stops by itself)"
     family = f" ({info.root})" if info.root and info.root != info.model else ""
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "url": config.url, "model": info.model, "root": info.root, "sample_rate": info.sample_rate,
             "channels": info.channels, "dataset": {"name": dataset.name, "digest": digest(prompts), **stats},
-            "seed": args.seed, "warmup": args.warmup, "forced_length": rule, "failed": failed,
+            "seed": args.seed, "text_shift": args.text_shift, "warmup": args.warmup, "forced_length": rule, "failed": failed,
             "client_procs": "auto" if args.client_procs is None else args.client_procs,
             "concurrencies": concurrencies, "runs": runs,
         })

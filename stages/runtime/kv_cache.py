@@ -10,6 +10,11 @@ Blocks are taken from the free list only when a request's length crosses a block
 back on `free`, so the KV memory in use follows what the running requests hold. The pool tensors
 themselves are allocated once (their size is the capacity the profile grants).
 
+With `prefix_caching`, full prompt blocks are kept by content (`stages.runtime.prefix_cache`): a
+request can start with blocks another request computed (`attach_prefix`), a block named once its
+rows are in (`name_blocks`) outlives its request as an idle block, reused for new tokens only when
+the free list is empty. Idle blocks count as free.
+
 This module is model-agnostic: the Qwen3 backbone of every variant uses it.
 """
 
@@ -19,6 +24,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from stages.runtime.prefix_cache import BlockKey, PrefixBlocks
 
 
 class KVCacheExhausted(RuntimeError):
@@ -76,7 +83,8 @@ class BlockAllocator:
 class PagedKVCache:
     """The block pool of all layers plus the block table and length of every request (by id)."""
 
-    def __init__(self, spec: KVCacheSpec, *, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, spec: KVCacheSpec, *, dtype: torch.dtype, device: torch.device | str,
+                 prefix_caching: bool = False) -> None:
         self.spec = spec
         self.dtype = dtype
         self.device = torch.device(device)
@@ -86,6 +94,7 @@ class PagedKVCache:
         self.allocator = BlockAllocator(spec.num_blocks)
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
+        self.prefix: PrefixBlocks | None = PrefixBlocks() if prefix_caching else None
 
     # ---- per-request bookkeeping (host side, no device work) ----
 
@@ -101,11 +110,13 @@ class PagedKVCache:
 
     @property
     def num_free_blocks(self) -> int:
-        return self.allocator.num_free
+        """Blocks a request can take: the free list and the idle prefix blocks."""
+        return self.allocator.num_free + (self.prefix.num_idle if self.prefix is not None else 0)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.spec.num_blocks - self.allocator.num_free
+        """Blocks held by requests (or by their owners outside the allocator)."""
+        return self.spec.num_blocks - self.num_free_blocks
 
     def blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
         """Extra blocks `seq_id` needs to append `num_new_tokens` tokens."""
@@ -118,7 +129,7 @@ class PagedKVCache:
         Blocks are allocated here, on demand. Raises `KVCacheExhausted` when the pool is empty.
         """
         extra = self.blocks_needed(seq_id, num_new_tokens)
-        new_blocks = self.allocator.allocate(extra) if extra else []
+        new_blocks = self._allocate(extra) if extra else []
         table = self._tables.setdefault(seq_id, [])
         table.extend(new_blocks)
         start = self._lengths.get(seq_id, 0)
@@ -128,11 +139,52 @@ class PagedKVCache:
         return start, slots
 
     def free(self, seq_id: int) -> None:
-        """Return all blocks of `seq_id` to the pool (no-op for an unknown id)."""
+        """Return all blocks of `seq_id` to the pool (no-op for an unknown id); its named prefix
+        blocks stay, idle once no request holds them (the last ones first to be reused)."""
         table = self._tables.pop(seq_id, None)
         self._lengths.pop(seq_id, None)
-        if table:
-            self.allocator.free(table)
+        if not table:
+            return
+        if self.prefix is not None:
+            kept = {block for block in reversed(table) if self.prefix.release(block)}
+            table = [block for block in table if block not in kept]
+        self.allocator.free(table)
+
+    def _allocate(self, n: int) -> list[int]:
+        """`n` blocks off the free list, reusing the least recently idle prefix blocks when it
+        runs short."""
+        short = n - self.allocator.num_free
+        if short > 0 and self.prefix is not None:
+            self.allocator.free(self.prefix.evict(short))
+        return self.allocator.allocate(n)
+
+    # ---- prompt prefixes (with `prefix_caching`) ----
+
+    def attach_prefix(self, seq_id: int, keys: list[BlockKey], max_blocks: int) -> int:
+        """Start `seq_id` (holding no block yet) with the longest known run of its first
+        `max_blocks` prompt blocks, `keys` from `block_keys`: how many tokens it got (0 without
+        `prefix_caching`)."""
+        if self.prefix is None or max_blocks <= 0 or self._tables.get(seq_id):
+            return 0
+        blocks = self.prefix.match(keys[:max_blocks])
+        if not blocks:
+            return 0
+        self.prefix.take(blocks, self.spec.block_size)
+        self._tables[seq_id] = list(blocks)
+        self._lengths[seq_id] = len(blocks) * self.spec.block_size
+        return self._lengths[seq_id]
+
+    def name_blocks(self, seq_id: int, keys: list[BlockKey], first: int) -> int:
+        """Name the blocks of `seq_id` from index `first` that its stored tokens fill and `keys`
+        covers (its rows are all written: call after the step that writes them is issued, before
+        any later step that could read them); returns the index to start from next time."""
+        if self.prefix is None:
+            return first
+        table = self._tables.get(seq_id, [])
+        end = min(len(keys), self.length(seq_id) // self.spec.block_size, len(table))
+        for i in range(first, end):
+            self.prefix.register(keys[i], table[i])
+        return max(first, end)
 
     # ---- device side ----
 

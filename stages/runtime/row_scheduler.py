@@ -15,11 +15,17 @@ prefilled again later, which resumes it exactly (recompute; host-side generation
 untouched). With `prefill_interval` N > 1, while some request is decoding, prefill chunks are
 scheduled at most every N-th step (after a step that prefilled, the next N - 1 steps only
 decode); with nothing decoding, prefill runs every step. N = 1: every step.
+
+With a prefix-caching KV cache (`PagedKVCache(prefix_caching=True)`), a request that holds no
+block when a step is scheduled (new, or preempted) first takes the longest run of its leading
+prompt blocks the cache knows (`attach_prefix`) and counts them as prefilled; the prompt blocks
+it fills itself are named as each prefill chunk is reserved, for the requests scheduled in later
+steps (never in the same step: their rows are written by this step's work).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,6 +33,7 @@ import torch
 from stages.runtime.attention.metadata import AttentionMetadata, build_attention_metadata
 from stages.runtime.kv_cache import BackboneShape, KVCacheExhausted, PagedKVCache
 from stages.runtime.prefill_graphs import PrefillChunk
+from stages.runtime.prefix_cache import BlockKey, block_keys
 
 DEFAULT_CPU_TOKENS_PER_REQUEST = 2048  # KV sizing on CPU when no block count is given
 
@@ -82,6 +89,8 @@ class RowRequest:
     order: int
     rows: RowBuffer
     prefilled: int = 0
+    keys: list[BlockKey] = field(default_factory=list)  # its prompt's full blocks' content keys
+    named: int = 0  # blocks of its table from which naming resumes
 
     @property
     def pending(self) -> int:
@@ -114,6 +123,9 @@ class RowScheduler:
         self._next_order = 0
         self.preemptions = 0  # block holders sent back to prefill for lack of KV blocks
         self.last_batch = (0, 0)  # (decode rows, prefill tokens) of the last schedule()
+        self.prompt_tokens = 0  # rows of every prompt added (counter)
+        self.cached_tokens = 0  # prompt rows taken from the prefix cache instead of computed (counter)
+        self.last_cached = 0  # ... by the last schedule()
 
     # ---- admission -----------------------------------------------------------------------------
 
@@ -136,8 +148,10 @@ class RowScheduler:
             raise ValueError(f"request {rid}: prompt of {len(prompt)} rows exceeds the whole KV cache")
         if not self._free_slots:
             raise RuntimeError(f"request {rid}: all {self.max_running} slots are taken (check can_admit)")
-        request = RowRequest(rid, self._free_slots.pop(), self._next_order, RowBuffer(prompt))
+        keys = block_keys(prompt, self.cache.spec.block_size) if self.cache.prefix is not None else []
+        request = RowRequest(rid, self._free_slots.pop(), self._next_order, RowBuffer(prompt), keys=keys)
         self._next_order += 1
+        self.prompt_tokens += len(prompt)
         self.requests[rid] = request
         return request
 
@@ -157,6 +171,9 @@ class RowScheduler:
         """(request, rows to feed) for this step; preempts the newest decoders when blocks run out."""
         cache = self.cache
         ordered = self._ordered()
+        self.last_cached = 0
+        if cache.prefix is not None:
+            self._attach_prefixes(ordered)
         decode = [r for r in ordered if r.pending == 1]
         need = sum(cache.blocks_needed(r.rid, 1) for r in decode)
         # newest first; the oldest decoding request is never a victim, so it always progresses
@@ -169,7 +186,7 @@ class RowScheduler:
                 decode.remove(victim)
                 need -= cache.blocks_needed(victim.rid, 1)
             cache.free(victim.rid)
-            victim.prefilled = 0
+            victim.prefilled = victim.named = 0
             self.preemptions += 1
         if need > cache.num_free_blocks:
             raise KVCacheExhausted(f"request {decode[0].rid} alone outgrows the KV cache")
@@ -195,6 +212,18 @@ class RowScheduler:
             self._prefill_wait = self.prefill_interval - 1
         self.last_batch = (len(decode), sum(n for _, n in batch[len(decode):]))
         return batch
+
+    def _attach_prefixes(self, ordered: list[RowRequest]) -> None:
+        """Requests holding no block start with their cached leading prompt blocks (at least one
+        row left to compute: the step needs the last row's hidden state)."""
+        bs = self.cache.spec.block_size
+        for r in ordered:
+            if r.prefilled or not r.keys or self.cache.block_table(r.rid):
+                continue
+            got = self.cache.attach_prefix(r.rid, r.keys, (len(r.rows) - 1) // bs)
+            r.prefilled, r.named = got, got // bs
+            self.cached_tokens += got
+            self.last_cached += got
 
     def pack(self, batch: list[tuple[RowRequest, int]], device: torch.device) -> ScheduledBatch:
         """Reserve KV slots, copy the rows to the device and mark what becomes ready."""
@@ -222,6 +251,8 @@ class RowScheduler:
         ready, ready_index = [], []
         for i, (r, n) in enumerate(batch):
             r.prefilled += n
+            if r.keys and r.named < len(r.keys):
+                r.named = self.cache.name_blocks(r.rid, r.keys, r.named)
             if r.pending == 0:
                 ready.append(r)
                 ready_index.append(i)

@@ -62,6 +62,7 @@ class ScheduledRunner:
         prefill_chunk_tokens: int = 512,
         max_prefill_tokens_per_step: int = 2048,
         prefill_interval: int = 1,
+        prefix_caching: bool = False,
         attention: AttentionBackend | None = None,
         spare_kv_blocks: int = 0,
         backbone_graphs: str = "off",
@@ -70,7 +71,8 @@ class ScheduledRunner:
         """`backbone` sizes the KV pool (this rank's KV heads); `spare_kv_blocks` are added on top
         of `num_kv_blocks` (or the default count) for the subclass's own use. `prefill_interval`:
         while requests decode, prefill chunks run at most every this many steps (`RowScheduler`).
-        `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
+        `prefix_caching`: requests start with the KV blocks of an earlier prompt's
+        identical leading rows (`stages.runtime.prefix_cache`). `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
         resolved `stages.runtime.graph_capture` path; graphs need an attention backend that reads tensors
         only, `PaddedBatchAttention` when none is given). `batch_invariant`: every step and
         graph capture runs inside `stages.runtime.batch_invariant`'s mode (`kernel_mode`), with its
@@ -106,7 +108,7 @@ class ScheduledRunner:
                                                memory_fraction=kv_memory_fraction)
         self._spare_blocks = spare_kv_blocks  # held by the runner itself (graph padding), never a request's
         self.cache = PagedKVCache(backbone.kv_cache_spec(num_kv_blocks + spare_kv_blocks, kv_block_size),
-                                  dtype=self.dtype, device=self.device)
+                                  dtype=self.dtype, device=self.device, prefix_caching=prefix_caching)
         self.scheduler = RowScheduler(self.cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
                                       max_prefill_tokens_per_step=max_prefill_tokens_per_step,
                                       prefill_interval=prefill_interval)

@@ -70,6 +70,7 @@ class TalkerLoop:
         self.shutdown: Shutdown | None = None
         self._slots_reported = -1
         self._steps: tuple[int, int, float] = (0, 0, 0.0)  # (batch, steps, seconds) not yet sent
+        self._rows_sent = (0, 0)  # the scheduler's (prompt, cached) row counters when last sent
 
     def has_work(self) -> bool:
         """Something to step: a request waiting for room, or one not paused for input."""
@@ -97,11 +98,12 @@ class TalkerLoop:
             self._count_step(batch, t1 - t0)
             self._emit(events)
             if self.timeline is not None:
-                decode, prefill = getattr(getattr(self.runner, "scheduler", None), "last_batch", (0, 0))
+                sched = getattr(self.runner, "scheduler", None)
+                decode, prefill = getattr(sched, "last_batch", (0, 0))
                 self.timeline.add("talker_step", t0, dur=t1 - t0, emit=time.monotonic() - t1,
                                   drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
                                   frames=len(events), decode=decode, prefill=prefill,
-                                  admitted=admitted)
+                                  cached=getattr(sched, "last_cached", 0), admitted=admitted)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
 
@@ -244,7 +246,12 @@ class TalkerLoop:
     def _flush_steps(self) -> None:
         batch, steps, seconds = self._steps
         if steps:
-            self.to_coord.send(TalkerStep(batch=batch, steps=steps, step_s=seconds))
+            sched = getattr(self.runner, "scheduler", None)
+            rows = (getattr(sched, "prompt_tokens", 0), getattr(sched, "cached_tokens", 0))
+            self.to_coord.send(TalkerStep(batch=batch, steps=steps, step_s=seconds,
+                                          prompt_rows=rows[0] - self._rows_sent[0],
+                                          cached_rows=rows[1] - self._rows_sent[1]))
+            self._rows_sent = rows
         self._steps = (0, 0, 0.0)
 
     def _report_slots(self) -> None:
@@ -261,18 +268,20 @@ WARM_SERVING_TEXT_REPEATS = 12  # ... each with the warm-up text this many times
 WARM_SERVING_REFERENCE_FRAMES = 60  # ... and a reference of this many frames, where the family takes one
 
 
-def serving_size_request(variant: Variant) -> Any:
+def serving_size_request(variant: Variant, voice: int = 0) -> Any:
     """A warm-up request shaped like a served one: the warm-up text many times over and, where
     the family takes a reference, a reference of `WARM_SERVING_REFERENCE_FRAMES` frames (codes
-    0: their values do not matter) with its transcript, so its prompt is a few hundred rows, as
-    real ones are (without the reference if the family's rules refuse this one)."""
+    `voice`: their values do not matter) with its transcript, so its prompt is a few hundred rows,
+    as real ones are (without the reference if the family's rules refuse this one). Requests of
+    different `voice` differ from their first text or reference row on (the talker's prefix cache
+    must not skip their prefill: the warm-up is there to run it)."""
     job = variant.warm_up_job()
-    job.text = " ".join([job.text] * WARM_SERVING_TEXT_REPEATS)
+    job.text = " ".join([f"Voice {voice}."] + [job.text] * WARM_SERVING_TEXT_REPEATS)
     job.forced_frames = 4
     plain = variant.build_request(job)
     if "reference" not in variant.used_fields:
         return plain
-    job.ref_codes = np.zeros((WARM_SERVING_REFERENCE_FRAMES, variant.n_vq), dtype=np.int64)
+    job.ref_codes = np.full((WARM_SERVING_REFERENCE_FRAMES, variant.n_vq), voice, dtype=np.int64)
     if "ref_text" in variant.used_fields:
         job.ref_text = "warm up."
     try:
@@ -313,10 +322,9 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
     for rids in batches:
         run_together(runner, [(rid, request) for rid in rids], max_steps=8)
-    serving = serving_size_request(variant)
     n = min(WARM_SERVING_REQUESTS, runner.max_running)
     if n > 2:
-        run_together(runner, [(-10 - i, serving) for i in range(n)], max_steps=64)
+        run_together(runner, [(-10 - i, serving_size_request(variant, i)) for i in range(n)], max_steps=64)
     t0 = time.perf_counter()
     if capture_ahead:
         made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)

@@ -294,6 +294,31 @@ def test_reference_audio_forms_and_cache(http, server):
     assert labelled(after, name, result="miss") - labelled(before, name, result="miss") == 2
 
 
+def test_a_voice_heard_again_is_prefilled_from_the_talkers_cache(http):
+    ref = data_url(tone_wav(3.0, hz=220.0))  # 37 reference frames: two full KV blocks and more
+    body = {"input": "The same voice twice.", "response_format": "pcm", "ref_audio": ref, "seed": 11}
+
+    def rows_after(previous: tuple[float, float] | None) -> tuple[float, float]:
+        for _ in range(100):  # the talker reports its counters with its step statistics
+            text = http.get("/metrics").text
+            now = (metric(text, "mossvox_engine_talker_prompt_rows_total"),
+                   metric(text, "mossvox_engine_talker_cached_rows_total"))
+            if previous is None or now[0] > previous[0]:
+                return now
+            time.sleep(0.05)
+        raise AssertionError("the talker's prompt rows were not counted")
+
+    start = rows_after(None)
+    first = http.post("/v1/audio/speech", json=body)
+    middle = rows_after(start)
+    second = http.post("/v1/audio/speech", json=body)
+    end = rows_after(middle)
+    assert first.status_code == second.status_code == 200
+    assert second.content == first.content  # same seed, same audio, from cached blocks or not
+    assert end[0] - middle[0] == middle[0] - start[0]  # the same prompt
+    assert end[1] - middle[1] >= 32 and end[1] - middle[1] > middle[1] - start[1]
+
+
 def test_long_mp3_reference_near_the_limit(http):
     """25 s of reference (9.6 MB once prepared as 48 kHz stereo float32) reaches the codec worker."""
     from api.audio_encoding import make_encoder

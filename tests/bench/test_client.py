@@ -64,6 +64,11 @@ def test_synthetic_dataset_has_the_stated_shape_and_is_deterministic(tmp_path):
 
     some = select_prompts(a.prompts, 3, seed=5)
     assert some == select_prompts(a.prompts, 3, seed=5) != select_prompts(a.prompts, 3, seed=6)
+    later = select_prompts(a.prompts, 6, seed=5)
+    shifted = select_prompts(a.prompts, 3, seed=5, text_shift=3)  # known voices, the next 3 texts
+    assert [(p.utt_id, p.prompt_wav, p.prompt_text) for p in shifted] == [(p.utt_id, p.prompt_wav, p.prompt_text)
+                                                                         for p in some]
+    assert [p.target_text for p in shifted] == [p.target_text for p in later[3:]]
     a.prepare(some)
     b.prepare(select_prompts(b.prompts, 3, seed=5))
     for p in some:
