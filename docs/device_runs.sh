@@ -59,6 +59,9 @@
 #   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
 #                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
 #                                       # C=128 and 256; then at most 160 requests running (C=256)
+#   bash docs/device_runs.sh delaystall # MOSS-TTS 8B (delay), high-concurrency as shipped, then with a
+#                                       # step budget (talker.max_step_ms, default 60: STEP_MS=...):
+#                                       # C=16 and 64 each, timelines (its C=16 streams stalled once)
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -77,7 +80,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|coldvoices|prefix|ramp|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|coldvoices|prefix|ramp|delaystall|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -387,6 +390,22 @@ ramp)
     python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
     python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', round(k['chunks_per_dispatch'], 1), 'chunks', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
   done < "$R/windows.txt"
+  ;;
+delaystall)
+  mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
+  el "checkpoint written"
+  MODEL=/tmp/d8 start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped
+  pair 8000 shipped "16 64"
+  stop_server shipped
+  MODEL=/tmp/d8 start_server 8001 budget --profile high-concurrency --set engine.timeline_dir=/tmp/tl_budget \
+    --set talker.max_step_ms=${STEP_MS:-60}
+  pair 8001 budget "16 64"
+  stop_server budget
+  while read -r name c a b; do
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
+    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'max', round(t['step_ms']['max'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'tokens', t['prefill_tokens'], 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms max', round(k['decode_ms']['max'], 1))"
+  done < "$R/windows.txt"
+  cp -r /tmp/tl_shipped /tmp/tl_budget "$R/"
   ;;
 sweep)
   checkpoint

@@ -53,6 +53,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 REDACTED = "<redacted>"  # what a secret (api.keys) reads as in logs and printed profiles
 SECRET_FIELDS = ("api.keys",)
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 Bytes = Annotated[int, msgspec.Meta(ge=4096)]
 Device = Annotated[str, msgspec.Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$")]
 
@@ -135,6 +136,11 @@ class TalkerConfig(_Section):
         "while streams are decoding, new prompts are prefilled at most every this many steps "
         "(1 = every step; larger = more decode steps replayed from graphs between prefills, "
         "more throughput, later first audio for new requests)", ge=1)] = 1
+    max_step_ms: Annotated[PositiveFloat | None, doc(
+        "while streams are decoding, a step prefills no more prompt tokens than fit in this many "
+        "ms by the talker's measured step costs (at least 64 tokens), so a burst of long prompts "
+        "is prefilled over several steps instead of one that stalls every stream; null = only "
+        "max_prefill_tokens_per_step limits it")] = None
     attention: Annotated[Literal["auto", "padded", "triton"], doc(
         "attention kernel over the paged KV cache: padded (gather blocks, torch SDPA-like), "
         "triton (paged decode kernel, CUDA only), auto = triton on CUDA when available, else "

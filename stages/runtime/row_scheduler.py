@@ -16,6 +16,13 @@ untouched). With `prefill_interval` N > 1, while some request is decoding, prefi
 scheduled at most every N-th step (after a step that prefilled, the next N - 1 steps only
 decode); with nothing decoding, prefill runs every step. N = 1: every step.
 
+With `max_step_s`, a step that decodes also keeps its prefill tokens to what fits in that many
+seconds (at least `MIN_STEP_PREFILL_TOKENS`), by a cost model the caller feeds with each step's
+wall time (`observe_step`): the mean time of a decode-only step, and the time a prefill token adds
+to a step (moving averages). A long prompt, or many, is then prefilled over several steps instead
+of one step that stalls every stream (an eager 8B prefill of a few thousand tokens holds every
+stream for a few hundred ms).
+
 With a prefix-caching KV cache (`PagedKVCache(prefix_caching=True)`), a request that holds no
 block when a step is scheduled (new, or preempted) first takes the longest run of its leading
 prompt blocks the cache knows (`attach_prefix`) and counts them as prefilled; the prompt blocks
@@ -36,6 +43,8 @@ from stages.runtime.prefill_graphs import PrefillChunk
 from stages.runtime.prefix_cache import BlockKey, block_keys
 
 DEFAULT_CPU_TOKENS_PER_REQUEST = 2048  # KV sizing on CPU when no block count is given
+MIN_STEP_PREFILL_TOKENS = 64  # a step under `max_step_s` still prefills this many tokens (progress)
+STEP_COST_SMOOTHING = 0.2  # weight of the newest step in the cost model's moving averages
 
 
 def make_paged_cache(backbone: BackboneShape, *, device: torch.device, dtype: torch.dtype, max_running: int,
@@ -109,14 +118,20 @@ class ScheduledBatch:
 
 class RowScheduler:
     def __init__(self, cache: PagedKVCache, *, max_running: int, prefill_chunk_tokens: int = 512,
-                 max_prefill_tokens_per_step: int = 2048, prefill_interval: int = 1) -> None:
+                 max_prefill_tokens_per_step: int = 2048, prefill_interval: int = 1,
+                 max_step_s: float | None = None) -> None:
         if prefill_interval < 1:
             raise ValueError(f"prefill_interval {prefill_interval} < 1")
+        if max_step_s is not None and max_step_s <= 0:
+            raise ValueError(f"max_step_s {max_step_s} <= 0")
         self.cache = cache
         self.max_running = max_running
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self.prefill_interval = prefill_interval
+        self.max_step_s = max_step_s
+        self.decode_step_s: float | None = None  # cost model: a decode-only step (moving average)
+        self.prefill_token_s: float | None = None  # ... and what one prefill token adds to a step
         self._prefill_wait = 0  # decode-only steps still due before prefill may run next to decoders
         self.requests: dict[int, RowRequest] = {}
         self._free_slots = list(range(max_running - 1, -1, -1))
@@ -195,6 +210,8 @@ class RowScheduler:
         if decode and self._prefill_wait > 0:
             budget = 0  # prefill_interval: this step only decodes
             self._prefill_wait -= 1
+        elif decode:
+            budget = min(budget, self.step_prefill_budget())
         batch = [(r, 1) for r in decode]
         for r in self._ordered():
             if r.pending <= 1 or budget <= 0:
@@ -212,6 +229,27 @@ class RowScheduler:
             self._prefill_wait = self.prefill_interval - 1
         self.last_batch = (len(decode), sum(n for _, n in batch[len(decode):]))
         return batch
+
+    def step_prefill_budget(self) -> int:
+        """Prefill tokens a step that decodes may take under `max_step_s` (by the cost model; no
+        limit before it has seen a decode-only step and a prefill step)."""
+        if self.max_step_s is None or self.decode_step_s is None or not self.prefill_token_s:
+            return self.max_prefill_tokens_per_step
+        fits = int((self.max_step_s - self.decode_step_s) / self.prefill_token_s)
+        return max(MIN_STEP_PREFILL_TOKENS, fits)
+
+    def observe_step(self, seconds: float) -> None:
+        """The wall time of the step `schedule()` last planned (its device work included: the
+        runners read its results back before returning), for the cost model."""
+        decode, prefill = self.last_batch
+        a = STEP_COST_SMOOTHING
+        if prefill == 0:
+            if decode:
+                self.decode_step_s = seconds if self.decode_step_s is None else (1 - a) * self.decode_step_s + a * seconds
+        elif decode and self.decode_step_s is not None and prefill >= MIN_STEP_PREFILL_TOKENS:
+            # (with decoders only: a step that completes no prompt returns before its device work)
+            per_token = max(0.0, seconds - self.decode_step_s) / prefill
+            self.prefill_token_s = per_token if self.prefill_token_s is None else (1 - a) * self.prefill_token_s + a * per_token
 
     def _attach_prefixes(self, ordered: list[RowRequest]) -> None:
         """Requests holding no block start with their cached leading prompt blocks (at least one

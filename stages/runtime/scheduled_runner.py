@@ -63,6 +63,7 @@ class ScheduledRunner:
         max_prefill_tokens_per_step: int = 2048,
         prefill_interval: int = 1,
         prefix_caching: bool = False,
+        max_step_ms: float | None = None,
         attention: AttentionBackend | None = None,
         spare_kv_blocks: int = 0,
         backbone_graphs: str = "off",
@@ -71,7 +72,8 @@ class ScheduledRunner:
         """`backbone` sizes the KV pool (this rank's KV heads); `spare_kv_blocks` are added on top
         of `num_kv_blocks` (or the default count) for the subclass's own use. `prefill_interval`:
         while requests decode, prefill chunks run at most every this many steps (`RowScheduler`).
-        `prefix_caching`: requests start with the KV blocks of an earlier prompt's
+        `max_step_ms`: a step that decodes prefills no more than fits in this many ms
+        (`RowScheduler`'s cost model). `prefix_caching`: requests start with the KV blocks of an earlier prompt's
         identical leading rows (`stages.runtime.prefix_cache`). `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
         resolved `stages.runtime.graph_capture` path; graphs need an attention backend that reads tensors
         only, `PaddedBatchAttention` when none is given). `batch_invariant`: every step and
@@ -111,7 +113,8 @@ class ScheduledRunner:
                                   dtype=self.dtype, device=self.device, prefix_caching=prefix_caching)
         self.scheduler = RowScheduler(self.cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
                                       max_prefill_tokens_per_step=max_prefill_tokens_per_step,
-                                      prefill_interval=prefill_interval)
+                                      prefill_interval=prefill_interval,
+                                      max_step_s=None if max_step_ms is None else max_step_ms / 1e3)
         self._requests: dict[int, Any] = {}
         self._hidden_size = backbone.hidden_size
         self._backbone_graphs: BackboneGraphs | None = None  # made on the first graph decode

@@ -96,6 +96,9 @@ class TalkerLoop:
             events = self.runner.step()
             t1 = time.monotonic()
             self._count_step(batch, t1 - t0)
+            observe = getattr(getattr(self.runner, "scheduler", None), "observe_step", None)
+            if observe is not None:  # the scheduler's step-cost model (`talker.max_step_ms`)
+                observe(t1 - t0)
             self._emit(events)
             if self.timeline is not None:
                 sched = getattr(self.runner, "scheduler", None)
