@@ -55,7 +55,8 @@
 #                                       # server each with its own empty reference cache: C=128 new
 #                                       # voices and texts, the same prompts again, known voices with
 #                                       # new texts (--text-shift); C=64 twice; talker counters and
-#                                       # timelines
+#                                       # timelines; then the same with talker.priority_stream (first
+#                                       # the GPU tests of both)
 #   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
 #                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
 #                                       # C=128 and 256; then at most 160 requests running (C=256)
@@ -354,11 +355,17 @@ coldvoices)
   done < "$R/windows.txt"
   ;;
 prefix)
-  checkpoint
-  for name in nocache cache; do
-    flag=$([ $name = nocache ] && echo false || echo true)
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_prefix_cache.py \
+    tests/stages/test_priority_stream.py 2>&1 | tail -3
+  wait $CK; cat "$R/checkpoint.txt"
+  for name in nocache cache prio; do
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    flags="--set talker.prefix_caching=$([ $name = nocache ] && echo false || echo true)"
+    [ $name = prio ] && flags="$flags --set talker.priority_stream=true"
     start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name \
-      --set api.data_dir=/tmp/data_$name --set talker.prefix_caching=$flag
+      --set api.data_dir=/tmp/data_$name $flags
     bench 8000 "${name}_new" 128 --no-warmup   # new voices, new texts
     a=$(mono); bench 8000 "$name" 128 --no-warmup; b=$(mono)   # the same prompts again (the protocol)
     echo "$name 128 $a $b" >> "$R/windows.txt"

@@ -136,6 +136,10 @@ class TalkerConfig(_Section):
         "while streams are decoding, new prompts are prefilled at most every this many steps "
         "(1 = every step; larger = more decode steps replayed from graphs between prefills, "
         "more throughput, later first audio for new requests)", ge=1)] = 1
+    priority_stream: Annotated[bool, doc(
+        "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
+        "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "
+        "schedules its short step kernels ahead of the codec's long ones; off until measured")] = False
     max_step_ms: Annotated[PositiveFloat | None, doc(
         "while streams are decoding, a step prefills no more prompt tokens than fit in this many "
         "ms by the talker's measured step costs (at least 64 tokens), so a burst of long prompts "

@@ -265,6 +265,7 @@ class TalkerLoop:
             self._slots_reported = in_use
 
 
+STREAM_PRIORITY = -100  # below any device's range: torch maps it to the highest priority there is
 WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long (largest first)
 WARM_SERVING_REQUESTS = 8  # the serving-size warm-up batch: requests prefilled together
 WARM_SERVING_TEXT_REPEATS = 12  # ... each with the warm-up text this many times over
@@ -342,9 +343,22 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
         log.info("talker: captured %d prefill graphs in %.1f s", made, time.perf_counter() - t0)
 
 
+def use_priority_stream(device: str) -> bool:
+    """Make a stream of the highest priority this thread's current stream on `device` (CUDA
+    only; False elsewhere): every later launch, copy and graph replay of the process goes there."""
+    import torch
+
+    if not str(device).startswith("cuda"):
+        return False
+    torch.cuda.set_stream(torch.cuda.Stream(device=torch.device(device), priority=STREAM_PRIORITY))
+    return True
+
+
 def main(spec: WorkerSpec) -> None:
     """Process entry: load the talker, warm up, say Ready, loop until shutdown."""
     variant = prepare_process(spec, spec.profile.talker.torch_threads)
+    if spec.profile.talker.priority_stream:
+        use_priority_stream(spec.device)
     inbox, to_codec, to_coord = attach_talker(spec)
     runner = None
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"talker{spec.replica}")
