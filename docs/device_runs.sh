@@ -60,9 +60,10 @@
 #   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
 #                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
 #                                       # C=128 and 256; then at most 160 requests running (C=256)
-#   bash docs/device_runs.sh delaystall # MOSS-TTS 8B (delay), high-concurrency as shipped, then with a
-#                                       # step budget (talker.max_step_ms, default 60: STEP_MS=...):
-#                                       # C=16 and 64 each, timelines (its C=16 streams stalled once)
+#   bash docs/device_runs.sh delaystall # MOSS-TTS 8B (delay): the GPU tests of the backbone and prefill
+#                                       # graphs; high-concurrency as shipped (prefill graphs), with a
+#                                       # step budget (talker.max_step_ms 60; STEP_MS=...), then with
+#                                       # eager prefill as before: C=16 and 64 each, timelines
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -399,20 +400,30 @@ ramp)
   done < "$R/windows.txt"
   ;;
 delaystall)
-  mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
+  mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 &
+  CK=$!
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_backbone_graphs_gpu.py 2>&1 | tail -3
+  wait $CK || { tail "$R/mkck.log"; exit 1; }
   el "checkpoint written"
-  MODEL=/tmp/d8 start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped
-  pair 8000 shipped "16 64"
-  stop_server shipped
-  MODEL=/tmp/d8 start_server 8001 budget --profile high-concurrency --set engine.timeline_dir=/tmp/tl_budget \
-    --set talker.max_step_ms=${STEP_MS:-60}
-  pair 8001 budget "16 64"
-  stop_server budget
+  port=8000
+  for name in graphs budget eager; do
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    case $name in
+      graphs) flags="" ;;  # as shipped: prefill graphs
+      budget) flags="--set talker.max_step_ms=${STEP_MS:-60}" ;;
+      eager) flags="--set talker.prefill_graphs=false" ;;  # as in the earlier calls
+    esac
+    MODEL=/tmp/d8 start_server $port $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
+    grep -E "captured" "$R/serve_$name.log" | cut -c1-200
+    pair $port $name "16 64"
+    stop_server $name
+    port=$((port + 1))
+  done
   while read -r name c a b; do
     python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
     python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'max', round(t['step_ms']['max'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'tokens', t['prefill_tokens'], 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms max', round(k['decode_ms']['max'], 1))"
   done < "$R/windows.txt"
-  cp -r /tmp/tl_shipped /tmp/tl_budget "$R/"
+  cp -r /tmp/tl_* "$R/"
   ;;
 sweep)
   checkpoint

@@ -115,10 +115,11 @@ class TalkerConfig(_Section):
         "from CUDA graphs (with cuda_graphs, CUDA only; the 8B Delay step: 32.8 ms eager, 9.5 ms from graphs on "
         "an H200 at one stream)")] = True
     prefill_graphs: Annotated[bool, doc(
-        "with cuda_graphs, a step's prompt chunks replay a CUDA graph per token bucket, captured "
-        "at warm-up, instead of one eager call (an eager prefill step is bound by host time: on "
-        "an H200 it halves first audio at one stream, ~68 to ~34 ms, and gave +8% audio-s/s at "
-        "128 streams); on in low-latency and high-concurrency")] = False
+        "with cuda_graphs (and backbone_graphs for Delay and Realtime), a step's prompt chunks "
+        "replay a CUDA graph per token bucket, captured at warm-up, instead of one eager call "
+        "(an eager prefill step is bound by host time: for Local-v1.5 on an H200 it halves first "
+        "audio at one stream, ~68 to ~34 ms, and gave +8% audio-s/s at 128 streams); on in "
+        "low-latency and high-concurrency")] = False
     capture_ahead: Annotated[bool, doc(
         "with cuda_graphs, record at warm-up every decode, local-loop and prefill graph bucket "
         "serving can meet (every sampler mode, block tables up to 2048 tokens), so the first "

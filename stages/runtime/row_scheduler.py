@@ -67,6 +67,10 @@ def default_num_blocks(backbone: BackboneShape, *, device: torch.device, dtype: 
     return max_running * spec.blocks_for(DEFAULT_CPU_TOKENS_PER_REQUEST)
 
 
+def _moving_average(mean: float | None, value: float) -> float:
+    return value if mean is None else (1 - STEP_COST_SMOOTHING) * mean + STEP_COST_SMOOTHING * value
+
+
 class RowBuffer:
     """A growable `[R, C]` int64 row array (amortised O(1) append)."""
 
@@ -242,14 +246,13 @@ class RowScheduler:
         """The wall time of the step `schedule()` last planned (its device work included: the
         runners read its results back before returning), for the cost model."""
         decode, prefill = self.last_batch
-        a = STEP_COST_SMOOTHING
         if prefill == 0:
             if decode:
-                self.decode_step_s = seconds if self.decode_step_s is None else (1 - a) * self.decode_step_s + a * seconds
+                self.decode_step_s = _moving_average(self.decode_step_s, seconds)
         elif decode and self.decode_step_s is not None and prefill >= MIN_STEP_PREFILL_TOKENS:
             # (with decoders only: a step that completes no prompt returns before its device work)
             per_token = max(0.0, seconds - self.decode_step_s) / prefill
-            self.prefill_token_s = per_token if self.prefill_token_s is None else (1 - a) * self.prefill_token_s + a * per_token
+            self.prefill_token_s = _moving_average(self.prefill_token_s, per_token)
 
     def _attach_prefixes(self, ordered: list[RowRequest]) -> None:
         """Requests holding no block start with their cached leading prompt blocks (at least one

@@ -34,7 +34,8 @@ def talker_runner_options(profile: Profile, device: str, *, backbone_graphs: boo
     (`backbone_graphs`: the Delay and Realtime runners) needs `talker.backbone_graphs` on too. On
     CPU, "auto" attention keeps the runner's default (the per-sequence reference).
     `batch_invariant`: `talker.batch_invariant`; with it the attention is the invariant Triton
-    backend (ValueError where its kernels cannot run)."""
+    backend (ValueError where its kernels cannot run). `prefill_graphs`: `talker.prefill_graphs`
+    (used with graphs only)."""
     t = profile.talker
     cuda = str(device).startswith("cuda")
     if t.batch_invariant:
@@ -44,4 +45,5 @@ def talker_runner_options(profile: Profile, device: str, *, backbone_graphs: boo
     else:
         attention = make_attention(t.attention, device) if cuda or t.attention != "auto" else None
     graphs = t.cuda_graphs and (t.backbone_graphs or not backbone_graphs) and cuda
-    return dict(talker_options(profile), attention=attention, cuda_graphs=graphs, batch_invariant=t.batch_invariant)
+    return dict(talker_options(profile), attention=attention, cuda_graphs=graphs, batch_invariant=t.batch_invariant,
+                prefill_graphs=t.prefill_graphs)

@@ -9,13 +9,16 @@ RowRequest`) and adds its own `add` and `step`.
 `backbone_graphs` "off" that is one call over every row. Otherwise the step is split: the decoding
 requests (one pending row each) replay the backbone graph of their (batch, KV-blocks) bucket
 (`stages.runtime.backbone_graphs`; "eager" runs the same padded inputs without capture, as CPU tests do)
-and the prefill chunks run one eager call over their own rows; the hidden states come back in
-the one-call path's order (decoders first, then the chunks that complete a prompt).
+and the prefill chunks run one call over their own rows, eager or, with `prefill_graphs`, replayed
+from a graph per token bucket (`stages.runtime.prefill_graphs`, made on the first prefill and
+captured ahead at warm-up); the hidden states come back in the one-call path's order (decoders
+first, then the chunks that complete a prompt).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
@@ -28,12 +31,14 @@ from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAtt
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.backbone_graphs import BackboneGraphs
 from stages.runtime.batch_invariant import BatchInvariantKernels, batch_invariant_supported, invariant_attention
-from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, GRAPH_PATHS, batch_buckets
+from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, GRAPH_PATHS, batch_buckets, powers_up_to
 from stages.runtime.kv_cache import BackboneShape, PagedKVCache
+from stages.runtime.prefill_graphs import PrefillGraphs
 from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
 from stages.runtime.talker_runner import FrameEvent
 
 T = TypeVar("T")
+PREFILL_GRAPH_SEQS = 32  # prompt chunks one prefill-graph replay holds at most (more: eager)
 
 
 def in_kernel_mode(method: Callable[..., T]) -> Callable[..., T]:
@@ -67,18 +72,22 @@ class ScheduledRunner:
         attention: AttentionBackend | None = None,
         spare_kv_blocks: int = 0,
         backbone_graphs: str = "off",
+        prefill_graphs: bool = False,
         batch_invariant: bool = False,
     ) -> None:
         """`backbone` sizes the KV pool (this rank's KV heads); `spare_kv_blocks` are added on top
         of `num_kv_blocks` (or the default count) for the subclass's own use. `prefill_interval`:
         while requests decode, prefill chunks run at most every this many steps (`RowScheduler`).
         `max_step_ms`: a step that decodes prefills no more than fits in this many ms
-        (`RowScheduler`'s cost model). `prefix_caching`: requests start with the KV blocks of an earlier prompt's
-        identical leading rows (`stages.runtime.prefix_cache`). `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
-        resolved `stages.runtime.graph_capture` path; graphs need an attention backend that reads tensors
-        only, `PaddedBatchAttention` when none is given). `batch_invariant`: every step and
-        graph capture runs inside `stages.runtime.batch_invariant`'s mode (`kernel_mode`), with its
-        attention when none is given (a given one must be batch-invariant)."""
+        (`RowScheduler`'s cost model). `prefix_caching`: requests start with the KV blocks of an
+        earlier prompt's identical leading rows (`stages.runtime.prefix_cache`).
+        `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
+        resolved `stages.runtime.graph_capture` path; graphs need an attention backend that reads
+        tensors only, `PaddedBatchAttention` when none is given). `prefill_graphs`: with backbone
+        graphs, prefill chunks replay `PrefillGraphs` too (else one eager call). `batch_invariant`:
+        every step and graph capture runs inside `stages.runtime.batch_invariant`'s mode
+        (`kernel_mode`), with its attention when none is given (a given one must be
+        batch-invariant)."""
         if backbone_graphs not in GRAPH_PATHS:
             raise ValueError(f"backbone_graphs {backbone_graphs!r}: expected one of {GRAPH_PATHS}")
         param = next(model.parameters())
@@ -118,6 +127,8 @@ class ScheduledRunner:
         self._requests: dict[int, Any] = {}
         self._hidden_size = backbone.hidden_size
         self._backbone_graphs: BackboneGraphs | None = None  # made on the first graph decode
+        self._want_prefill_graphs = prefill_graphs and backbone_graphs != "off"
+        self.prefill_graphs: PrefillGraphs | None = None  # made on the first prefill (its row width)
         if backbone_graphs != "off":
             (self._graph_block,) = self.cache.allocator.allocate(1)
 
@@ -140,8 +151,22 @@ class ScheduledRunner:
 
     def capture_ahead(self, budget_s: float) -> int:
         """Every graph serving can replay, made now: here the backbone's decode graphs
-        (`capture_decode_graphs`); a runner with more overrides this."""
-        return self.capture_decode_graphs(budget_s)
+        (`capture_decode_graphs`) and the prefill graphs (`capture_prefill_graphs`); a runner with
+        more overrides this."""
+        deadline = time.monotonic() + budget_s
+        made = self.capture_decode_graphs(budget_s)
+        return made + self.capture_prefill_graphs(deadline - time.monotonic())
+
+    @in_kernel_mode
+    def capture_prefill_graphs(self, budget_s: float) -> int:
+        """The prefill graphs of every token bucket (and block-table bucket up to
+        `GRAPH_AHEAD_TOKENS` tokens, when widths are bucketed), within `budget_s`: how many were
+        made (0 without prefill graphs, or before the first prefill made the set)."""
+        g = self.prefill_graphs
+        if g is None:
+            return 0
+        widest = self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
+        return g.capture_ahead(g.token_buckets(), powers_up_to(min(widest, g.max_blocks)), budget_s)
 
     def graph_table_width(self) -> int | None:
         """The one block-table width of decode graphs (tables of up to `GRAPH_AHEAD_TOKENS` tokens),
@@ -225,13 +250,37 @@ class ScheduledRunner:
             chunks = [(r, n) for r, n in scheduled if r.pending != 1]
             ready, states = list(decode), [self._graph_decode(decode)] if decode else []
             if chunks:
-                batch = self.scheduler.pack(chunks, self.device)
-                hidden = self.model(batch.ids, batch.meta, self.cache, self.attention)  # [N, H]
-                ready += batch.ready
-                states.append(hidden[batch.ready_rows])
+                done, hidden = self._prefill(chunks)
+                ready += done
+                states.append(hidden)
             if not states:
                 return [], torch.empty(0, self._hidden_size, dtype=self.dtype, device=self.device)
             return ready, states[0] if len(states) == 1 else torch.cat(states)
+
+    def _prefill(self, chunks: list[tuple[RowRequest, int]]) -> tuple[list[RowRequest], torch.Tensor]:
+        """The prompt chunks through the backbone (a prefill-graph replay when they fit one, else
+        one eager call): the requests they complete and those requests' last hidden states [n, H]."""
+        if self._want_prefill_graphs and self.prefill_graphs is None:
+            self._make_prefill_graphs(width=chunks[0][0].rows.view().shape[1])
+        g, blocks_for = self.prefill_graphs, self.cache.spec.blocks_for
+        if g is not None and g.fits([n for _, n in chunks], [blocks_for(r.prefilled + n) for r, n in chunks]):
+            packed, done, index = self.scheduler.reserve(chunks)
+            hidden, last = g.run(packed)  # [T, H], [len(chunks)]
+            return done, hidden[last[torch.tensor(index, dtype=torch.long).to(self.device, non_blocking=True)]]
+        batch = self.scheduler.pack(chunks, self.device)
+        hidden = self.model(batch.ids, batch.meta, self.cache, self.attention)  # [N, H]
+        return batch.ready, hidden[batch.ready_rows]
+
+    def _make_prefill_graphs(self, width: int) -> None:
+        model, cache, attention = self.model, self.cache, self.attention
+        capture = self.backbone_graph_path == "cuda"
+        self.prefill_graphs = PrefillGraphs(
+            lambda ids, meta: model(ids, meta, cache, attention), width=width, hidden_size=self._hidden_size,
+            dtype=self.dtype, max_tokens=self.max_prefill_tokens_per_step,
+            max_seqs=min(self.max_running, PREFILL_GRAPH_SEQS), max_chunk=self.prefill_chunk_tokens,
+            max_blocks=cache.spec.num_blocks - 1, scratch_block=self._graph_block, block_size=cache.spec.block_size,
+            device=self.device, capture=capture, pool=torch.cuda.graph_pool_handle() if capture else None,
+            table_width=self.graph_table_width())
 
     def _pack(self, scheduled: list[tuple[RowRequest, int]]) -> ScheduledBatch:
         """The one-call path's backbone inputs (the tensor-parallel runner also sends them to its ranks)."""

@@ -1,6 +1,7 @@
 """Backbone graphs of the Delay and Realtime runners (`ScheduledRunner.forward_scheduled`): the
-split step (decoding rows through per-bucket static inputs, prefill chunks in one eager call)
-gives the one-call step's rows, on the CPU through the graph path's eager mode."""
+split step (decoding rows through per-bucket static inputs, prefill chunks in one eager call or
+through prefill-graph buckets) gives the one-call step's rows, on the CPU through the graph
+path's eager mode."""
 
 import json
 from pathlib import Path
@@ -59,6 +60,38 @@ def test_delay_sampled_requests_arriving_mid_decode_equal_the_one_call_runner():
     for rid in plain:
         assert len(plain[rid]) > 0
         np.testing.assert_array_equal(graphed[rid], plain[rid])
+
+
+@pytest.mark.parametrize("family", ["delay", "realtime"])
+def test_prefill_graph_buckets_give_the_one_call_runners_frames(family):
+    """With prefill graphs the prompt chunks of a step (new requests beside decoding ones, long
+    prompts over several chunks) go through token buckets; the frames do not change, and the
+    warm-up's capture makes every bucket ahead."""
+    if family == "delay":
+        prompts = [golden(DELAY, n)["input_ids"] for n in ("plain", "voice_clone", "continuation")]
+        make = lambda **kw: DelayRunner.from_dir(DELAY, **kw)  # noqa: E731
+        params = [SamplingParams(temperature=1.0, top_k=20, text_temperature=1.0, seed=s, forced_frames=5)
+                  for s in (3, 4, 5)]
+    else:
+        text = json.loads((REALTIME / "cases.json").read_text())["text"]
+        processor = RealtimeProcessor.from_dir(REALTIME)
+        ref = golden(REALTIME, "voice_clone")["reference_audio_codes"]
+        prompts = [processor.build_prompt(text), processor.build_prompt("Short one.", reference=ref),
+                   processor.build_prompt(text, reference=ref)]
+        make = lambda **kw: RealtimeRunner.from_dir(REALTIME, **kw)  # noqa: E731
+        params = [SamplingParams(temperature=0.8, top_k=30, seed=s, forced_frames=6) for s in (3, 4, 5)]
+    arrivals = {0: [(1, prompts[0], params[0])], 3: [(2, prompts[1], params[1]), (3, prompts[2], params[2])]}
+    kw = dict(max_running=4, num_kv_blocks=64, prefill_chunk_tokens=24, max_prefill_tokens_per_step=40,
+              attention=PaddedBatchAttention())
+    plain = drive(make(graph_path="off", **kw), arrivals)
+    runner = make(graph_path="eager", prefill_graphs=True, **kw)
+    graphed = drive(runner, arrivals)
+    assert runner.prefill_graphs is not None and len(runner.prefill_graphs.keys) >= 2
+    for rid in plain:
+        assert len(plain[rid]) > 0
+        np.testing.assert_array_equal(graphed[rid], plain[rid], err_msg=str(rid))
+    assert runner.capture_prefill_graphs(60.0) > 0 and runner.capture_prefill_graphs(60.0) == 0
+    assert make(graph_path="off", prefill_graphs=True, **kw).capture_prefill_graphs(60.0) == 0  # no graph path
 
 
 def test_delay_preemption_under_graphs_resumes_exactly():

@@ -1,5 +1,5 @@
-"""Backbone CUDA graphs of the Delay and Realtime runners on a GPU: frames replayed from captured
-graphs equal the one-call step's (tiny random checkpoints written here, fp32, sampled requests
+"""Backbone CUDA graphs of the Delay and Realtime runners on a GPU (decode rows, and prompt chunks
+with prefill graphs): frames replayed from captured graphs equal the one-call step's (tiny random checkpoints written here, fp32, sampled requests
 arriving while others decode)."""
 
 import numpy as np
@@ -39,15 +39,19 @@ def test_captured_backbone_graphs_equal_the_one_call_step(tmp_path, variant):
     prompts = [processor.build_prompt(t) for t in TEXTS]
     arrivals = {0: [(1, prompts[0], params(1, 8))], 3: [(2, prompts[1], params(2, 6))], 7: [(3, prompts[2], params(3, 5))]}
 
-    def run(graph_path):
+    def run(graph_path, prefill_graphs=False):
         runner = make(tmp_path, device="cuda", max_running=4, num_kv_blocks=64, prefill_chunk_tokens=16,
-                      attention=PaddedBatchAttention(), graph_path=graph_path)
+                      attention=PaddedBatchAttention(), graph_path=graph_path, prefill_graphs=prefill_graphs)
         return drive(runner, arrivals), runner
 
     eager, _ = run("off")
     graphed, runner = run("cuda")
     assert runner.backbone_graph_path == "cuda" and runner._backbone_graphs.keys
     assert all(g.call.graph is not None for g in runner._backbone_graphs._graphs.values())
+    prefilled, with_prefill = run("cuda", prefill_graphs=True)  # prompt chunks from captured graphs too
+    assert with_prefill.prefill_graphs.keys
+    assert all(g.call.graph is not None for g in with_prefill.prefill_graphs._graphs.values())
     for rid in eager:
         assert len(eager[rid]) > 0
         np.testing.assert_array_equal(graphed[rid], eager[rid])
+        np.testing.assert_array_equal(prefilled[rid], eager[rid])

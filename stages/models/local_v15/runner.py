@@ -389,5 +389,4 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
-    return LocalV15Runner(model, prefill_graphs=profile.talker.prefill_graphs,
-                          **talker_runner_options(profile, device))
+    return LocalV15Runner(model, **talker_runner_options(profile, device))
