@@ -6,7 +6,9 @@ Splits the events into passes (activity separated by at least `--gap` seconds wi
 and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) and prints, per pass (with `--window`, only the events between two
 `time.monotonic()` readings, as one pass):
 - the talker: steps, busy share of the pass, rows per step, step time with and without prefill,
-  the host time around each step (inbox drain, admission, emitting chunks);
+  the host time around each step (inbox drain, admission, emitting chunks: its median is the
+  busy figure, its mean also counts the idle waits of the drain), prompt tokens prefilled and
+  taken from the prefix cache;
 - the codec: dispatches, busy share, chunks per dispatch, distinct chunk lengths per dispatch,
   decode time per dispatch and per decoded frame, time between dispatch starts;
 - the two together: share of the pass with both busy, with only one, with neither;
@@ -115,7 +117,9 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
             "prefill_tokens_per_prefill_step": statistics.fmean(e["prefill"] for e in prefill) if prefill else 0,
             "prefill_tokens": sum(e["prefill"] for e in prefill),
             "cached_prompt_tokens": sum(e.get("cached", 0) for e in steps),  # from the prefix cache
-            "host_ms_per_step": statistics.fmean(e["emit"] + e["drain"] + e["admit"] for e in steps) * 1e3,
+            # the drain includes the wait for work when the talker idles (one step after a pause
+            # can carry seconds of it): the median says what a busy step's host work is
+            "host_ms_per_step": _scale(_stats([e["emit"] + e["drain"] + e["admit"] for e in steps]), 1e3),
             "emit_ms_per_step": statistics.fmean(e["emit"] for e in steps) * 1e3,
             "frames": sum(e["frames"] for e in steps),
         }

@@ -1,0 +1,54 @@
+"""`python -m bench.timeline` over the timelines of a real engine (tiny demo model, CPU): a pass of
+one request then two of the same voice; the figures count what the engine did."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from bench.timeline import main, split_passes, summarize
+from engine.launcher import launch
+from profiles import load_profile
+from speech.job import SpeechJob
+from stages.workers.timeline import read_events
+from tests.engine.conftest import collect, demo_model_dir  # noqa: F401 (a fixture)
+
+FRAMES = (9, 7, 8)
+
+
+@pytest.fixture(scope="module")
+def timeline_dir(demo_model_dir, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("timeline")
+    voice = np.random.default_rng(3).integers(0, 64, size=(40, 12), dtype=np.int64)  # 40 reference frames
+
+    async def run() -> None:
+        handle = await launch(load_profile("cpu", [f"engine.timeline_dir={directory}"]), demo_model_dir, clients=1)
+        try:
+            client = handle.client(0)
+            jobs = [SpeechJob(text=f"Sentence number {i} in one voice.", ref_codes=voice, forced_frames=n,
+                              sampling={"seed": i}) for i, n in enumerate(FRAMES)]
+            await collect(client, jobs[0])  # alone: its prompt blocks are named as they fill
+            await asyncio.gather(*(collect(client, job) for job in jobs[1:]))  # then the voice is known
+        finally:
+            await handle.stop()
+
+    asyncio.run(run())
+    return directory
+
+
+def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_path, capsys):
+    passes = [p for p in split_passes(read_events(timeline_dir), gap=30.0) if p]
+    summary = summarize(max(passes, key=len))  # warm-up requests never reach the timeline
+    talker, codec, life = summary["talker"], summary["codec"], summary["requests"]
+    assert talker["frames"] == codec["frames"] == sum(FRAMES)
+    assert life["requests_done"] == len(FRAMES)
+    # the voice's template and reference rows were computed once: the two later prompts took them
+    assert talker["cached_prompt_tokens"] >= 2 * 32 and talker["prefill_tokens"] > 0
+    host = talker["host_ms_per_step"]
+    assert host["n"] == talker["steps"] and host["p50"] <= host["max"]
+    assert main([str(timeline_dir), "--gap", "30", "--json", str(tmp_path / "t.json")]) == 0
+    assert "cached_prompt_tokens" in capsys.readouterr().out
+    assert json.loads((tmp_path / "t.json").read_text())[0]["talker"]["frames"] == sum(FRAMES)
