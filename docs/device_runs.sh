@@ -64,6 +64,9 @@
 #                                       # graphs; high-concurrency as shipped (prefill graphs), with a
 #                                       # step budget (talker.max_step_ms 60; STEP_MS=...), then with
 #                                       # eager prefill as before: C=16 and 64 each, timelines
+#   bash docs/device_runs.sh codecsmall # the codec's replay grid at the batches a C=128 dispatch has
+#                                       # (16, 32 rows x 1, 4, 15 frames), ring attention in place,
+#                                       # without and with compiled layers (the fixed cost per replay)
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -82,7 +85,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|coldvoices|prefix|ramp|delaystall|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|ramp|delaystall|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -301,6 +304,13 @@ codecsplit)
     [ "$(left)" -lt 60 ] && break
     timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 128 \
       --grid 1,4,15 --iters 5 $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -5
+  done
+  ;;
+codecsmall)
+  for flag in "" --compile; do
+    [ "$(left)" -lt 60 ] && break
+    timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 16,32 \
+      --grid 1,4,15 --iters 5 --ring-attention $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_small${flag// /}.txt" | tail -5
   done
   ;;
 ringtune)
