@@ -67,6 +67,9 @@
 #   bash docs/device_runs.sh codecsmall # the codec's replay grid at the batches a C=128 dispatch has
 #                                       # (16, 32 rows x 1, 4, 15 frames), ring attention in place,
 #                                       # without and with compiled layers (the fixed cost per replay)
+#   bash docs/device_runs.sh overlap    # the GPU tests of the talker one step ahead; high-concurrency
+#                                       # as shipped, then with talker.overlap_steps (C=128, 64, 1),
+#                                       # timelines
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
@@ -85,7 +88,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|ramp|delaystall|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -434,6 +437,22 @@ delaystall)
     python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'max', round(t['step_ms']['max'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'tokens', t['prefill_tokens'], 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms max', round(k['decode_ms']['max'], 1))"
   done < "$R/windows.txt"
   cp -r /tmp/tl_* "$R/"
+  ;;
+overlap)
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_overlap_steps.py 2>&1 | tail -3
+  wait $CK; cat "$R/checkpoint.txt"
+  start_server 8000 step --profile high-concurrency --set engine.timeline_dir=/tmp/tl_step
+  pair 8000 step "128 64 1"
+  stop_server step
+  start_server 8001 ahead --profile high-concurrency --set engine.timeline_dir=/tmp/tl_ahead --set talker.overlap_steps=true
+  pair 8001 ahead "128 64 1"
+  stop_server ahead
+  while read -r name c a b; do
+    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
+    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
+  done < "$R/windows.txt"
   ;;
 sweep)
   checkpoint

@@ -137,6 +137,10 @@ class TalkerConfig(_Section):
         "while streams are decoding, new prompts are prefilled at most every this many steps "
         "(1 = every step; larger = more decode steps replayed from graphs between prefills, "
         "more throughput, later first audio for new requests)", ge=1)] = 1
+    overlap_steps: Annotated[bool, doc(
+        "Local-v1.5 talker: plan and launch each step before reading back the one before, so the "
+        "host's work of a step runs while the GPU computes (a frame whose stop head fires is "
+        "computed once more and dropped); off until measured")] = False
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "
@@ -144,7 +148,8 @@ class TalkerConfig(_Section):
     max_step_ms: Annotated[PositiveFloat | None, doc(
         "while streams are decoding, a step prefills no more prompt tokens than fit in this many "
         "ms by the talker's measured step costs (at least 64 tokens), so a burst of long prompts "
-        "is prefilled over several steps instead of one that stalls every stream; null = only "
+        "is prefilled over several steps instead of one that stalls every stream (not with "
+        "overlap_steps: its costs are measured step by step); null = only "
         "max_prefill_tokens_per_step limits it")] = None
     attention: Annotated[Literal["auto", "padded", "triton"], doc(
         "attention kernel over the paged KV cache: padded (gather blocks, torch SDPA-like), "

@@ -97,8 +97,8 @@ class TalkerLoop:
             t1 = time.monotonic()
             self._count_step(batch, t1 - t0)
             observe = getattr(getattr(self.runner, "scheduler", None), "observe_step", None)
-            if observe is not None:  # the scheduler's step-cost model (`talker.max_step_ms`)
-                observe(t1 - t0)
+            if observe is not None and not getattr(self.runner, "overlap_steps", False):
+                observe(t1 - t0)  # the scheduler's step-cost model (`talker.max_step_ms`): step by step only
             self._emit(events)
             if self.timeline is not None:
                 sched = getattr(self.runner, "scheduler", None)

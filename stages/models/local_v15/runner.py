@@ -120,11 +120,14 @@ class LocalV15Runner(ScheduledRunner):
     """The v1.5 talker with a paged KV cache, serving many requests at once."""
 
     def __init__(self, model: LocalV15Talker, *, cuda_graphs: bool = False, graph_path: str | None = None,
-                 attention: AttentionBackend | None = None, prefill_graphs: bool = False, **capacity) -> None:
+                 attention: AttentionBackend | None = None, prefill_graphs: bool = False,
+                 overlap_steps: bool = False, **capacity) -> None:
         """`graph_path`: "off" | "eager" | "cuda" (module docstring); None = "cuda" with
         `cuda_graphs` on a CUDA device, else "off". `prefill_graphs`: with a graph path, prefill
-        chunks replay `PrefillGraphs` too (else one eager call). `capacity`: `ScheduledRunner`'s
-        KV and batching settings (`prefill_interval` among them)."""
+        chunks replay `PrefillGraphs` too (else one eager call). `overlap_steps`: with a graph path
+        (its decode rows are fed from the device), each `step()` launches a step and returns the
+        events of the one before (`_step_ahead`). `capacity`:
+        `ScheduledRunner`'s KV and batching settings (`prefill_interval` among them)."""
         cfg = model.config
         on_cuda = next(model.parameters()).device.type == "cuda"
         self.graph_path = graph_path = resolve_graph_path(graph_path, cuda_graphs, on_cuda)
@@ -150,6 +153,11 @@ class LocalV15Runner(ScheduledRunner):
             self._capture = graph_path == "cuda"
             self._pool = torch.cuda.graph_pool_handle() if self._capture else None
         self._codebooks = torch.arange(cfg.n_vq, device=self.device)  # [n_vq]
+        self.overlap_steps = overlap_steps and use_graphs  # decode rows must come from `next_row`
+        self._pending: _PendingStep | None = None  # the step launched and not read back yet
+        self._ending: dict[int, _Request] = {}  # left at launch (forced length, cap), last events pending
+        self._result_buffers: list[torch.Tensor] = []  # pinned, made on first use
+        self._result_turn = 0
         self._requests: dict[int, _Request] = {}
         self.prefill_graphs: PrefillGraphs | None = None
         if use_graphs and prefill_graphs:
@@ -236,8 +244,22 @@ class LocalV15Runner(ScheduledRunner):
 
     @in_kernel_mode
     def step(self) -> list[FrameEvent]:
+        """One scheduler step's frames. With `overlap_steps` the events are those of the step
+        launched by the previous call (`_step_ahead`)."""
+        if self.overlap_steps:
+            return self._step_ahead()
         if not self._requests:
             return []
+        launched = self._launch()
+        if launched is None:
+            return []
+        ready, stop, codes, order = launched
+        out = self._finish_device(ready, stop, codes).cpu().numpy()  # the step's one host copy
+        return self._finish_host(ready, out, order)
+
+    def _launch(self):
+        """Schedule a step and enqueue its device work: (ready, stop [B], codes [B, n_vq], order of
+        the events), or None when no request completes a row."""
         scheduled = self.scheduler.schedule()
         self.mode = SamplerMode.of([self._requests[r.rid].params for r, _ in scheduled])
         if self.graph_path == "off":
@@ -249,7 +271,7 @@ class LocalV15Runner(ScheduledRunner):
             parts = [self._graph_decode(decode) if decode else None, self._eager_part(chunks) if chunks else None]
         parts = [p for p in parts if p is not None]
         if not parts:
-            return []
+            return None
         ready = [r for p in parts for r in p[0]]
         if len(parts) == 1:
             stop, codes = parts[0][1:]
@@ -257,7 +279,97 @@ class LocalV15Runner(ScheduledRunner):
             stop, codes = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])  # [B], [B, n_vq]
         position = {r.rid: i for i, (r, _) in enumerate(scheduled)}
         order = sorted(range(len(ready)), key=lambda i: position[ready[i].rid])  # events in schedule order
-        return self._finish_frames(ready, stop, codes, order)
+        return ready, stop, codes, order
+
+    # ---- one step ahead (`overlap_steps`) --------------------------------------------------------
+
+    def _step_ahead(self) -> list[FrameEvent]:
+        """Launch the next step, then read back and turn into events the one launched before,
+        so the host's work of a step (scheduling, packing, events) runs while the GPU computes
+        the previous one. The next step is planned before the last one's results are known:
+        every request that made a frame feeds a placeholder row (its real row is on the device,
+        `next_row`; the placeholder is filled when the results come), a request whose stop head
+        fired is computed once more and that frame dropped, and a step that would preempt waits
+        for the results first (a recompute prefills the host rows)."""
+        pending, self._pending = self._pending, None
+        events: list[FrameEvent] = []
+        if pending is not None and self._preempts_next():
+            events += self._complete(pending)
+            pending = None
+        launched = None
+        if self._requests:
+            step = self._launch()
+            if step is not None:
+                launched = self._enqueue_results(*step)
+        if pending is not None:
+            events += self._complete(pending)
+        self._pending = launched
+        return events
+
+    def _preempts_next(self) -> bool:
+        """Whether the next schedule would preempt (its decoders need more blocks than are free)."""
+        cache = self.cache
+        need = sum(cache.blocks_needed(r.rid, 1) for r in self.scheduler.requests.values() if r.pending == 1)
+        return need > cache.num_free_blocks
+
+    def _enqueue_results(self, ready: list[_Request], stop: torch.Tensor, codes: torch.Tensor,
+                         order: list[int]) -> _PendingStep:
+        """The device part of finishing a step and an asynchronous copy of its results; on the
+        host, what is known now: each ready request's frame count and a placeholder row, and the
+        requests whose forced length or frame cap ends them here leave the runner now."""
+        out = self._finish_device(ready, stop, codes)  # [B, 1 + n_vq]
+        event = None
+        if out.device.type == "cuda":
+            host = self._result_buffer(len(ready))
+            host.copy_(out, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            out = host
+        placeholder = np.full(1 + self.n_vq, self.model.config.audio_pad_code, dtype=np.int64)
+        placeholder[0] = self.model.config.gen_slot
+        rows, ended = [], {}
+        for r in ready:
+            r.sched.rows.append(placeholder)
+            rows.append(len(r.sched.rows) - 1)
+            r.frames += 1
+            reason = _host_finish(r)
+            if reason is not None:
+                ended[r.rid] = reason
+                self.remove(r.rid)
+                self._ending[r.rid] = r  # its frames of earlier steps still come out
+        return _PendingStep(ready, out, event, rows, order, ended)
+
+    def _result_buffer(self, n: int) -> torch.Tensor:
+        """A pinned host buffer for a step's results [n, 1 + n_vq] (two, used in turn: one step's
+        results may still be unread when the next step's copy is enqueued)."""
+        if not self._result_buffers:
+            shape = (self.max_running + 1, 1 + self.n_vq)
+            self._result_buffers = [torch.empty(shape, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self._result_turn ^= 1
+        return self._result_buffers[self._result_turn][:n]
+
+    def _complete(self, pending: _PendingStep) -> list[FrameEvent]:
+        """The events of a launched step, once its results are on the host."""
+        if pending.event is not None:
+            pending.event.synchronize()
+        out = pending.out.numpy() if isinstance(pending.out, torch.Tensor) else pending.out
+        events = []
+        for i in pending.order:
+            r, row = pending.ready[i], out[i]
+            ended = pending.ended.get(r.rid)
+            if ended is not None:
+                self._ending.pop(r.rid, None)
+            elif self._requests.get(r.rid) is not r and self._ending.get(r.rid) is not r:
+                continue  # gone since (its stop head fired a step earlier, or aborted): frame dropped
+            if row[0]:
+                events.append(FrameEvent(r.rid, None, finished=True, reason="stop"))
+                if ended is None:
+                    self.remove(r.rid)
+                continue
+            codes_r = row[1:].copy()
+            r.sched.rows.view()[pending.rows[i]] = (self.model.config.gen_slot, *codes_r)
+            events.append(FrameEvent(r.rid, codes_r, finished=ended is not None, reason=ended))
+        return events
 
     def _eager_part(self, chunks: list[tuple[RowRequest, int]]):
         """One backbone call over `chunks` (a prefill-graph replay when they fit one, else eager),
@@ -346,20 +458,25 @@ class LocalV15Runner(ScheduledRunner):
         stop, codes = self.graphs.run(packed, key, len(decode))
         return decode, stop, codes
 
-    def _finish_frames(self, ready: list[_Request], stop: torch.Tensor, codes: torch.Tensor,
-                       order: list[int]) -> list[FrameEvent]:
-        """Apply forced lengths, record the frame in the request's state, build the events (in
-        `order` of `ready`); stop [B], codes [B, n_vq] are `ready`'s."""
+    def _finish_device(self, ready: list[_Request], stop: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Apply forced lengths and record the frame in the requests' device state (repetition
+        history, the row each feeds next): the step's results [B, 1 + n_vq] (stop, codes) on the
+        device; stop [B], codes [B, n_vq] are `ready`'s."""
         dev = self.device
         slots = torch.tensor([r.slot for r in ready]).to(dev, non_blocking=True)  # [B]
         forced = [r.params.forced_frames for r in ready]
         model_decides = torch.tensor([f is None for f in forced]).to(dev, non_blocking=True)  # [B]
-        forced_stop = torch.tensor([f is not None and r.frames >= f for f, r in zip(forced, ready)]).to(dev)  # [B]
+        forced_stop = torch.tensor([f is not None and r.frames >= f for f, r in zip(forced, ready)])
+        forced_stop = forced_stop.to(dev, non_blocking=True)  # [B] (a blocking copy would wait for the step)
         with torch.inference_mode():
             stop = torch.where(model_decides, stop, forced_stop)
             self.seen[slots[:, None], self._codebooks[None, :], codes] = True
             self.next_row[slots, 1:] = codes
-            out = torch.cat([stop[:, None].long(), codes], dim=1).cpu().numpy()  # the step's one host copy
+            return torch.cat([stop[:, None].long(), codes], dim=1)
+
+    def _finish_host(self, ready: list[_Request], out: np.ndarray, order: list[int]) -> list[FrameEvent]:
+        """Record each ready request's frame on the host and build the events (in `order` of
+        `ready`) from the step's results `out` [B, 1 + n_vq]."""
         events = []
         for i in order:
             r, row = ready[i], out[i]
@@ -371,15 +488,33 @@ class LocalV15Runner(ScheduledRunner):
             r.frames += 1
             row[0] = self.model.config.gen_slot
             r.sched.rows.append(row)  # the row it feeds next
-            reason = None
-            if r.params.forced_frames is not None and r.frames >= r.params.forced_frames:
-                reason = "stop"
-            elif r.frames >= r.params.max_new_frames:
-                reason = "length"
+            reason = _host_finish(r)
             events.append(FrameEvent(r.rid, codes_r, finished=reason is not None, reason=reason))
             if reason is not None:
                 self.remove(r.rid)
         return events
+
+
+@dataclass(slots=True)
+class _PendingStep:
+    """A launched step whose results are not read yet (`overlap_steps`)."""
+
+    ready: list[_Request]  # the requests it makes a frame (or a stop) for
+    out: torch.Tensor  # [B, 1 + n_vq] int64 results: stop, codes (pinned host buffer, or on the CPU)
+    event: torch.cuda.Event | None  # recorded after the copy (None on the CPU)
+    rows: list[int]  # each ready request's placeholder row index
+    order: list[int]  # events in schedule order
+    ended: dict[int, str]  # rid -> finish reason known at launch (forced length, frame cap)
+
+
+def _host_finish(r: _Request) -> str | None:
+    """The finish a request's frame count decides on the host: "stop" at its forced length,
+    "length" at its frame cap, else None."""
+    if r.params.forced_frames is not None and r.frames >= r.params.forced_frames:
+        return "stop"
+    if r.frames >= r.params.max_new_frames:
+        return "length"
+    return None
 
 
 def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> LocalV15Runner:
@@ -389,4 +524,4 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
-    return LocalV15Runner(model, **talker_runner_options(profile, device))
+    return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps, **talker_runner_options(profile, device))

@@ -1,0 +1,146 @@
+"""The Local-v1.5 talker one step ahead (`talker.overlap_steps`): each step is launched before the
+one before it is read back, and every request still gets exactly its frames and finish, in order,
+through stops decided by the model, forced lengths, frame caps, preemption and aborts."""
+
+import numpy as np
+import pytest
+import torch
+
+from profiles import load_profile
+from speech.sampling import SamplingParams
+from stages.models.local_v15.loader import load_talker
+from stages.models.local_v15.runner import LocalV15Runner, load_talker_runner
+from tests.conftest import golden_dir
+from tests.stages.test_local_v15_runner import mixed_requests
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return golden_dir("moss_tts_local_v1_5")
+
+
+@pytest.fixture(scope="module")
+def model(golden):
+    return load_talker(golden)
+
+
+def run(runner, arrivals, aborts=(), max_steps=400):
+    """Every event per request (codes or None, finished, reason) with the step it came in."""
+    out: dict[int, list] = {}
+    step = 0
+    for step in range(max_steps):
+        for rid, prompt, params in arrivals.get(step, []):
+            runner.add(rid, prompt, params)
+        for rid, at in aborts:
+            if at == step:
+                runner.remove(rid)
+        events = runner.step()
+        for e in events:
+            out.setdefault(e.rid, []).append((None if e.codes is None else tuple(e.codes), e.finished, e.reason))
+        if step > max(arrivals) and runner.num_running() == 0 and not events:
+            break  # (one step ahead, the last events come in the call after the last request left)
+    return out
+
+
+@pytest.mark.parametrize("prefill_graphs", [False, True])
+def test_one_step_ahead_gives_every_request_the_same_events(model, golden, prefill_graphs):
+    reqs = mixed_requests(golden)  # seeded: forced lengths, and stops by the model at once
+    items = list(reqs.items())
+    with np.load(golden / "case_plain.npz") as z:
+        plain_prompt = z["input_ids"]  # greedy stops by itself after 15 frames
+    arrivals = {0: [(rid, *req) for rid, req in items[:3]], 2: [(rid, *req) for rid, req in items[3:6]],
+                5: [(rid, *req) for rid, req in items[6:]],
+                1: [(200, plain_prompt, SamplingParams(greedy=True, max_new_frames=4)),  # its frame cap
+                    (201, plain_prompt, SamplingParams(greedy=True, max_new_frames=100))]}  # the model's stop
+    kw = dict(max_running=12, kv_block_size=8, num_kv_blocks=200, prefill_chunk_tokens=32,
+              max_prefill_tokens_per_step=64, graph_path="eager", prefill_graphs=prefill_graphs)
+    plain = run(LocalV15Runner(model, **kw), arrivals)
+    ahead = LocalV15Runner(model, overlap_steps=True, **kw)
+    got = run(ahead, arrivals)
+    assert got == plain
+    assert all(evs[-1][1] for evs in plain.values()) and plain[200][-1][2] == "length"
+    assert len(plain[200]) == 4 and len(plain[201]) == 16 and plain[201][-1] == (None, True, "stop")
+    assert ahead._pending is None and ahead.num_running() == 0
+    assert ahead.cache.num_used_blocks == 1  # every block back (the graphs' scratch block stays)
+
+
+def test_one_step_ahead_through_preemption_and_an_abort(model, golden):
+    with np.load(golden / "case_voice_clone.npz") as z:
+        prompt = z["input_ids"]
+    params = [SamplingParams(seed=i, forced_frames=30 + 5 * i, temperature=1.0, top_k=20) for i in range(3)]
+    arrivals = {0: [(i, prompt[: 75 - 9 * i], params[i]) for i in range(3)], 4: [(9, prompt, params[0])]}
+    kw = dict(max_running=4, kv_block_size=8, num_kv_blocks=34, graph_path="eager")  # too few: preemption
+    plain_runner = LocalV15Runner(model, **kw)
+    plain = run(plain_runner, arrivals, aborts=[(9, 12)])
+    ahead = LocalV15Runner(model, overlap_steps=True, **kw)
+    got = run(ahead, arrivals, aborts=[(9, 12)])
+    assert plain_runner.preemptions > 0 and ahead.preemptions > 0
+    for rid in (0, 1, 2):
+        assert got[rid] == plain[rid]
+        assert len(got[rid]) == params[rid].forced_frames and got[rid][-1][1:] == (True, "stop")
+    assert not any(f for _, f, _ in got.get(9, []))  # aborted: no finish event
+    assert ahead.num_running() == 0 and ahead.cache.num_used_blocks == 1
+
+
+def test_profile_switch_and_no_overlap_without_graphs(model, golden, monkeypatch):
+    import stages.models.local_v15.runner as module
+
+    made = []
+    monkeypatch.setattr(module, "LocalV15Runner", lambda model, **kw: made.append(kw))
+    load_talker_runner(golden, load_profile("cpu", ["talker.overlap_steps=true"]), "cpu")
+    load_talker_runner(golden, load_profile("cpu"), "cpu")
+    assert [kw["overlap_steps"] for kw in made] == [True, False]
+    monkeypatch.undo()
+    # without graphs a decode row is packed from the host rows: no step can be planned ahead
+    assert not LocalV15Runner(model, max_running=2, num_kv_blocks=16, overlap_steps=True).overlap_steps
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_step_ahead_from_captured_graphs_on_the_gpu():
+    """Decode and prefill graphs captured, results through the pinned buffers: the same events
+    one step ahead as step by step (tiny, fp32)."""
+    from stages.models.local_v15.config import tiny_config
+    from stages.models.local_v15.loader import build_talker_module
+
+    torch.manual_seed(0)
+    model = build_talker_module(tiny_config()).cuda().eval()
+    rng = np.random.default_rng(0)
+    arrivals = {}
+    for i in range(6):
+        p = np.full((20 + 9 * i, 13), 1024, np.int64)
+        p[:, 0] = rng.integers(0, 600, len(p))
+        params = SamplingParams(seed=i, forced_frames=None if i % 3 == 0 else 6 + 2 * i, max_new_frames=12)
+        arrivals.setdefault(2 * (i // 2), []).append((i, p, params))
+    kw = dict(max_running=8, num_kv_blocks=64, kv_block_size=8, prefill_chunk_tokens=16,
+              max_prefill_tokens_per_step=32, cuda_graphs=True, prefill_graphs=True)
+    plain = run(LocalV15Runner(model, **kw), arrivals)
+    ahead = LocalV15Runner(model, overlap_steps=True, **kw)
+    got = run(ahead, arrivals)
+    assert ahead.overlap_steps and ahead._result_buffers and ahead._result_buffers[0].is_pinned()
+    assert got == plain and all(evs[-1][1] for evs in got.values())
+
+
+def test_the_talker_loop_one_step_ahead_sends_the_same_chunks(model, golden):
+    """The worker's loop over real rings: a request's code chunks (sizes, codes, final) are the
+    same one step ahead, its last chunk a step later at most."""
+    from stages.registry import load_variant
+    from tests.stages.test_variants_delay_realtime import LoopRig
+
+    profile = load_profile("cpu", [f"model.codec_path={golden_dir('moss_audio_tokenizer_v2')}"])
+    variant = load_variant(golden, profile)
+    job = variant.warm_up_job()
+    job.forced_frames, job.sampling = 23, {"seed": 4}
+    request = variant.build_request(job)
+    got = {}
+    for ahead in (False, True):
+        rig = LoopRig(LocalV15Runner(model, max_running=2, num_kv_blocks=32, graph_path="eager",
+                                     overlap_steps=ahead), variant, profile)
+        try:
+            got[ahead] = rig.chunks_until_done(request, 1)
+        finally:
+            rig.close()
+    assert [(c.seq, c.final, codes.tolist()) for _, _, c, codes in got[True]] == \
+           [(c.seq, c.final, codes.tolist()) for _, _, c, codes in got[False]]
+    assert sum(len(codes) for *_, codes in got[True]) == 23 and got[True][-1][2].final
+    assert got[True][-1][0] <= got[False][-1][0] + 1
