@@ -161,6 +161,22 @@ pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured
     echo "$name $c $a $b" >> "$R/windows.txt"
   done
 }
+summaries() {  # per line of windows.txt (NAME C START END): its timeline over that window, one line
+  while read -r name c a b; do
+    python3 -m bench.timeline "/tmp/tl_${name%%_*}" --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
+    python3 - "$R/timeline_${name}_c$c.json" "$name C=$c" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))[0]
+t, k, g = d.get("talker", {}), d.get("codec", {}), d["gpu"]
+ms = lambda s, key="mean": round(s.get(key, 0.0), 1)
+print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "max"), "decode-only",
+      ms(t["decode_only_step_ms"]), "rows", round(t["rows_per_step"], 1), "| prefill", t["prefill_steps"], "x",
+      ms(t["prefill_step_ms"]), "ms,", t.get("prefill_tokens"), "tokens,", t.get("cached_prompt_tokens"), "cached",
+      "| codec", k.get("dispatches"), "x", ms(k.get("decode_ms", {})), "ms,", round(k.get("decode_us_per_frame", 0)),
+      "us/frame | busy", round(g["talker_busy"], 2), round(g["codec_busy"], 2))
+PY
+  done < "$R/windows.txt"
+}
 checkpoint() {
   [ -f /tmp/l15/config.json ] || mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
   el "checkpoint written"
@@ -293,10 +309,7 @@ buckets)
   start_server 8001 off --profile high-concurrency --set engine.timeline_dir=/tmp/tl_off
   pair 8001 off "128 64 1"
   stop_server off
-  while read -r name c a b; do
-    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
-    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t = d['talker']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1))"
-  done < "$R/windows.txt"
+  summaries
   ;;
 invtests)
   timeout $(( $(left) - 10 )) python3 -m pytest -q -s -p no:cacheprovider tests/stages/test_batch_invariant_gpu.py \
@@ -363,10 +376,7 @@ coldvoices)
     --set api.data_dir=/tmp/data_base
   pair 8001 base "128 64"
   stop_server base
-  while read -r name c a b; do
-    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
-    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', round(k['decode_us_per_frame']), 'us/frame', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
-  done < "$R/windows.txt"
+  summaries
   ;;
 prefix)
   checkpoint > "$R/checkpoint.txt" 2>&1 &
@@ -389,11 +399,7 @@ prefix)
     grep -E "talker_(prompt|cached)_rows_total " "$R/${name}_c64_metrics.txt"
     stop_server $name
   done
-  while read -r name c a b; do
-    tl=/tmp/tl_${name%_texts}
-    python3 -m bench.timeline $tl --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
-    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'tokens', t['prefill_tokens'], 'cached', t['cached_prompt_tokens'], 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
-  done < "$R/windows.txt"
+  summaries
   ;;
 ramp)
   checkpoint
@@ -407,10 +413,7 @@ ramp)
     --set admission.max_running=160 --set talker.max_running=160
   pair 8002 cap "256"
   stop_server cap
-  while read -r name c a b; do
-    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
-    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', round(k['chunks_per_dispatch'], 1), 'chunks', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
-  done < "$R/windows.txt"
+  summaries
   ;;
 delaystall)
   mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 &
@@ -432,10 +435,7 @@ delaystall)
     stop_server $name
     port=$((port + 1))
   done
-  while read -r name c a b; do
-    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
-    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'max', round(t['step_ms']['max'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'tokens', t['prefill_tokens'], 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms max', round(k['decode_ms']['max'], 1))"
-  done < "$R/windows.txt"
+  summaries
   cp -r /tmp/tl_* "$R/"
   ;;
 overlap)
@@ -449,10 +449,7 @@ overlap)
   start_server 8001 ahead --profile high-concurrency --set engine.timeline_dir=/tmp/tl_ahead --set talker.overlap_steps=true
   pair 8001 ahead "128 64 1"
   stop_server ahead
-  while read -r name c a b; do
-    python3 -m bench.timeline /tmp/tl_$name --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
-    python3 -c "import json; d = json.load(open('$R/timeline_${name}_c$c.json'))[0]; t, k = d['talker'], d['codec']; print('$name C=$c', 'step', round(t['step_ms']['mean'], 1), 'decode-only', round(t['decode_only_step_ms']['mean'], 1), 'prefill', t['prefill_steps'], round(t['prefill_step_ms']['mean'], 1), 'rows', round(t['rows_per_step'], 1), 'codec', k['dispatches'], round(k['decode_ms']['mean'], 1), 'ms', 'busy', round(d['gpu']['talker_busy'], 2), round(d['gpu']['codec_busy'], 2))"
-  done < "$R/windows.txt"
+  summaries
   ;;
 sweep)
   checkpoint
