@@ -51,7 +51,8 @@ def test_one_step_ahead_gives_every_request_the_same_events(model, golden, prefi
     arrivals = {0: [(rid, *req) for rid, req in items[:3]], 2: [(rid, *req) for rid, req in items[3:6]],
                 5: [(rid, *req) for rid, req in items[6:]],
                 1: [(200, plain_prompt, SamplingParams(greedy=True, max_new_frames=4)),  # its frame cap
-                    (201, plain_prompt, SamplingParams(greedy=True, max_new_frames=100))]}  # the model's stop
+                    (201, plain_prompt, SamplingParams(greedy=True, max_new_frames=100)),  # the model's stop
+                    (202, plain_prompt, SamplingParams(greedy=True, max_new_frames=17))]}  # a stop, then the cap
     kw = dict(max_running=12, kv_block_size=8, num_kv_blocks=200, prefill_chunk_tokens=32,
               max_prefill_tokens_per_step=64, graph_path="eager", prefill_graphs=prefill_graphs)
     plain = run(LocalV15Runner(model, **kw), arrivals)
@@ -60,6 +61,7 @@ def test_one_step_ahead_gives_every_request_the_same_events(model, golden, prefi
     assert got == plain
     assert all(evs[-1][1] for evs in plain.values()) and plain[200][-1][2] == "length"
     assert len(plain[200]) == 4 and len(plain[201]) == 16 and plain[201][-1] == (None, True, "stop")
+    assert plain[202] == plain[201]  # it stops one frame before its cap: one finish, not two
     assert ahead._pending is None and ahead.num_running() == 0
     assert ahead.cache.num_used_blocks == 1  # every block back (the graphs' scratch block stays)
 

@@ -356,14 +356,15 @@ class LocalV15Runner(ScheduledRunner):
         events = []
         for i in pending.order:
             r, row = pending.ready[i], out[i]
+            running = self._requests.get(r.rid) is r
+            if not running and self._ending.get(r.rid) is not r:
+                continue  # finished or aborted since this step was launched: its frame is dropped
             ended = pending.ended.get(r.rid)
-            if ended is not None:
-                self._ending.pop(r.rid, None)
-            elif self._requests.get(r.rid) is not r and self._ending.get(r.rid) is not r:
-                continue  # gone since (its stop head fired a step earlier, or aborted): frame dropped
+            if ended is not None or row[0]:
+                self._ending.pop(r.rid, None)  # its last event: later steps' frames are dropped
             if row[0]:
                 events.append(FrameEvent(r.rid, None, finished=True, reason="stop"))
-                if ended is None:
+                if running:
                     self.remove(r.rid)
                 continue
             codes_r = row[1:].copy()
