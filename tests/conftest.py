@@ -46,6 +46,20 @@ def speech_job(text: str = "hello world", **fields) -> SpeechJob:
     return SpeechJob(text=text, **fields)
 
 
+@pytest.fixture(scope="session")
+def local_v15_dir() -> Path:
+    """The tiny random-weight Local-v1.5 golden checkpoint (skips without the fixtures)."""
+    return golden_dir("moss_tts_local_v1_5")
+
+
+@pytest.fixture(scope="session")
+def local_v15_model(local_v15_dir):
+    """Its talker, loaded once (fp32, CPU); tests build runners over it and never change it."""
+    from stages.models.local_v15.loader import load_talker
+
+    return load_talker(local_v15_dir)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny tensors: one intra-op thread is fastest, and stays fast on a shared, loaded machine.

@@ -16,23 +16,11 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 from speech.sampling import SamplingParams  # noqa: E402
-from stages.models.local_v15.loader import load_talker  # noqa: E402
 from stages.models.local_v15.runner import LocalV15Runner  # noqa: E402
 from stages.runtime.batch_invariant import BatchInvariantKernels  # noqa: E402
-from tests.conftest import golden_dir  # noqa: E402
 from tests.stages.runner_drive import drive  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return golden_dir("moss_tts_local_v1_5")
-
-
-@pytest.fixture(scope="module")
-def model(golden):
-    return load_talker(golden)
 
 
 def prompt(golden, name="plain"):
@@ -56,9 +44,9 @@ def invariant_runner(model, **kw) -> LocalV15Runner:
     return LocalV15Runner(model, **(opts | kw))
 
 
-def test_mode_runs_its_kernels_and_greedy_still_equals_the_golden(model, golden):
-    ids, codes = prompt(golden)
-    runner = invariant_runner(model, graph_path="eager")
+def test_mode_runs_its_kernels_and_greedy_still_equals_the_golden(local_v15_model, local_v15_dir):
+    ids, codes = prompt(local_v15_dir)
+    runner = invariant_runner(local_v15_model, graph_path="eager")
     assert isinstance(runner.kernels, BatchInvariantKernels) and runner.attention.batch_invariant
     calls = counted(runner)
     frames = drive(runner, {0: [(1, ids, SamplingParams(greedy=True, max_new_frames=4))]})[1]
@@ -82,30 +70,30 @@ def eight_and_others(golden):
 
 
 @pytest.mark.slow  # about 100 s under the interpreter
-def test_eight_seeded_requests_alone_together_and_mixed(model, golden):
-    eight, others = eight_and_others(golden)
-    runner = invariant_runner(model)
+def test_eight_seeded_requests_alone_together_and_mixed(local_v15_model, local_v15_dir):
+    eight, others = eight_and_others(local_v15_dir)
+    runner = invariant_runner(local_v15_model)
     calls = counted(runner)
     together = drive(runner, {0: [(rid, p, s) for rid, (p, s) in eight.items()]})
     assert calls["linear"] and calls["cumsum"]  # the sampler's scans ran in the mode too
     assert len({f.tobytes() for f in together.values()}) == len(eight)  # each its own codes
     # mixed: the others arrive first and on later steps, so the eight share steps with prefills
-    mixed = drive(invariant_runner(model, graph_path="eager"),
+    mixed = drive(invariant_runner(local_v15_model, graph_path="eager"),
                   {0: [(rid, p, s) for rid, (p, s) in list(others.items())[:2]],
                    1: [(rid, p, s) for rid, (p, s) in eight.items()],
                    2: [(rid, p, s) for rid, (p, s) in list(others.items())[2:]]})
     for rid, (p, s) in eight.items():
-        alone = drive(invariant_runner(model, max_running=1), {0: [(rid, p, s)]})[rid]
+        alone = drive(invariant_runner(local_v15_model, max_running=1), {0: [(rid, p, s)]})[rid]
         np.testing.assert_array_equal(alone, together[rid], err_msg=f"{rid}: alone vs together")
         np.testing.assert_array_equal(alone, mixed[rid], err_msg=f"{rid}: alone vs mixed")
 
 
-def test_runner_refuses_a_split_attention_in_the_mode(model):
+def test_runner_refuses_a_split_attention_in_the_mode(local_v15_model):
     from stages.runtime.attention.backends import PaddedBatchAttention
     from stages.runtime.attention.triton_paged import TritonPagedAttention
 
     with pytest.raises(ValueError, match="batch-invariant attention"):
-        invariant_runner(model, attention=PaddedBatchAttention())
+        invariant_runner(local_v15_model, attention=PaddedBatchAttention())
     with pytest.raises(ValueError, match="batch-invariant attention"):
-        invariant_runner(model, attention=TritonPagedAttention())
-    assert LocalV15Runner(model, max_running=2, num_kv_blocks=16).kernels is None  # off by default
+        invariant_runner(local_v15_model, attention=TritonPagedAttention())
+    assert LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=16).kernels is None  # off by default

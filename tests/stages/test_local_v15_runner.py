@@ -7,22 +7,10 @@ import pytest
 import torch
 
 from speech.sampling import SamplingParams
-from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.runner import LocalV15Runner
 from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
-from tests.conftest import golden_dir
 
 CASES = ("plain", "voice_clone", "continuation")
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return golden_dir("moss_tts_local_v1_5")
-
-
-@pytest.fixture(scope="module")
-def model(golden):
-    return load_talker(golden)
 
 
 def case(golden, name):
@@ -53,11 +41,11 @@ def run(runner, requests, max_steps=500):
 
 @pytest.mark.parametrize("backend, graph_path", [(ReferenceAttention, "off"), (PaddedBatchAttention, "off"),
                                                  (PaddedBatchAttention, "eager")])
-def test_batched_greedy_equals_upstream_golden(model, golden, backend, graph_path):
-    runner = LocalV15Runner(model, max_running=4, kv_block_size=8, num_kv_blocks=64, prefill_chunk_tokens=24,
+def test_batched_greedy_equals_upstream_golden(local_v15_model, local_v15_dir, backend, graph_path):
+    runner = LocalV15Runner(local_v15_model, max_running=4, kv_block_size=8, num_kv_blocks=64, prefill_chunk_tokens=24,
                             max_prefill_tokens_per_step=40, attention=backend(), graph_path=graph_path)
     greedy = SamplingParams(greedy=True, max_new_frames=16)
-    cases = {i: case(golden, name) for i, name in enumerate(CASES)}
+    cases = {i: case(local_v15_dir, name) for i, name in enumerate(CASES)}
     frames, finish = run(runner, {i: (c["input_ids"], greedy) for i, c in cases.items()})
     for i, c in cases.items():
         np.testing.assert_array_equal(frames[i], c["generated_audio_codes"], err_msg=CASES[i])
@@ -79,26 +67,26 @@ def mixed_requests(golden):
     return reqs
 
 
-def test_seeded_sampling_is_batch_invariant(model, golden):
-    reqs = mixed_requests(golden)
-    together, finish_t = run(LocalV15Runner(model, max_running=8, num_kv_blocks=128, prefill_chunk_tokens=32,
+def test_seeded_sampling_is_batch_invariant(local_v15_model, local_v15_dir):
+    reqs = mixed_requests(local_v15_dir)
+    together, finish_t = run(LocalV15Runner(local_v15_model, max_running=8, num_kv_blocks=128, prefill_chunk_tokens=32,
                                             max_prefill_tokens_per_step=100), reqs)
     non_empty = [tuple(f.ravel()) for f in together.values() if len(f)]
     assert len(non_empty) >= 4 and len(set(non_empty)) == len(non_empty)  # every request has its own codes
     for rid, req in reqs.items():
-        alone, finish_a = run(LocalV15Runner(model, max_running=1, num_kv_blocks=32), {rid: req})
+        alone, finish_a = run(LocalV15Runner(local_v15_model, max_running=1, num_kv_blocks=32), {rid: req})
         np.testing.assert_array_equal(alone[rid], together[rid], err_msg=str(rid))
         assert finish_a[rid] == finish_t[rid]
     # a different seed changes the codes
     prompt, params = reqs[100]
-    other, _ = run(LocalV15Runner(model, max_running=1, num_kv_blocks=32),
+    other, _ = run(LocalV15Runner(local_v15_model, max_running=1, num_kv_blocks=32),
                    {1: (prompt, SamplingParams(seed=params.seed + 1, max_new_frames=params.max_new_frames))})
     assert not np.array_equal(other[1], together[100])
 
 
-def test_forced_frames_and_length_limit(model, golden):
-    prompt = case(golden, "plain")["input_ids"]  # greedy would stop after 15 frames
-    runner = LocalV15Runner(model, max_running=4, num_kv_blocks=64)
+def test_forced_frames_and_length_limit(local_v15_model, local_v15_dir):
+    prompt = case(local_v15_dir, "plain")["input_ids"]  # greedy would stop after 15 frames
+    runner = LocalV15Runner(local_v15_model, max_running=4, num_kv_blocks=64)
     frames, finish = run(runner, {
         1: (prompt, SamplingParams(greedy=True, forced_frames=20, max_new_frames=100)),
         2: (prompt, SamplingParams(greedy=True, forced_frames=3)),
@@ -106,15 +94,15 @@ def test_forced_frames_and_length_limit(model, golden):
         4: (prompt, SamplingParams(greedy=True, forced_frames=0)),
     })
     assert (len(frames[1]), finish[1]) == (20, "stop")
-    np.testing.assert_array_equal(frames[1][:15], case(golden, "plain")["generated_audio_codes"])
+    np.testing.assert_array_equal(frames[1][:15], case(local_v15_dir, "plain")["generated_audio_codes"])
     assert (len(frames[2]), finish[2]) == (3, "stop")
     assert (len(frames[3]), finish[3]) == (4, "length")
     assert (len(frames[4]), finish[4]) == (0, "stop")
 
 
-def test_kv_blocks_follow_requests_and_return_on_remove(model, golden):
-    prompt = case(golden, "voice_clone")["input_ids"]  # 75 rows
-    runner = LocalV15Runner(model, max_running=2, kv_block_size=16, num_kv_blocks=12,
+def test_kv_blocks_follow_requests_and_return_on_remove(local_v15_model, local_v15_dir):
+    prompt = case(local_v15_dir, "voice_clone")["input_ids"]  # 75 rows
+    runner = LocalV15Runner(local_v15_model, max_running=2, kv_block_size=16, num_kv_blocks=12,
                             prefill_chunk_tokens=40, max_prefill_tokens_per_step=40)
     runner.add(1, prompt, SamplingParams(seed=1))
     assert runner.cache.num_used_blocks == 0  # nothing until it runs
@@ -132,33 +120,33 @@ def test_kv_blocks_follow_requests_and_return_on_remove(model, golden):
     assert runner.num_running() == 0 and runner.cache.num_free_blocks == 12
 
 
-def test_preemption_by_recompute_is_exact(model, golden):
-    reqs = {i: (case(golden, n)["input_ids"], SamplingParams(seed=i, forced_frames=40))
+def test_preemption_by_recompute_is_exact(local_v15_model, local_v15_dir):
+    reqs = {i: (case(local_v15_dir, n)["input_ids"], SamplingParams(seed=i, forced_frames=40))
             for i, n in enumerate(CASES)}
-    roomy, _ = run(LocalV15Runner(model, max_running=3, kv_block_size=8, num_kv_blocks=64), reqs)
+    roomy, _ = run(LocalV15Runner(local_v15_model, max_running=3, kv_block_size=8, num_kv_blocks=64), reqs)
     # 3 requests of ~75 + 40 rows need ~45 blocks of 8; with 36 some must be preempted and resumed
-    tight_runner = LocalV15Runner(model, max_running=3, kv_block_size=8, num_kv_blocks=36)
+    tight_runner = LocalV15Runner(local_v15_model, max_running=3, kv_block_size=8, num_kv_blocks=36)
     tight, _ = run(tight_runner, reqs)
     assert tight_runner.preemptions > 0
     for i in reqs:
         np.testing.assert_array_equal(tight[i], roomy[i])
 
 
-def test_rejects_bad_requests(model, golden):
-    runner = LocalV15Runner(model, max_running=1, num_kv_blocks=4, kv_block_size=4)
+def test_rejects_bad_requests(local_v15_model, local_v15_dir):
+    runner = LocalV15Runner(local_v15_model, max_running=1, num_kv_blocks=4, kv_block_size=4)
     with pytest.raises(ValueError, match="prompt shape"):
         runner.add(1, np.zeros((5, 3), dtype=np.int64), SamplingParams())
     with pytest.raises(ValueError, match="exceeds the whole KV cache"):
-        runner.add(1, case(golden, "plain")["input_ids"], SamplingParams())
+        runner.add(1, case(local_v15_dir, "plain")["input_ids"], SamplingParams())
     assert runner.num_running() == 0
 
 
-def test_runner_from_profile(golden):
+def test_runner_from_profile(local_v15_dir):
     from profiles.loader import load_profile
     from stages.models.local_v15.runner import load_talker_runner
 
     profile = load_profile("cpu")
-    runner = load_talker_runner(golden, profile, "cpu")
+    runner = load_talker_runner(local_v15_dir, profile, "cpu")
     assert runner.max_running == profile.talker.max_running
     assert runner.cache.spec.num_blocks == profile.talker.kv_blocks
     assert runner.cache.spec.block_size == profile.talker.kv_block_size
@@ -218,28 +206,29 @@ def test_decode_graph_inputs_are_packed_with_scratch_padding():
     ])
 
 
-def test_abort_mid_prefill_and_reuse_of_the_id(model, golden):
-    prompt = case(golden, "plain")["input_ids"]
-    runner = LocalV15Runner(model, max_running=2, kv_block_size=8, num_kv_blocks=32,
+def test_abort_mid_prefill_and_reuse_of_the_id(local_v15_model, local_v15_dir):
+    prompt = case(local_v15_dir, "plain")["input_ids"]
+    runner = LocalV15Runner(local_v15_model, max_running=2, kv_block_size=8, num_kv_blocks=32,
                             prefill_chunk_tokens=16, max_prefill_tokens_per_step=16)
     runner.add(7, prompt, SamplingParams(greedy=True, max_new_frames=3))
     assert runner.step() == [] and runner.cache.num_used_blocks == 2  # 16 of 68 rows prefilled
     runner.remove(7)
     assert runner.cache.num_used_blocks == 0 and runner.num_running() == 0 and runner.step() == []
     frames, finish = run(runner, {7: (prompt, SamplingParams(greedy=True, max_new_frames=3))})
-    np.testing.assert_array_equal(frames[7], case(golden, "plain")["generated_audio_codes"][:3])
+    np.testing.assert_array_equal(frames[7], case(local_v15_dir, "plain")["generated_audio_codes"][:3])
     assert finish[7] == "length"
 
 
-def test_half_prefilled_newer_request_is_preempted_for_the_oldest_decoder(model, golden):
+def test_half_prefilled_newer_request_is_preempted_for_the_oldest_decoder(local_v15_model, local_v15_dir):
     """A newer prompt's chunked prefill takes the blocks the oldest decoder needs next: the newer
     request is preempted (half-prefilled), the decoder advances and both finish exactly."""
-    old_prompt, new_prompt = case(golden, "plain")["input_ids"], case(golden, "voice_clone")["input_ids"]
+    old_prompt, new_prompt = case(local_v15_dir, "plain")["input_ids"], case(local_v15_dir, "voice_clone")["input_ids"]
     old, new = SamplingParams(greedy=True, forced_frames=40), SamplingParams(greedy=True, forced_frames=3)
-    solo = {rid: run(LocalV15Runner(model, max_running=1, kv_block_size=8, num_kv_blocks=32), {rid: req})[0][rid]
+    solo = {rid: run(LocalV15Runner(local_v15_model, max_running=1, kv_block_size=8, num_kv_blocks=32),
+                     {rid: req})[0][rid]
             for rid, req in {1: (old_prompt, old), 2: (new_prompt, new)}.items()}
     # 19 blocks of 8: the decoder (68 rows + 40 frames) grows to 14 blocks, the new prompt needs 10
-    runner = LocalV15Runner(model, max_running=2, kv_block_size=8, num_kv_blocks=19,
+    runner = LocalV15Runner(local_v15_model, max_running=2, kv_block_size=8, num_kv_blocks=19,
                             prefill_chunk_tokens=4, max_prefill_tokens_per_step=4)
     runner.add(1, old_prompt, old)
     frames = {1: [], 2: []}

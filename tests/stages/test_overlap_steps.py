@@ -8,20 +8,9 @@ import torch
 
 from profiles import load_profile
 from speech.sampling import SamplingParams
-from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.runner import LocalV15Runner, load_talker_runner
 from tests.conftest import golden_dir
 from tests.stages.test_local_v15_runner import mixed_requests
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return golden_dir("moss_tts_local_v1_5")
-
-
-@pytest.fixture(scope="module")
-def model(golden):
-    return load_talker(golden)
 
 
 def run(runner, arrivals, aborts=(), max_steps=400):
@@ -43,10 +32,10 @@ def run(runner, arrivals, aborts=(), max_steps=400):
 
 
 @pytest.mark.parametrize("prefill_graphs", [False, True])
-def test_one_step_ahead_gives_every_request_the_same_events(model, golden, prefill_graphs):
-    reqs = mixed_requests(golden)  # seeded: forced lengths, and stops by the model at once
+def test_one_step_ahead_gives_every_request_the_same_events(local_v15_model, local_v15_dir, prefill_graphs):
+    reqs = mixed_requests(local_v15_dir)  # seeded: forced lengths, and stops by the model at once
     items = list(reqs.items())
-    with np.load(golden / "case_plain.npz") as z:
+    with np.load(local_v15_dir / "case_plain.npz") as z:
         plain_prompt = z["input_ids"]  # greedy stops by itself after 15 frames
     arrivals = {0: [(rid, *req) for rid, req in items[:3]], 2: [(rid, *req) for rid, req in items[3:6]],
                 5: [(rid, *req) for rid, req in items[6:]],
@@ -55,8 +44,8 @@ def test_one_step_ahead_gives_every_request_the_same_events(model, golden, prefi
                     (202, plain_prompt, SamplingParams(greedy=True, max_new_frames=17))]}  # a stop, then the cap
     kw = dict(max_running=12, kv_block_size=8, num_kv_blocks=200, prefill_chunk_tokens=32,
               max_prefill_tokens_per_step=64, graph_path="eager", prefill_graphs=prefill_graphs)
-    plain = run(LocalV15Runner(model, **kw), arrivals)
-    ahead = LocalV15Runner(model, overlap_steps=True, **kw)
+    plain = run(LocalV15Runner(local_v15_model, **kw), arrivals)
+    ahead = LocalV15Runner(local_v15_model, overlap_steps=True, **kw)
     got = run(ahead, arrivals)
     assert got == plain
     assert all(evs[-1][1] for evs in plain.values()) and plain[200][-1][2] == "length"
@@ -66,15 +55,15 @@ def test_one_step_ahead_gives_every_request_the_same_events(model, golden, prefi
     assert ahead.cache.num_used_blocks == 1  # every block back (the graphs' scratch block stays)
 
 
-def test_one_step_ahead_through_preemption_and_an_abort(model, golden):
-    with np.load(golden / "case_voice_clone.npz") as z:
+def test_one_step_ahead_through_preemption_and_an_abort(local_v15_model, local_v15_dir):
+    with np.load(local_v15_dir / "case_voice_clone.npz") as z:
         prompt = z["input_ids"]
     params = [SamplingParams(seed=i, forced_frames=30 + 5 * i, temperature=1.0, top_k=20) for i in range(3)]
     arrivals = {0: [(i, prompt[: 75 - 9 * i], params[i]) for i in range(3)], 4: [(9, prompt, params[0])]}
     kw = dict(max_running=4, kv_block_size=8, num_kv_blocks=34, graph_path="eager")  # too few: preemption
-    plain_runner = LocalV15Runner(model, **kw)
+    plain_runner = LocalV15Runner(local_v15_model, **kw)
     plain = run(plain_runner, arrivals, aborts=[(9, 12)])
-    ahead = LocalV15Runner(model, overlap_steps=True, **kw)
+    ahead = LocalV15Runner(local_v15_model, overlap_steps=True, **kw)
     got = run(ahead, arrivals, aborts=[(9, 12)])
     assert plain_runner.preemptions > 0 and ahead.preemptions > 0
     for rid in (0, 1, 2):
@@ -84,17 +73,17 @@ def test_one_step_ahead_through_preemption_and_an_abort(model, golden):
     assert ahead.num_running() == 0 and ahead.cache.num_used_blocks == 1
 
 
-def test_profile_switch_and_no_overlap_without_graphs(model, golden, monkeypatch):
+def test_profile_switch_and_no_overlap_without_graphs(local_v15_model, local_v15_dir, monkeypatch):
     import stages.models.local_v15.runner as module
 
     made = []
-    monkeypatch.setattr(module, "LocalV15Runner", lambda model, **kw: made.append(kw))
-    load_talker_runner(golden, load_profile("cpu", ["talker.overlap_steps=true"]), "cpu")
-    load_talker_runner(golden, load_profile("cpu"), "cpu")
+    monkeypatch.setattr(module, "LocalV15Runner", lambda local_v15_model, **kw: made.append(kw))
+    load_talker_runner(local_v15_dir, load_profile("cpu", ["talker.overlap_steps=true"]), "cpu")
+    load_talker_runner(local_v15_dir, load_profile("cpu"), "cpu")
     assert [kw["overlap_steps"] for kw in made] == [True, False]
     monkeypatch.undo()
     # without graphs a decode row is packed from the host rows: no step can be planned ahead
-    assert not LocalV15Runner(model, max_running=2, num_kv_blocks=16, overlap_steps=True).overlap_steps
+    assert not LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=16, overlap_steps=True).overlap_steps
 
 
 @pytest.mark.gpu
@@ -123,20 +112,20 @@ def test_one_step_ahead_from_captured_graphs_on_the_gpu():
     assert got == plain and all(evs[-1][1] for evs in got.values())
 
 
-def test_the_talker_loop_one_step_ahead_sends_the_same_chunks(model, golden):
+def test_the_talker_loop_one_step_ahead_sends_the_same_chunks(local_v15_model, local_v15_dir):
     """The worker's loop over real rings: a request's code chunks (sizes, codes, final) are the
     same one step ahead, its last chunk a step later at most."""
     from stages.registry import load_variant
     from tests.stages.test_variants_delay_realtime import LoopRig
 
     profile = load_profile("cpu", [f"model.codec_path={golden_dir('moss_audio_tokenizer_v2')}"])
-    variant = load_variant(golden, profile)
+    variant = load_variant(local_v15_dir, profile)
     job = variant.warm_up_job()
     job.forced_frames, job.sampling = 23, {"seed": 4}
     request = variant.build_request(job)
     got = {}
     for ahead in (False, True):
-        rig = LoopRig(LocalV15Runner(model, max_running=2, num_kv_blocks=32, graph_path="eager",
+        rig = LoopRig(LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=32, graph_path="eager",
                                      overlap_steps=ahead), variant, profile)
         try:
             got[ahead] = rig.chunks_until_done(request, 1)

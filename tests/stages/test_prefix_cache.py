@@ -8,7 +8,6 @@ import torch
 from speech.sampling import SamplingParams
 from stages.models.delay.model import DelayModel
 from stages.models.delay.runner import DelayRunner
-from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.runner import LocalV15Runner
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
 from stages.runtime.prefix_cache import block_keys
@@ -66,16 +65,6 @@ def test_without_prefix_caching_nothing_is_kept():
     assert cache.attach_prefix(2, keys, 2) == 0 and cache.allocator.num_free == 4
 
 
-@pytest.fixture(scope="module")
-def golden():
-    return golden_dir("moss_tts_local_v1_5")
-
-
-@pytest.fixture(scope="module")
-def model(golden):
-    return load_talker(golden)
-
-
 def voice_prompts(golden):
     """The voice-clone prompt (75 rows) and one with the same voice and another text (its last
     rows changed): they share their first 64 rows."""
@@ -87,27 +76,28 @@ def voice_prompts(golden):
 
 
 @pytest.mark.parametrize("graph_path, prefill_graphs", [("off", False), ("eager", True)])
-def test_local_v15_request_from_cached_blocks_equals_it_alone(model, golden, graph_path, prefill_graphs):
-    prompt, other = voice_prompts(golden)
+def test_local_v15_request_from_cached_blocks_equals_it_alone(local_v15_model, local_v15_dir, graph_path,
+                                                             prefill_graphs):
+    prompt, other = voice_prompts(local_v15_dir)
     params = [SamplingParams(seed=s, forced_frames=12, temperature=1.0, top_k=20) for s in (3, 4, 5)]
     arrivals = {0: [(1, prompt, params[0])], 3: [(2, other, params[1]), (3, prompt, params[2])]}
     kw = dict(max_running=4, kv_block_size=8, num_kv_blocks=64, prefill_chunk_tokens=24,
               max_prefill_tokens_per_step=48, graph_path=graph_path, prefill_graphs=prefill_graphs)
-    cached = LocalV15Runner(model, prefix_caching=True, **kw)
+    cached = LocalV15Runner(local_v15_model, prefix_caching=True, **kw)
     with_cache = drive(cached, arrivals)
     # request 1's 9 full blocks were named as they filled; 2 shares 8 of them, 3 all 9
     assert cached.scheduler.cached_tokens == 64 + 72 and cached.scheduler.prompt_tokens == 3 * 75
     for rid, p, sp in (a for items in arrivals.values() for a in items):
-        alone = drive(LocalV15Runner(model, **kw), {0: [(rid, p, sp)]})
+        alone = drive(LocalV15Runner(local_v15_model, **kw), {0: [(rid, p, sp)]})
         np.testing.assert_array_equal(with_cache[rid], alone[rid], err_msg=str(rid))
     assert cached.cache.num_used_blocks == (graph_path != "off") and cached.cache.prefix.num_idle > 0
 
 
-def test_local_v15_preempted_request_takes_its_blocks_back(model, golden):
-    prompt, other = voice_prompts(golden)
+def test_local_v15_preempted_request_takes_its_blocks_back(local_v15_model, local_v15_dir):
+    prompt, other = voice_prompts(local_v15_dir)
     reqs = {0: [(i, p, SamplingParams(seed=i, forced_frames=40)) for i, p in enumerate((prompt, other, prompt))]}
-    roomy = drive(LocalV15Runner(model, max_running=3, kv_block_size=8, num_kv_blocks=64), reqs)
-    tight = LocalV15Runner(model, max_running=3, kv_block_size=8, num_kv_blocks=30, prefix_caching=True)
+    roomy = drive(LocalV15Runner(local_v15_model, max_running=3, kv_block_size=8, num_kv_blocks=64), reqs)
+    tight = LocalV15Runner(local_v15_model, max_running=3, kv_block_size=8, num_kv_blocks=30, prefix_caching=True)
     got = drive(tight, reqs)
     assert tight.preemptions > 0 and tight.scheduler.cached_tokens > 0
     for i in roomy:
