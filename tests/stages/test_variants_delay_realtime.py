@@ -157,6 +157,19 @@ def test_ttsd_gives_untagged_text_to_s1_with_the_first_reference_as_its_voice(ch
     assert (cloned.prime_codes == clip["ref_codes"]).all()  # S1 continues the first reference
 
 
+@pytest.mark.parametrize("name", ["delay", "ttsd"])
+def test_continuation_skips_the_codec_prime_when_the_profile_says_so(checkpoints, name) -> None:
+    """`codec.prime_continuation: false` (the serving profiles): the same prompt, no prime chunk, so
+    no request makes the codec decode its whole reference before anyone's next chunk."""
+    primed = variant_of(checkpoints, name, load_profile("cpu"))
+    clip = dict(ref_codes=codes(6, primed.n_vq), ref_text="[S1] the reference words", sampling={"seed": 1})
+    job = speech_job(text="[S1] How are you?", **clip)
+    primed = primed.build_request(job)
+    plain = variant_of(checkpoints, name, load_profile("cpu", ["codec.prime_continuation=false"])).build_request(job)
+    assert primed.prime_frames == 6 and plain.prime_codes is None and plain.prime_frames == 0
+    assert np.array_equal(primed.prompt, plain.prompt)
+
+
 def test_ttsd_clones_several_speakers_by_continuation(checkpoints, profile) -> None:
     variant = variant_of(checkpoints, "ttsd", profile)
     s1, s2 = codes(6, 16, 1), codes(4, 16, 2)

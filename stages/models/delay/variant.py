@@ -115,7 +115,9 @@ class DelayVariant(Variant):
         Continuation (references + `ref_text`): the codec first decodes the reference codes
         `[T, n_vq]` (TTSD: every speaker's clip, in order) so the new audio continues them, as
         upstream's decode of the whole block then trimming the prompt part does. The prompt holds
-        them only in the delayed layout, which is not codec input, so they are the prime codes."""
+        them only in the delayed layout, which is not codec input, so they are the prime codes.
+        The profile may skip that prime (`codec.prime_continuation: false`): the prompt is the
+        same, the first frames are decoded without the reference as left context."""
         prompt = build_request(self.processor, self.variant, self.delay_request(job))
         return TalkerRequest(prompt, self.resolve_sampling(job), self._prime_codes(job))
 
@@ -133,7 +135,7 @@ class DelayVariant(Variant):
                             ref_codes=tuple(refs), ref_texts=tuple(texts))
 
     def _prime_codes(self, job: SpeechJob) -> np.ndarray | None:
-        if job.ref_codes is None or not job.ref_text:
+        if job.ref_codes is None or not job.ref_text or not self.profile.codec.prime_continuation:
             return None
         refs = [job.ref_codes, *(job.extra_ref_codes or ())]
         return np.concatenate([np.asarray(c, dtype=np.int64) for c in refs])
