@@ -120,6 +120,11 @@ class TalkerConfig(_Section):
         "(an eager prefill step is bound by host time: for Local-v1.5 on an H200 it halves first "
         "audio at one stream, ~68 to ~34 ms, and gave +8% audio-s/s at 128 streams); on in "
         "low-latency and high-concurrency")] = False
+    prefill_graph_seqs: Annotated[int, doc(
+        "with prefill_graphs, the most prompt chunks one prefill-graph replay takes (padding "
+        "chunks cost idle attention programs); a step with more runs one eager call, as many "
+        "prefix-cache hits admitted together make (up to max_running chunks of a few rows each)",
+        ge=1)] = 32
     capture_ahead: Annotated[bool, doc(
         "with cuda_graphs, record at warm-up every decode, local-loop and prefill graph bucket "
         "serving can meet (every sampler mode, block tables up to 2048 tokens), so the first "

@@ -25,7 +25,8 @@ def talker_options(profile: Profile) -> dict[str, Any]:
     return dict(max_running=t.max_running, kv_block_size=t.kv_block_size, num_kv_blocks=t.kv_blocks,
                 kv_memory_fraction=t.kv_memory_fraction, prefill_chunk_tokens=t.prefill_chunk_tokens,
                 max_prefill_tokens_per_step=t.max_prefill_tokens_per_step, prefill_interval=t.prefill_interval,
-                prefix_caching=t.prefix_caching, max_step_ms=t.max_step_ms)
+                prefix_caching=t.prefix_caching, max_step_ms=t.max_step_ms,
+                prefill_graph_seqs=t.prefill_graph_seqs)
 
 
 def talker_runner_options(profile: Profile, device: str, *, backbone_graphs: bool = False) -> dict[str, Any]:

@@ -38,7 +38,6 @@ from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatc
 from stages.runtime.talker_runner import FrameEvent
 
 T = TypeVar("T")
-PREFILL_GRAPH_SEQS = 32  # prompt chunks one prefill-graph replay holds at most (more: eager)
 
 
 def in_kernel_mode(method: Callable[..., T]) -> Callable[..., T]:
@@ -73,6 +72,7 @@ class ScheduledRunner:
         spare_kv_blocks: int = 0,
         backbone_graphs: str = "off",
         prefill_graphs: bool = False,
+        prefill_graph_seqs: int = 32,
         batch_invariant: bool = False,
     ) -> None:
         """`backbone` sizes the KV pool (this rank's KV heads); `spare_kv_blocks` are added on top
@@ -84,7 +84,8 @@ class ScheduledRunner:
         `backbone_graphs`: "off" | "eager" | "cuda", how `forward_scheduled` runs decode rows (a
         resolved `stages.runtime.graph_capture` path; graphs need an attention backend that reads
         tensors only, `PaddedBatchAttention` when none is given). `prefill_graphs`: with backbone
-        graphs, prefill chunks replay `PrefillGraphs` too (else one eager call). `batch_invariant`:
+        graphs, prefill chunks replay `PrefillGraphs` too (else one eager call), at most
+        `prefill_graph_seqs` chunks a replay (a step with more: one eager call). `batch_invariant`:
         every step and graph capture runs inside `stages.runtime.batch_invariant`'s mode
         (`kernel_mode`), with its attention when none is given (a given one must be
         batch-invariant)."""
@@ -98,6 +99,7 @@ class ScheduledRunner:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self.prefill_interval = prefill_interval
+        self.prefill_graph_seqs = min(max_running, prefill_graph_seqs)
         self.backbone_graph_path = backbone_graphs
         self.kernels: BatchInvariantKernels | None = None
         if batch_invariant:
@@ -277,7 +279,7 @@ class ScheduledRunner:
         self.prefill_graphs = PrefillGraphs(
             lambda ids, meta: model(ids, meta, cache, attention), width=width, hidden_size=self._hidden_size,
             dtype=self.dtype, max_tokens=self.max_prefill_tokens_per_step,
-            max_seqs=min(self.max_running, PREFILL_GRAPH_SEQS), max_chunk=self.prefill_chunk_tokens,
+            max_seqs=self.prefill_graph_seqs, max_chunk=self.prefill_chunk_tokens,
             max_blocks=cache.spec.num_blocks - 1, scratch_block=self._graph_block, block_size=cache.spec.block_size,
             device=self.device, capture=capture, pool=torch.cuda.graph_pool_handle() if capture else None,
             table_width=self.graph_table_width())

@@ -311,13 +311,24 @@ def run_together(runner: Any, requests: list[tuple[int, Any]], max_steps: int) -
         runner.remove(rid)
 
 
+def wide_batch(runner: Any, serving: list[Any]) -> list[tuple[int, Any]]:
+    """The serving-size requests again, one more than a prefill-graph replay holds (as many as
+    the runner runs at most): with the prefix cache they all start from their prompts' cached
+    blocks, so their few remaining rows are prefilled in one step of many chunks, the runner's
+    eager call (`talker.prefill_graph_seqs`). On a fresh machine that call's kernels took 2.8 s
+    to compile under the first burst of requests for known voices, stalling every stream."""
+    wide = min(runner.max_running, max(len(serving), getattr(runner, "prefill_graph_seqs", 0) + 1))
+    return [(-100 - j, serving[j % len(serving)]) for j in range(wide)]
+
+
 def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     """Run short requests through the runner so first requests do not pay for lazy set-up: one
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
     what compiles the shape-generic code), then a serving-size batch (`serving_size_request`:
     prefill steps of about a thousand rows over several prompts, as under load, so the kernels of
-    those shapes are compiled before the first request rather than during it). The jobs are the
-    variant's (`warm_up_job`). Then, with
+    those shapes are compiled before the first request rather than during it), then a wide batch
+    (`wide_batch`: those prompts again, many at once, as a burst of requests for known voices
+    comes). The jobs are the variant's (`warm_up_job`). Then, with
     `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead;
     without it, the decode graphs of every batch bucket when one block-table width serves them
     all (`capture_decode_graphs`: a few per sampler mode met) and the prefill graphs
@@ -328,7 +339,9 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
         run_together(runner, [(rid, request) for rid in rids], max_steps=8)
     n = min(WARM_SERVING_REQUESTS, runner.max_running)
     if n > 2:
-        run_together(runner, [(-10 - i, serving_size_request(variant, i)) for i in range(n)], max_steps=64)
+        serving = [serving_size_request(variant, i) for i in range(n)]
+        run_together(runner, [(-10 - i, request) for i, request in enumerate(serving)], max_steps=64)
+        run_together(runner, wide_batch(runner, serving), max_steps=64)
     t0 = time.perf_counter()
     if capture_ahead:
         made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)

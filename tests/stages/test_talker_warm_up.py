@@ -1,7 +1,9 @@
 """The talker worker's warm-up: besides one request and two together, a serving-size batch is
 prefilled together (several prompts of a few hundred rows in one step, as under load, so their
 kernels are compiled before `/ready`; the prefix cache skips only the template rows they share),
-and the warm-up leaves the runner empty: every request removed, every KV block back."""
+then a wide batch of those prompts again (their cached blocks taken, more chunks in one step
+than a prefill-graph replay holds: the eager call's kernels compiled too), and the warm-up leaves
+the runner empty: every request removed, every KV block back."""
 
 import pytest
 
@@ -14,7 +16,8 @@ from tests.conftest import golden_dir
 @pytest.fixture(scope="module")
 def variant():
     codec = golden_dir("moss_audio_tokenizer_v2")
-    profile = load_profile("cpu", [f"model.codec_path={codec}", "talker.max_running=16"])
+    profile = load_profile("cpu", [f"model.codec_path={codec}", "talker.max_running=16",
+                                   "talker.prefill_graph_seqs=4"])
     return load_variant(golden_dir("moss_tts_local_v1_5"), profile)
 
 
@@ -33,11 +36,17 @@ def test_warm_up_prefills_a_serving_batch_together_and_leaves_the_runner_empty(v
     runner.scheduler.schedule = lambda: steps.append(schedule()) or steps[-1]
     warm_up(runner, variant)
     serving_rows = min(len(serving_size_request(variant, i).prompt) for i in range(WARM_SERVING_REQUESTS))
-    together = max(sum(1 for r, n in batch if r.rid <= -10 and n > 1) for batch in steps)
+    serving, wide = range(-10 - WARM_SERVING_REQUESTS + 1, -9), range(-10**6, -99)
+    together = max(sum(1 for r, n in batch if r.rid in serving and n > 1) for batch in steps)
     assert together >= 3  # several serving-size prompts prefilled in one step
-    fed = sum(n for batch in steps for r, n in batch if r.rid <= -10)
-    cached = runner.scheduler.cached_tokens  # the template rows every prompt begins with, after the first
-    assert fed + cached >= WARM_SERVING_REQUESTS * serving_rows and cached < fed / 2
+    fed = sum(n for batch in steps for r, n in batch if r.rid in serving)
+    assert fed >= WARM_SERVING_REQUESTS * serving_rows * 0.5  # mostly computed: they share the template only
+    # the wide batch: more prompt chunks in one step than a prefill-graph replay takes (4 here),
+    # each the few rows past its prompt's cached blocks
+    chunks = max(sum(1 for r, n in batch if r.rid in wide and n > 1) for batch in steps)
+    assert chunks > runner.prefill_graph_seqs == 4
+    wide_fed = sum(n for batch in steps for r, n in batch if r.rid in wide)
+    assert runner.scheduler.cached_tokens > 3 * wide_fed
     assert runner.num_running() == 0 and runner.cache.num_free_blocks == free
 
 

@@ -113,9 +113,6 @@ class _SlotSampler:
                              key=self.keys[:, codebook])
 
 
-PREFILL_GRAPH_SEQS = 32  # prompt chunks one prefill-graph replay holds at most (more: eager)
-
-
 class LocalV15Runner(ScheduledRunner):
     """The v1.5 talker with a paged KV cache, serving many requests at once."""
 
@@ -165,7 +162,7 @@ class LocalV15Runner(ScheduledRunner):
             self.prefill_graphs = PrefillGraphs(
                 lambda ids, meta: model_.transformer(model_.embed_rows(ids), meta, cache, attention_),
                 width=1 + cfg.n_vq, hidden_size=cfg.hidden_size, dtype=self.dtype,
-                max_tokens=self.max_prefill_tokens_per_step, max_seqs=min(self.max_running, PREFILL_GRAPH_SEQS),
+                max_tokens=self.max_prefill_tokens_per_step, max_seqs=self.prefill_graph_seqs,
                 max_chunk=self.prefill_chunk_tokens, max_blocks=cache.spec.num_blocks - 1,
                 scratch_block=self._scratch_block, block_size=cache.spec.block_size, device=self.device,
                 capture=self._capture, pool=self._pool,

@@ -23,7 +23,10 @@ split, so no row's sums depend on the batch; keys past a row's position add exac
 
 Graph capture: the launch grids and every constexpr depend only on tensor shapes (rows in the
 group, width of `prefill_rows`, KV heads, head dim, block size, block-table width), never on tensor
-values; lengths and block ids are read by the kernel from device tensors. The only host values
+values; lengths and block ids are read by the kernel from device tensors. Eager calls pass block
+tables as wide as their batch's longest; the table stride is not specialised on (Triton would
+compile a variant for a width of 1, a multiple of 16 and any other), so a width first met under
+load compiles nothing then. The only host values
 read from `meta` are shapes, so a decode-only step launches identically inside a CUDA graph
 (`stages/models/local_v15/graphs.py`), and no call synchronises with the device.
 """
@@ -37,7 +40,7 @@ import triton.language as tl
 from stages.runtime.attention.metadata import AttentionMetadata
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tb"])  # one kernel for every block-table width (see below)
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr,
     seqs_ptr, qstart_ptr, tables_ptr, seq_lens_ptr,
