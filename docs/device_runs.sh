@@ -57,6 +57,14 @@
 #                                       # new texts (--text-shift); C=64 twice; talker counters and
 #                                       # timelines; then the same with talker.priority_stream (first
 #                                       # the GPU tests of both)
+#   bash docs/device_runs.sh wide       # the first call of a session (cold compile caches): as
+#                                       # `prefix`, one server each, high-concurrency as shipped,
+#                                       # with talker.prefill_graph_seqs 256 (every prefill step a
+#                                       # replay), then with talker.priority_stream; timelines (their
+#                                       # longest talker step: no kernel compiled under load)
+#   bash docs/device_runs.sh delayprime # MOSS-TTS 8B (delay), high-concurrency as shipped (no
+#                                       # reference prime), then with codec.prime_continuation:
+#                                       # C=16 and 64 each, timelines
 #   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
 #                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
 #                                       # C=128 and 256; then at most 160 requests running (C=256)
@@ -88,7 +96,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -160,6 +168,21 @@ pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured
     a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
     echo "$name $c $a $b" >> "$R/windows.txt"
   done
+}
+known_voices() {  # known_voices PORT NAME SERVE_ARGS...: a high-concurrency server through C=128
+  # with new voices and texts, the same prompts again, known voices with new texts, then C=64
+  local port=$1 name=$2; shift 2
+  start_server "$port" "$name" --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name \
+    --set api.data_dir=/tmp/data_$name "$@"
+  grep -E "captured" "$R/serve_$name.log" | cut -c1-200
+  bench "$port" "${name}_new" 128 --no-warmup   # new voices, new texts
+  a=$(mono); bench "$port" "$name" 128 --no-warmup; b=$(mono)   # the same prompts again (the protocol)
+  echo "$name 128 $a $b" >> "$R/windows.txt"
+  a=$(mono); bench "$port" "${name}_texts" 128 --no-warmup --text-shift 384; b=$(mono)   # known voices, new texts
+  echo "${name}_texts 128 $a $b" >> "$R/windows.txt"
+  pair "$port" "$name" "64"
+  grep -E "talker_(prompt|cached)_rows_total " "$R/${name}_c64_metrics.txt"
+  stop_server "$name"
 }
 summaries() {  # per line of windows.txt (NAME C START END): its timeline over that window, one line
   while read -r name c a b; do
@@ -388,18 +411,37 @@ prefix)
     [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
     flags="--set talker.prefix_caching=$([ $name = nocache ] && echo false || echo true)"
     [ $name = prio ] && flags="$flags --set talker.priority_stream=true"
-    start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name \
-      --set api.data_dir=/tmp/data_$name $flags
-    bench 8000 "${name}_new" 128 --no-warmup   # new voices, new texts
-    a=$(mono); bench 8000 "$name" 128 --no-warmup; b=$(mono)   # the same prompts again (the protocol)
-    echo "$name 128 $a $b" >> "$R/windows.txt"
-    a=$(mono); bench 8000 "${name}_texts" 128 --no-warmup --text-shift 384; b=$(mono)   # known voices, new texts
-    echo "${name}_texts 128 $a $b" >> "$R/windows.txt"
-    pair 8000 $name "64"
-    grep -E "talker_(prompt|cached)_rows_total " "$R/${name}_c64_metrics.txt"
-    stop_server $name
+    known_voices 8000 $name $flags
   done
   summaries
+  ;;
+wide)  # the first call of a session: compile caches as cold as a new deployment's
+  checkpoint
+  for name in shipped seqs prio; do
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    case $name in
+      shipped) flags="" ;;  # 32 chunks a prefill replay; the warm-up runs the eager call of more
+      seqs) flags="--set talker.prefill_graph_seqs=256" ;;  # every prefill step a replay
+      prio) flags="--set talker.priority_stream=true" ;;
+    esac
+    known_voices 8000 $name $flags
+  done
+  summaries
+  ;;
+delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and with the prime
+  mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
+  el "checkpoint written"
+  port=8000
+  for name in noprime prime; do
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    flags=$([ $name = prime ] && echo "--set codec.prime_continuation=true")
+    MODEL=/tmp/d8 start_server $port $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
+    pair $port $name "16 64"
+    stop_server $name
+    port=$((port + 1))
+  done
+  summaries
+  cp -r /tmp/tl_* "$R/"
   ;;
 ramp)
   checkpoint
