@@ -22,6 +22,7 @@ import hashlib
 import io
 import os
 import stat
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -36,24 +37,31 @@ from stages.models.codec.audio_prep import prepare_reference
 
 
 class PreparedReference:
-    """A decoded, validated reference clip, ready for ``EngineClient.encode_reference``.
+    """A validated reference clip, ready for ``EngineClient.encode_reference``.
 
     ``digest`` (the content address) and ``duration_s`` are known at once; the codec-ready
     waveform (channels fixed, resampled, loudness-normalised: tens of ms for a few seconds of
-    audio) is computed by ``prepare()`` only when asked, i.e. on a reference-cache miss."""
+    audio) is computed by ``prepare()`` only when asked, i.e. on a reference-cache miss. A clip
+    whose bytes were seen before (``ReferenceLoader``'s memo) is decoded only then too."""
 
-    def __init__(self, samples: np.ndarray, rate: int, *, digest: str, policy: "ReferencePolicy") -> None:
-        self._samples = samples  # [C, S] float32 as decoded
-        self._rate = rate
+    def __init__(self, samples: np.ndarray | None, rate: int, *, digest: str, policy: "ReferencePolicy",
+                 duration_s: float | None = None, data: bytes | None = None) -> None:
+        """``samples`` [C, S] float32 as decoded at ``rate``; or None with ``data`` (the encoded
+        bytes, decoded on ``prepare()``) and ``duration_s`` known."""
+        self._samples = samples
+        self.rate = rate
+        self._data = data
         self._policy = policy
         self.digest = digest
-        self.duration_s = samples.shape[1] / rate
+        self.duration_s = samples.shape[1] / rate if samples is not None else duration_s
         self._prepared: np.ndarray | None = None
 
     def prepare(self) -> np.ndarray:
         """[codec channels, samples at the codec rate] float32 (computed once)."""
         if self._prepared is None:
-            self._prepared = prepare_reference(self._samples, self._rate, target_rate=self._policy.sample_rate,
+            if self._samples is None:
+                self._samples, self.rate = decode_audio_bytes(self._data)
+            self._prepared = prepare_reference(self._samples, self.rate, target_rate=self._policy.sample_rate,
                                                channels=self._policy.channels)
         return self._prepared
 
@@ -82,15 +90,48 @@ class ReferencePolicy:
                    sample_rate=sample_rate, channels=channels)
 
 
-class ReferenceLoader:
-    """Turns a ``ref_audio`` locator or uploaded bytes into a :class:`PreparedReference`."""
+@dataclass(frozen=True, slots=True)
+class _KnownClip:
+    """What validating a clip's bytes found: its content digest, duration and decoded rate."""
 
-    def __init__(self, policy: ReferencePolicy) -> None:
+    digest: str
+    duration_s: float
+    rate: int
+
+
+class ReferenceLoader:
+    """Turns a ``ref_audio`` locator or uploaded bytes into a :class:`PreparedReference`.
+
+    Clients resend the same clip with every request of a voice; decoding and hashing its samples
+    again is most of a request's CPU in the API process. So the loader remembers, by the SHA-256
+    of the encoded bytes, the clips it validated (``memo_size`` of them, least recently used
+    forgotten): identical bytes decode to identical samples, so a repeat is known without
+    decoding (its waveform is decoded only if the reference cache misses). Refused clips are not
+    remembered: a repeat is refused again with the same error."""
+
+    def __init__(self, policy: ReferencePolicy, memo_size: int = 4096) -> None:
         self.policy = policy
+        self.memo_size = memo_size
+        self._known: OrderedDict[bytes, _KnownClip] = OrderedDict()
+
+    @property
+    def remembered(self) -> int:
+        """Clips the memo holds."""
+        return len(self._known)
 
     async def load(self, locator: str, *, param: str = "ref_audio") -> PreparedReference:
         data = await self.fetch(locator, param=param)
-        return await asyncio.to_thread(self.prepare_bytes, data, param=param)
+        key = hashlib.sha256(data).digest()  # ~0.1 ms for a few seconds of WAV
+        known = self._known.get(key)
+        if known is not None:
+            self._known.move_to_end(key)
+            return PreparedReference(None, known.rate, digest=known.digest, policy=self.policy,
+                                     duration_s=known.duration_s, data=data)
+        prepared = await asyncio.to_thread(self.prepare_bytes, data, param=param)
+        self._known[key] = _KnownClip(prepared.digest, prepared.duration_s, prepared.rate)
+        while len(self._known) > self.memo_size:
+            self._known.popitem(last=False)
+        return prepared
 
     async def fetch(self, locator: str, *, param: str = "ref_audio") -> bytes:
         """The encoded bytes named by ``locator`` (no decoding yet)."""

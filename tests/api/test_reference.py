@@ -197,3 +197,40 @@ async def test_self_contained_containers_decode_through_ffmpeg(fmt):
             container.mux(packet)
     ref = await ReferenceLoader(policy()).load(base64.b64encode(buf.getvalue()).decode())
     assert abs(ref.duration_s - 2.0) < 0.1
+
+
+async def test_a_clip_sent_again_is_known_without_decoding_until_its_waveform_is_needed(monkeypatch):
+    """Clients resend a voice's clip with every request: the loader knows identical bytes by
+    their SHA-256 (same digest and duration, nothing decoded), and decodes them only when the
+    codec waveform is asked for (a reference-cache miss), to the same waveform."""
+    import api.reference as reference
+
+    decoded = []
+    decode = reference.decode_audio_bytes
+    monkeypatch.setattr(reference, "decode_audio_bytes", lambda *a, **k: decoded.append(1) or decode(*a, **k))
+    loader = ReferenceLoader(policy())
+    locator = "data:audio/wav;base64," + base64.b64encode(wav_bytes(1.5)).decode()
+    first = await loader.load(locator)
+    assert len(decoded) == 1
+    again = await loader.load(locator)
+    assert len(decoded) == 1  # known: not decoded
+    assert (again.digest, again.duration_s) == (first.digest, first.duration_s)
+    np.testing.assert_array_equal(again.wav, first.wav)
+    assert len(decoded) == 2  # ...until its waveform was needed
+    other = await loader.load(base64.b64encode(wav_bytes(1.6)).decode())  # other bytes: decoded
+    assert len(decoded) == 3 and other.digest != first.digest
+
+
+async def test_the_memo_forgets_the_least_recently_used_clip_and_never_keeps_a_refused_one():
+    loader = ReferenceLoader(policy(), memo_size=2)
+    clips = [base64.b64encode(wav_bytes(1.5 + 0.1 * i)).decode() for i in range(3)]
+    for clip in clips:
+        await loader.load(clip)
+    assert loader.remembered == 2
+    await loader.load(clips[0])  # forgotten, decoded again, remembered
+    assert loader.remembered == 2
+    short = base64.b64encode(wav_bytes(0.5)).decode()
+    for _ in range(2):  # refused each time with the same error, never remembered
+        with pytest.raises(ApiError, match="too short"):
+            await loader.load(short)
+    assert loader.remembered == 2
