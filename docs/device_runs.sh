@@ -65,6 +65,9 @@
 #   bash docs/device_runs.sh delayprime # MOSS-TTS 8B (delay), high-concurrency as shipped (no
 #                                       # reference prime), then with codec.prime_continuation:
 #                                       # C=16 and 64 each, timelines
+#   bash docs/device_runs.sh lanes      # the codec's GPU graph tests (two decode lanes among them);
+#                                       # high-concurrency with codec.decode_lanes 1, then 2 (C=128,
+#                                       # 64; timelines: the codec's dispatch time and busy share)
 #   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
 #                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
 #                                       # C=128 and 256; then at most 160 requests running (C=256)
@@ -96,7 +99,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -351,6 +354,20 @@ codecsmall)
     timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 16,32 \
       --grid 1,4,15 --iters 5 --ring-attention $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_small${flag// /}.txt" | tail -5
   done
+  ;;
+lanes)  # the codec's replays side by side: its GPU tests, then high-concurrency with 1 and 2 lanes
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py 2>&1 | tail -3
+  wait $CK; cat "$R/checkpoint.txt"
+  for n in 1 2; do
+    [ "$(left)" -lt 150 ] && { el "lanes$n: no time left"; break; }
+    start_server 8000 lanes$n --profile high-concurrency --set engine.timeline_dir=/tmp/tl_lanes$n \
+      --set codec.decode_lanes=$n
+    pair 8000 lanes$n "128 64"
+    stop_server lanes$n
+  done
+  summaries
   ;;
 ringtune)
   timeout $(( $(left) / 2 )) python3 -m bench.codec_ring --batch 128 --frames 1,4,8,15 2>&1 | tee "$R/codec_ring.txt" | tail -40

@@ -198,6 +198,12 @@ class CodecConfig(_Section):
         "with `ring_attention`: only chunks of at most this many frames attend in place, longer "
         "ones copy the rings out (on an H200, 128 rows: a 1-frame replay 23.4 -> 10.8 ms in "
         "place, a 15-frame one 107.9 -> 98.7 ms); null = every length")] = None
+    decode_lanes: Annotated[int, doc(
+        "with cuda_graphs, the replays of one dispatch (one per group of chunk lengths) run on up "
+        "to this many CUDA streams at once, each lane with graphs and a memory pool of its own "
+        "(captured once per lane at start-up): a replay of small chunks is bound by its thousands "
+        "of small kernels, not by the chip, so replays side by side may fill it; 1 = one after "
+        "another; more: not yet measured", ge=1, le=8)] = 1
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_graphs: Annotated[bool, doc(

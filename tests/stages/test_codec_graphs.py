@@ -177,3 +177,49 @@ def test_cuda_graph_bf16_replay_equals_padded_eager():
     for rid in eager:  # bf16: allow kernel-level rounding noise; a corrupted stream is off by O(1)
         scale = max(1.0, float(np.abs(eager[rid]).max()))
         assert np.abs(graphed[rid] - eager[rid]).max() <= 1e-2 * scale, rid
+
+
+def test_decode_lanes_share_a_dispatch_and_give_every_stream_its_own_audio():
+    """With `decode_lanes`, a dispatch's replays go to the lanes in turn (each lane its own graph
+    entries over the one decoder's slots) and every stream gets the PCM of one lane exactly: the
+    same replays, only on other graph sets."""
+    model = tiny_model()
+    calls = script(seed=5)
+    kw = dict(n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, graphs_eager=True)
+    one = CodecRunner(model, **kw)
+    one.call_cost = CallCost(fixed_ms=0.0)  # a replay per length: several per dispatch
+    want = play(one, calls)
+    runner = CodecRunner(model, **kw, decode_lanes=3)
+    runner.call_cost = CallCost(fixed_ms=0.0)
+    assert len(runner.lanes) == 3 and runner.graphs is runner.lanes[0]
+    assert len({id(lane.decoder) for lane in runner.lanes}) == 1  # one decoder state, three graph sets
+    got = play(runner, calls)
+    assert all(lane.keys for lane in runner.lanes)  # every lane replayed something
+    for rid in want:
+        np.testing.assert_array_equal(got[rid], want[rid])
+    assert runner.capture((1, 6), (1, 15)) > 0 and all(
+        {(1, 1), (6, 15)} <= set(lane.keys) for lane in runner.lanes)  # captured on every lane
+    with pytest.raises(ValueError, match="decode_lanes"):
+        CodecRunner(model, **kw, decode_lanes=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_decode_lanes_replay_side_by_side_equal_one_lane():
+    """Replays of one dispatch on two CUDA streams at once (graphs and pools of their own, the
+    decoder's rings shared by disjoint slots) give every stream exactly one lane's PCM."""
+    model = tiny_model("cuda")
+    calls = script(seed=6)
+    kw = dict(n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, cuda_graphs=True)
+    one = CodecRunner(model, **kw)
+    one.call_cost = CallCost(fixed_ms=0.0)
+    one.capture(range(1, MAX_SLOTS + 1), (1, 2, 4, 15))
+    want = play(one, calls)
+    runner = CodecRunner(model, **kw, decode_lanes=2)
+    runner.call_cost = CallCost(fixed_ms=0.0)
+    runner.capture(range(1, MAX_SLOTS + 1), (1, 2, 4, 15))
+    got = play(runner, calls)
+    assert all(e.graph is not None for lane in runner.lanes for e in lane._entries.values())
+    for rid in want:  # the same kernels on the same inputs; a race would be off by O(1)
+        scale = max(1.0, float(np.abs(want[rid]).max()))
+        assert np.abs(got[rid] - want[rid]).max() <= 1e-6 * scale, rid

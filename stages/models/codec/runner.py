@@ -9,7 +9,12 @@ are split by `stages.models.codec.dispatch_plan` into a few replays of graphs ke
 length T) from `stages.models.codec.graphs`, captured on first use or ahead through `capture`: each chunk
 is padded to its replay's T with its real length as the row's valid frames, so its stream advances
 by its real frames only; padding rows decode on a scratch slot (slot `max_slots`, never leased).
-The replays' PCM comes back through one pinned host buffer and one wait per call. Longer chunks
+The replays' PCM comes back through one pinned host buffer and one wait per call. With
+`decode_lanes` > 1 the replays of one call run on that many CUDA streams at once (replay i on lane
+i mod lanes), each lane with its own graphs and memory pool, the shared decoder state touched by
+disjoint slots only (one chunk per request per call; the padding rows of every lane share the
+scratch slot, whose values nobody reads): a replay of small chunks is bound by its thousands of
+small kernels, not by the chip's throughput, so replays side by side fill the chip. Longer chunks
 (reference priming) replay in graph-sized pieces. Without graphs, chunks of equal length run as
 one eager call. `graphs_eager` runs the same buckets, padding and scratch slot without recording
 (CPU tests of that logic). With `encode_graphs` (CUDA only; `encode_graphs_eager` for CPU tests) reference
@@ -20,6 +25,8 @@ longer clips or larger batches encode eagerly.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,8 +52,11 @@ class CodecRunner:
     def __init__(self, model: CodecModel, n_vq: int, max_slots: int,
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  max_chunk_frames: int = 15, cuda_graphs: bool = False, graphs_eager: bool = False,
-                 encode_graphs: bool = False, encode_graphs_eager: bool = False, encode_batch: int = 8):
+                 encode_graphs: bool = False, encode_graphs_eager: bool = False, encode_batch: int = 8,
+                 decode_lanes: int = 1):
         cfg = model.cfg
+        if decode_lanes < 1:
+            raise ValueError(f"decode_lanes must be >= 1, got {decode_lanes}")
         if not 1 <= n_vq <= cfg.quantizer.num_quantizers:
             raise ValueError(f"n_vq {n_vq} outside 1..{cfg.quantizer.num_quantizers} (the codec's quantizers)")
         if device is not None or dtype is not None:
@@ -65,8 +75,11 @@ class CodecRunner:
         padded = cuda_graphs or graphs_eager
         # one extra slot, `max_slots`, is the graphs' scratch slot for padding rows: never leased
         self._decoder = StreamingDecoder(model, max_slots + 1 if padded else max_slots, max_chunk_frames)
-        self.graphs = DecodeGraphs(self._decoder, n_vq=n_vq, scratch_slot=max_slots, max_batch=max_slots,
-                                   use_cuda_graphs=cuda_graphs) if padded else None
+        # lane 0 is `graphs`; each further lane has graphs (and a memory pool) of its own and a stream
+        self.lanes = [DecodeGraphs(self._decoder, n_vq=n_vq, scratch_slot=max_slots, max_batch=max_slots,
+                                   use_cuda_graphs=cuda_graphs) for _ in range(decode_lanes)] if padded else []
+        self.graphs = self.lanes[0] if self.lanes else None
+        self._lane_streams = [torch.cuda.Stream(self.device) for _ in self.lanes[1:]] if cuda_graphs else []
         if encode_graphs and self.device.type != "cuda":
             raise ValueError(f"encode_graphs needs a CUDA device, the codec is on {self.device}")
         self.encode_graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=encode_batch, capture=encode_graphs) \
@@ -145,22 +158,33 @@ class CodecRunner:
         lengths = [items[i][1].shape[0] for i in indices]
         calls = plan(lengths, self.call_frames, lambda n: bucket(n, graphs.max_batch), self.call_cost)
         host = self._host_views([(len(members), T) for T, members in calls])
-        for (T, members), dst in zip(calls, host):
+        main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        for stream in self._lane_streams[: len(calls) - 1]:
+            stream.wait_stream(main)  # slot resets and earlier work first
+        for k, ((T, members), dst) in enumerate(zip(calls, host)):
             chosen = [indices[m] for m in members]
             codes = np.zeros((len(chosen), T, self.n_vq), dtype=np.int64)  # [n, T, n_vq], zero padding
             for row, i in enumerate(chosen):
                 codes[row, : items[i][1].shape[0]] = items[i][1]
             slots = torch.tensor([self._slot_of[items[i][0]] for i in chosen])
             valid = torch.tensor([items[i][1].shape[0] for i in chosen])
-            audio = graphs.decode(torch.from_numpy(codes).permute(2, 0, 1), slots, valid)  # [n, C, T * hop]
-            dst.copy_(audio, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()  # the dispatch's one wait
+            lane = k % len(self.lanes)
+            with self._on_lane(lane):
+                audio = self.lanes[lane].decode(torch.from_numpy(codes).permute(2, 0, 1), slots, valid)  # [n, C, T * hop]
+                dst.copy_(audio, non_blocking=True)
+        if main is not None:
+            for stream in self._lane_streams[: len(calls) - 1]:
+                main.wait_stream(stream)
+            main.synchronize()  # the dispatch's one wait
         for (T, members), dst in zip(calls, host):
             pcm = dst.numpy()
             for row, m in enumerate(members):
                 i = indices[m]
                 out[i] = pcm[row, :, : items[i][1].shape[0] * self.samples_per_frame]
+
+    def _on_lane(self, lane: int) -> Any:
+        """The stream context of decode lane `lane` (lane 0 and CPU runners: the current stream)."""
+        return torch.cuda.stream(self._lane_streams[lane - 1]) if lane and self._lane_streams else nullcontext()
 
     def _host_views(self, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
         """Host tensors [n, channels, T * hop] for these (n, T), laid end to end in one buffer
@@ -221,7 +245,12 @@ class CodecRunner:
             return 0
         lengths = sorted({t for t in chunk_lengths if 1 <= t <= self.graphs.max_frames} | {self.graphs.max_frames})
         self.call_frames = tuple(lengths)
-        return self.graphs.capture(batches, lengths, budget_s)
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        made = 0
+        for lane in self.lanes:  # every lane the same keys: a call's replay may go to any of them
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            made += lane.capture(batches, lengths, left)
+        return made
 
     def capture_encode(self, budget_s: float | None = None) -> int:
         """Capture ahead the reference-encoding graphs of every batch and length bucket, within

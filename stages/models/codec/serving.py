@@ -45,7 +45,7 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     """The `CodecRunner` over the first `n_vq` quantizers: slots, ring headroom (the longest chunk of
     the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
     in pieces), CUDA graphs (`codec.cuda_graphs` for decode, `codec.encode_graphs` for reference
-    encoding), compiled layers (`codec.compile`) and attention over the rings in place
+    encoding), replays side by side (`codec.decode_lanes`), compiled layers (`codec.compile`) and attention over the rings in place
     (`codec.ring_attention`, up to `codec.ring_attention_max_frames`), CUDA devices only, from the profile.
     dtype: None = `model.dtype` resolved for the device."""
     from stages.models.codec.loader import load_codec
@@ -62,4 +62,4 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
                        max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),
                        encode_graphs=profile.codec.encode_graphs and str(device).startswith("cuda"),
-                       encode_batch=profile.codec.encode_batch)
+                       encode_batch=profile.codec.encode_batch, decode_lanes=profile.codec.decode_lanes)
