@@ -66,8 +66,9 @@
 #                                       # reference prime), then with codec.prime_continuation:
 #                                       # C=16 and 64 each, timelines
 #   bash docs/device_runs.sh lanes      # the codec's GPU graph tests (two decode lanes among them);
-#                                       # high-concurrency with codec.decode_lanes 1, then 2 (C=128,
-#                                       # 64; timelines: the codec's dispatch time and busy share)
+#                                       # high-concurrency as shipped, with codec.decode_lanes 2, with
+#                                       # coalescing.express_joins_dispatch, with both (C=128, 64;
+#                                       # timelines: the codec's dispatch time and busy share)
 #   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
 #                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
 #                                       # C=128 and 256; then at most 160 requests running (C=256)
@@ -355,17 +356,22 @@ codecsmall)
       --grid 1,4,15 --iters 5 --ring-attention $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_small${flag// /}.txt" | tail -5
   done
   ;;
-lanes)  # the codec's replays side by side: its GPU tests, then high-concurrency with 1 and 2 lanes
+lanes)  # fewer codec replays or side by side: GPU tests, then high-concurrency four ways
   checkpoint > "$R/checkpoint.txt" 2>&1 &
   CK=$!
   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py 2>&1 | tail -3
   wait $CK; cat "$R/checkpoint.txt"
-  for n in 1 2; do
-    [ "$(left)" -lt 150 ] && { el "lanes$n: no time left"; break; }
-    start_server 8000 lanes$n --profile high-concurrency --set engine.timeline_dir=/tmp/tl_lanes$n \
-      --set codec.decode_lanes=$n
-    pair 8000 lanes$n "128 64"
-    stop_server lanes$n
+  for name in shipped lanes join both; do
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    case $name in
+      shipped) flags="" ;;
+      lanes) flags="--set codec.decode_lanes=2" ;;
+      join) flags="--set coalescing.express_joins_dispatch=true" ;;
+      both) flags="--set codec.decode_lanes=2 --set coalescing.express_joins_dispatch=true" ;;
+    esac
+    start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
+    pair 8000 $name "128 64"
+    stop_server $name
   done
   summaries
   ;;

@@ -244,6 +244,12 @@ class CoalescingConfig(_Section):
         "a request's first audio chunk skips the window and any large batch: it is decoded at "
         "once in a small call of first chunks, so first audio never waits behind a steady "
         "batch")] = True
+    express_joins_dispatch: Annotated[bool, doc(
+        "with express_first_chunks: when a batch is due at the same moment, the first chunks go "
+        "in it, one decode call instead of two (each call's replays cost a fixed part: at 128 "
+        "streams on an H200, 65 of 168 dispatches were first chunks alone, 19% of the codec's "
+        "time); alone only when no batch is due; first audio then waits for the whole batch. Off "
+        "until measured")] = False
     patient_wait_ms: Annotated[float, doc(
         "a steady chunk (not a request's first or final) of a stream whose client holds audio "
         "may wait up to this long for a larger dispatch, never past the moment that client's "

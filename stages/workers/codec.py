@@ -4,8 +4,8 @@ Inputs: code chunks from the talker (one stream per request; a slot is opened on
 and closed on its final record) and control from the coordinator (aborts, reference-encode jobs,
 shutdown). Each loop iteration (`CodecLoop.step`): drain both inboxes (sleeping on their doorbells
 only when nothing is runnable, up to the coalescing deadline) → hand terminal records (no frames)
-straight through → decode requests' first chunks at once (express) → ask the `Coalescer` whether
-to decode now → decode one chunk of each chosen stream in one call → PCM records to each request's
+straight through → decode requests' first chunks at once (express; with `express_joins_dispatch`,
+inside the batch due now if one is) → ask the `Coalescer` whether to decode now → decode one chunk of each chosen stream in one call → PCM records to each request's
 client ring, a `ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator → run
 waiting reference-encode jobs as one batch (after the streams that were due, so an encode never
 delays audio already owed).
@@ -62,10 +62,12 @@ class CodecLoop:
                  to_clients: list[Any], coalescer: Coalescer, encode_batch: int,
                  clock: Any = time.monotonic, client_stall_s: float = 5.0,
                  timeline: Timeline | None = None, express_first_chunks: bool = False,
-                 patient_wait_s: float = 0.0, buffer_margin_s: float = 0.2) -> None:
+                 express_joins_dispatch: bool = False, patient_wait_s: float = 0.0,
+                 buffer_margin_s: float = 0.2) -> None:
         self.client_stall_s = client_stall_s
         self.patient_wait_s, self.buffer_margin_s = patient_wait_s, buffer_margin_s
         self.express_first_chunks = express_first_chunks
+        self.express_joins_dispatch = express_joins_dispatch
         self.timeline = timeline
         self._dead_clients: set[int] = set()
         self.runner = runner
@@ -89,12 +91,16 @@ class CodecLoop:
         self._wait_and_drain()
         self._pass_terminals()
         express = self._express_ready()
-        if express:  # first chunks go at once, in their own small call, ahead of any batch
+        joining: tuple[int, ...] = ()
+        if express:  # first chunks go at once, in their own small call, ahead of any batch...
             self.coalescer.take(express)
-            self._decode(express)
+            if self.express_joins_dispatch:
+                joining = express  # ...or in the batch due now, if one is (one call, fewer replays)
+            else:
+                self._decode(express)
         decision = self.coalescer.decide(self.clock(), alive=self._alive())
-        if decision.dispatch:
-            self._decode(decision.dispatch)
+        if joining or decision.dispatch:
+            self._decode(joining + decision.dispatch)
         self._run_encodes()  # after the streams due now: an encode batch never delays their audio
         self._report_slots()
         return not (self.shutdown is not None and not self.encodes
@@ -438,7 +444,8 @@ def main(spec: WorkerSpec) -> None:
         CodecLoop(runner, from_talker, from_coord, to_coord, to_clients, coalescer,
                   spec.profile.codec.encode_batch,
                   client_stall_s=spec.profile.codec.client_stall_s, timeline=timeline,
-                  express_first_chunks=c.express_first_chunks, patient_wait_s=c.patient_wait_ms / 1000.0,
+                  express_first_chunks=c.express_first_chunks,
+                  express_joins_dispatch=c.express_joins_dispatch, patient_wait_s=c.patient_wait_ms / 1000.0,
                   buffer_margin_s=c.buffer_margin_ms / 1000.0).run()
     except Exception as exc:
         log.exception("codec worker failed")
