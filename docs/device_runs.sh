@@ -59,9 +59,10 @@
 #                                       # the GPU tests of both)
 #   bash docs/device_runs.sh wide       # the first call of a session (cold compile caches): as
 #                                       # `prefix`, one server each, high-concurrency as shipped,
-#                                       # with talker.prefill_graph_seqs 256 (every prefill step a
-#                                       # replay), then with talker.priority_stream; timelines (their
-#                                       # longest talker step: no kernel compiled under load)
+#                                       # with talker.priority_stream, then with
+#                                       # talker.prefill_graph_seqs 256 (every prefill step a
+#                                       # replay); timelines (their longest talker step: no kernel
+#                                       # compiled under load)
 #   bash docs/device_runs.sh delayprime # MOSS-TTS 8B (delay), high-concurrency as shipped (no
 #                                       # reference prime), then with codec.prime_continuation:
 #                                       # C=16 and 64 each, timelines
@@ -440,7 +441,7 @@ prefix)
   ;;
 wide)  # the first call of a session: compile caches as cold as a new deployment's
   checkpoint
-  for name in shipped seqs prio; do
+  for name in shipped prio seqs; do
     [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
     case $name in
       shipped) flags="" ;;  # 32 chunks a prefill replay; the warm-up runs the eager call of more
