@@ -134,6 +134,10 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
             "dispatches": len(disp),
             "chunks_per_dispatch": statistics.fmean(e["n"] for e in disp),
             "distinct_lengths_per_dispatch": statistics.fmean(len({c[2] for c in e["chunks"]}) for e in disp),
+            # the model calls (graph replays) each dispatch made, and their rows (older timelines: none)
+            "calls_per_dispatch": statistics.fmean(len(e.get("calls", ())) for e in disp),
+            "rows_per_call": statistics.fmean(r for e in disp for r, _ in e.get("calls", ()))
+            if any(e.get("calls") for e in disp) else 0.0,
             "decode_ms": _scale(_stats([e["dur"] for e in disp]), 1e3),
             "emit_ms_mean": statistics.fmean(e["emit"] for e in disp) * 1e3,
             "decode_us_per_frame": sum(e["dur"] for e in disp) / max(frames, 1) * 1e6,

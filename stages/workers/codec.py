@@ -261,9 +261,10 @@ class CodecLoop:
                     self._mark_ready(rid, stream)
         self.to_coord.send(DecodeBatch(size=len(rids), waited_s=waited, decode_s=decode_s,
                                        emit_s=emit_s))
-        if self.timeline is not None:  # chunks: [rid, seq, frames, arrived, final, prime]
+        if self.timeline is not None:  # chunks: [rid, seq, frames, arrived, final, prime]; calls: [rows, frames]
             self.timeline.add("codec_dispatch", t0, dur=decode_s, emit=emit_s,
                               end=time.monotonic(), n=len(rids),
+                              calls=[list(c) for c in getattr(self.runner, "last_calls", ())],
                               chunks=[[rid, c.seq, len(codes), arrived, c.final, c.prime]
                                       for rid, (c, codes, arrived) in zip(rids, heads)])
 

@@ -44,6 +44,9 @@ def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_
     summary = summarize(max(passes, key=len))  # warm-up requests never reach the timeline
     talker, codec, life = summary["talker"], summary["codec"], summary["requests"]
     assert talker["frames"] == codec["frames"] == sum(FRAMES)
+    # the CPU codec decodes each chunk length of a dispatch in one eager call
+    assert codec["calls_per_dispatch"] == pytest.approx(codec["distinct_lengths_per_dispatch"])
+    assert 1 <= codec["rows_per_call"] <= len(FRAMES)
     assert life["requests_done"] == len(FRAMES)
     # the voice's template and reference rows were computed once: the two later prompts took them
     assert talker["cached_prompt_tokens"] >= 2 * 32 and talker["prefill_tokens"] > 0

@@ -223,3 +223,17 @@ def test_cuda_decode_lanes_replay_side_by_side_equal_one_lane():
     for rid in want:  # the same kernels on the same inputs; a race would be off by O(1)
         scale = max(1.0, float(np.abs(want[rid]).max()))
         assert np.abs(got[rid] - want[rid]).max() <= 1e-6 * scale, rid
+
+
+def test_last_calls_names_each_replay_of_a_decode():
+    """`last_calls`: (rows, frames) of every model call the last decode made (the timeline's
+    replays per dispatch): planned replays hold every chunk once; a chunk longer than the graphs
+    goes in graph-sized pieces."""
+    runner = CodecRunner(tiny_model(), n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, graphs_eager=True)
+    runner.call_cost = CallCost(fixed_ms=0.0)  # a replay per length
+    rng = np.random.default_rng(7)
+    for rid in (1, 2, 3, 4):
+        runner.open(rid)
+    lengths = {1: 1, 2: 1, 3: 4, 4: 20}
+    runner.decode([(rid, rng.integers(0, 1024, (n, N_VQ), dtype=np.int64)) for rid, n in lengths.items()])
+    assert sorted(runner.last_calls) == [(1, 4), (1, 5), (1, 15), (2, 1)]

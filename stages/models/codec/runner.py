@@ -92,6 +92,7 @@ class CodecRunner:
             self.call_frames = tuple(sorted({m} | {1 << i for i in range(m.bit_length()) if 1 << i < m}))
         self.call_cost = CallCost()
         self._host: torch.Tensor | None = None  # pinned on CUDA: the planned replays' PCM
+        self.last_calls: list[tuple[int, int]] = []  # (rows, frames) of each call the last decode made
         self._slot_of: dict[int, int] = {}
         self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
 
@@ -129,6 +130,7 @@ class CodecRunner:
             raise ValueError(f"one decode call holds several chunks of one request: {rids}")
         for rid, codes in items:
             self._check_codes(rid, codes)
+        self.last_calls = []
         out: list[np.ndarray | None] = [None] * len(items)
         graphs = self.graphs
         short = [i for i, (_, codes) in enumerate(items)
@@ -147,6 +149,7 @@ class CodecRunner:
             else:
                 codes = codes.to(self.device, non_blocking=True).permute(2, 0, 1)  # [n_vq, B, T]
                 audio = self._decoder.decode(codes, slots).cpu().numpy()  # [B, channels, T * hop]
+                self.last_calls.append((len(indices), frames))
             for row, i in enumerate(indices):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]
@@ -158,6 +161,7 @@ class CodecRunner:
         lengths = [items[i][1].shape[0] for i in indices]
         calls = plan(lengths, self.call_frames, lambda n: bucket(n, graphs.max_batch), self.call_cost)
         host = self._host_views([(len(members), T) for T, members in calls])
+        self.last_calls += [(len(members), T) for T, members in calls]
         main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         for stream in self._lane_streams[: len(calls) - 1]:
             stream.wait_stream(main)  # slot resets and earlier work first
@@ -205,6 +209,7 @@ class CodecRunner:
         pieces = []
         for start in range(0, codes.shape[1], step):
             audio = self.graphs.decode(codes[:, start:start + step].permute(2, 0, 1), slots)  # a static view
+            self.last_calls.append((codes.shape[0], min(step, codes.shape[1] - start)))
             pieces.append(audio.to("cpu", copy=True).numpy())  # one copy of the real rows (also on CPU)
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
 
