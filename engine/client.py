@@ -261,12 +261,16 @@ class EngineClient:
         return snap
 
     async def close(self) -> None:
-        """Stop the readers and close this client's channel ends."""
+        """Stop the readers and close this client's channel ends. Records already in its rings
+        are delivered first (a drained request whose last chunk the codec wrote before the
+        engine stopped ends normally); the requests still open then fail."""
         tasks = [*self._readers, *(t for t in self._codec_readers if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._readers.clear()
+        for channel in (self._from_coord, *self._from_codecs):
+            self._deliver_waiting(channel)
         if self._rewire is not None and not self._rewire.closed:
             with contextlib.suppress(ValueError, RuntimeError):  # loop closed or never added
                 asyncio.get_running_loop().remove_reader(self._rewire.fileno())
@@ -353,6 +357,25 @@ class EngineClient:
             finally:
                 rec.release()
             self._route_s += time.perf_counter() - t0
+
+    def _deliver_waiting(self, channel: Channel) -> None:
+        """Route the records in `channel` now, without waiting for more (the readers stopped)."""
+        if channel.closed:
+            return
+        while True:
+            try:
+                rec = channel.try_recv()
+            except Exception as exc:  # a peer that died mid-record: nothing more to deliver
+                log.info("engine client %d: closing with records left unread (%s)", self.index, exc)
+                return
+            if rec is None:
+                return
+            try:
+                self._route(rec.msg, rec)
+            except Exception:
+                log.exception("client %d: routing %r failed", self.index, rec.msg)
+            finally:
+                rec.release()
 
     def _route(self, msg: Any, rec: Any) -> None:
         match msg:

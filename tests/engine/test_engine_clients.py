@@ -105,6 +105,36 @@ async def test_a_client_closing_mid_stream_leaves_the_engine_serving(engine) -> 
     assert chunks[-1].finish_reason == "stop"
 
 
+async def test_closing_a_client_delivers_what_its_rings_already_hold(demo_model_dir) -> None:
+    """The engine finished a request and its last chunks sit in the client's rings, unread (its
+    readers had no turn of the loop): closing the client delivers them, so the request ends
+    normally instead of failing. (Under load a drained shutdown met this race.)"""
+    import time
+
+    handle = await launch(load_profile("cpu"), demo_model_dir)
+    try:
+        client = handle.client(0)
+        frames = 8  # a few chunks: done well within the blocked loop's 3 s, even on a loaded machine
+        started = asyncio.Event()
+
+        async def consume() -> list:
+            chunks = []
+            async for chunk in client.generate(SpeechJob(text="z", forced_frames=frames, sampling={"seed": 1})):
+                chunks.append(chunk)
+                started.set()
+            return chunks
+
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(started.wait(), 60)
+        time.sleep(3.0)  # the loop blocked: the workers finish and write every chunk to the rings
+        await client.close()  # the readers are cancelled before they ever run again
+        chunks = await task
+        assert chunks[-1].final
+        assert len(joined(chunks)) == frames * handle.variant.samples_per_frame
+    finally:
+        await handle.stop()
+
+
 @pytest.mark.parametrize("mode", ["drain", "abort"])
 async def test_shutdown_drains_or_aborts(demo_model_dir, mode) -> None:
     handle = await launch(load_profile("cpu", [f"engine.shutdown={mode}"]), demo_model_dir)
