@@ -173,6 +173,8 @@ def main() -> None:
                         help="run the codec's layers through torch.compile (CodecModel.compile_layers)")
     parser.add_argument("--ring-attention", action="store_true",
                         help="streaming decode attends over the rings in place (CodecModel.use_ring_attention)")
+    parser.add_argument("--fused-writes", action="store_true",
+                        help="with --ring-attention: RoPE and the ring writes in one kernel a layer")
     parser.add_argument("--ring-attention-max-frames", type=int, default=None, metavar="N",
                         help="with --ring-attention: only chunks of at most N frames attend in place")
     parser.add_argument("--grid", default="",
@@ -188,10 +190,11 @@ def main() -> None:
     if args.compile:
         model.compile_layers()
     if args.ring_attention:
-        model.use_ring_attention(args.ring_attention_max_frames)
+        model.use_ring_attention(args.ring_attention_max_frames, fused_writes=args.fused_writes)
     params = sum(p.numel() for p in model.parameters())
     print(f"{args.version} {args.size} codec, {params / 1e9:.3f} B parameters, {args.dtype}, random weights"
           f"{', compiled layers' if args.compile else ''}{', ring attention in place' if args.ring_attention else ''}"
+          f"{', fused ring writes' if args.ring_attention and args.fused_writes else ''}"
           f"{f' (chunks up to {args.ring_attention_max_frames} frames)' if args.ring_attention and args.ring_attention_max_frames else ''}")
     frame_s = cfg.downsample_rate / cfg.sampling_rate
     for batch in (int(b) for b in args.batches.split(",")):

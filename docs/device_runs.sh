@@ -67,9 +67,11 @@
 #                                       # reference prime), then with codec.prime_continuation:
 #                                       # C=16 and 64 each, timelines
 #   bash docs/device_runs.sh lanes      # the codec's GPU graph tests (two decode lanes among them);
-#                                       # high-concurrency as shipped, with codec.decode_lanes 2, with
-#                                       # coalescing.express_joins_dispatch, with both (C=128, 64;
-#                                       # timelines: the codec's dispatch time and busy share)
+#                                       # the codec's replay grid (16, 32, 128 rows x 1, 4, 15 frames)
+#                                       # without and with codec.fused_ring_writes; high-concurrency
+#                                       # as shipped, with codec.decode_lanes 2, with
+#                                       # coalescing.express_joins_dispatch, with all three (C=128,
+#                                       # 64; timelines: the codec's calls and busy share)
 #   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
 #                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
 #                                       # C=128 and 256; then at most 160 requests running (C=256)
@@ -361,15 +363,20 @@ codecsmall)
 lanes)  # fewer codec replays or side by side: GPU tests, then high-concurrency four ways
   checkpoint > "$R/checkpoint.txt" 2>&1 &
   CK=$!
-  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py 2>&1 | tail -3
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_codec_graphs.py \
+    tests/stages/test_codec_ring_attention.py 2>&1 | tail -3   # on the GPU: lanes, fused ring writes
+  for flag in "" --fused-writes; do  # the replay grid at a dispatch's sizes, without and with the fused writes
+    timeout 60 python3 -m bench.codec --version v2 --size full --batches 16,32,128 --grid 1,4,15 --iters 5 \
+      --ring-attention $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -5
+  done
   wait $CK; cat "$R/checkpoint.txt"
-  for name in shipped lanes join both; do
+  for name in shipped lanes join all; do
     [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
     case $name in
       shipped) flags="" ;;
       lanes) flags="--set codec.decode_lanes=2" ;;
       join) flags="--set coalescing.express_joins_dispatch=true" ;;
-      both) flags="--set codec.decode_lanes=2 --set coalescing.express_joins_dispatch=true" ;;
+      all) flags="--set codec.decode_lanes=2 --set coalescing.express_joins_dispatch=true --set codec.fused_ring_writes=true" ;;
     esac
     start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
     pair 8000 $name "128 64"

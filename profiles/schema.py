@@ -204,6 +204,10 @@ class CodecConfig(_Section):
         "(captured once per lane at start-up): a replay of small chunks is bound by its thousands "
         "of small kernels, not by the chip, so replays side by side may fill it; 1 = one after "
         "another; more: not yet measured", ge=1, le=8)] = 1
+    fused_ring_writes: Annotated[bool, doc(
+        "with ring_attention: each decoder layer rotates q and k and writes its rings in one "
+        "Triton kernel, not seven small torch ops (92 layers in the full v2 decoder: a small "
+        "replay is mostly such launches); off until measured")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_graphs: Annotated[bool, doc(

@@ -72,3 +72,57 @@ def test_ring_attention_up_to_a_chunk_length(monkeypatch):
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
     tokens = {stage.tokens_per_frame for stage in model.decoder_stages()}
     assert lengths and set(lengths) <= {n * t for n in (1, 2) for t in tokens}  # the 15- and 4-frame chunks copied
+
+
+def test_rope_and_ring_writes_in_one_kernel_equal_the_torch_ops():
+    """`rope_ring_write`: q rotated, k rotated and v written at their ring rows, as
+    `apply_interleaved_rope` then `index_copy_` do (fp32 math; fp32 and bf16 tensors)."""
+    from stages.models.codec.ring_write import rope_ring_write, rope_table
+    from stages.models.codec.transformer import apply_interleaved_rope, rope_rotor
+
+    g = torch.Generator().manual_seed(5)
+    B, T, H, D, S, C = 3, 4, 2, 16, 5, 24
+    for dtype in (torch.float32, torch.bfloat16):
+        qkv = torch.randn(B, T, 3, H, D, generator=g).to(DEVICE, dtype)
+        start = torch.tensor([0, 7, 30], device=DEVICE)
+        pos = start[:, None] + torch.arange(T, device=DEVICE)
+        rotor = rope_rotor(pos, D, 10000.0)
+        slots = torch.tensor([4, 0, 2], device=DEVICE)
+        rows = (slots[:, None] * C + pos % C).reshape(-1)
+        k_ring, v_ring = (torch.randn(S, C, H, D, generator=g).to(DEVICE, dtype) for _ in range(2))
+        want_k, want_v = k_ring.clone(), v_ring.clone()
+        qk = apply_interleaved_rope(qkv[:, :, :2], rotor)
+        want_k.view(S * C, -1).index_copy_(0, rows, qk[:, :, 1].reshape(B * T, -1))
+        want_v.view(S * C, -1).index_copy_(0, rows, qkv[:, :, 2].reshape(B * T, -1))
+        q = rope_ring_write(qkv, rope_table(rotor), k_ring, v_ring, rows)
+        tol = 1e-6 if dtype == torch.float32 else 1e-2
+        assert q.shape == (B, T, H, D) and q.is_contiguous()
+        torch.testing.assert_close(q, qk[:, :, 0], atol=tol, rtol=tol)
+        torch.testing.assert_close(k_ring, want_k, atol=tol, rtol=tol)  # other rows untouched
+        torch.testing.assert_close(v_ring, want_v, atol=0, rtol=0)  # values copied as they are
+
+
+def test_fused_ring_writes_decode_the_same_audio(monkeypatch):
+    """Streaming decode with RoPE and the ring writes fused equals the in-place path without them
+    and the copy-and-mask path, padded chunks included."""
+    import stages.models.codec.ring_write as ring_write
+
+    calls = []
+    fused = ring_write.rope_ring_write
+    monkeypatch.setattr(ring_write, "rope_ring_write", lambda *a: calls.append(1) or fused(*a))
+    cfg = CodecConfig.from_json(tiny_v2_config())
+    model = random_codec(cfg, DEVICE, torch.float32, seed=9)
+    codes = torch.randint(0, 1024, (12, 2, 20), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    sizes = [1, 15, 4]
+    want = decode(model, codes, sizes)
+    model.use_ring_attention(fused_writes=True)
+    got = decode(model, codes, sizes, valid_pad=3)
+    layers = sum(stage.num_layers for stage in model.decoder_stages())
+    assert len(calls) == len(sizes) * layers  # every layer of every chunk took the fused path
+    model.use_ring_attention()
+    plain = decode(model, codes, sizes, valid_pad=3)
+    assert len(calls) == len(sizes) * layers
+    model.use_ring_attention(0)
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+    assert (got - plain).abs().max().item() <= 1e-5 * want.abs().max().item()

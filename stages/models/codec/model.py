@@ -72,6 +72,7 @@ class CodecModel(nn.Module):
         self.quantizer = ResidualLFQ(cfg.quantizer)
         self.decoder = nn.ModuleList(_stage_module(s, down=False) for s in cfg.decoder)
         self.ring_attention_frames = 0  # chunks up to this many frames attend in place (`use_ring_attention`)
+        self.fused_ring_writes = False  # ... and rotate and write their rings in one kernel a layer
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -88,12 +89,14 @@ class CodecModel(nn.Module):
             if isinstance(module, ProjectedTransformer):
                 module.transformer.parts = parts
 
-    def use_ring_attention(self, max_frames: int | None = None) -> None:
+    def use_ring_attention(self, max_frames: int | None = None, fused_writes: bool = False) -> None:
         """Streaming decode of chunks of at most `max_frames` frames (None: every length; 0: none)
         attends over the slots' rings in place (`ring_attention`, a Triton kernel: CUDA, or
         Triton's CPU interpreter) instead of copying each row's rings out and masking. The choice
-        is per chunk length, so a CUDA graph of one length records one of the two."""
+        is per chunk length, so a CUDA graph of one length records one of the two. `fused_writes`:
+        those chunks rotate q and k and write their rings in one kernel a layer (`ring_write`)."""
         self.ring_attention_frames = sys.maxsize if max_frames is None else max_frames
+        self.fused_ring_writes = fused_writes
 
     def decoder_stages(self) -> list[TransformerStage]:
         return [m.stage for m in self.decoder if isinstance(m, ProjectedTransformer)]
@@ -138,8 +141,9 @@ class CodecModel(nn.Module):
                 x = module(x)
             else:
                 start = stream.start * module.stage.tokens_per_frame  # [B] first position of this chunk
+                in_place = T <= self.ring_attention_frames
                 x = module.forward_streaming(x, start, stream.caches[stage_index], stream.slots,
-                                             in_place=T <= self.ring_attention_frames)
+                                             in_place=in_place, fused=in_place and self.fused_ring_writes)
                 stage_index += 1
         # x: [B, T * stream_hop, 1] -> [B, channels, T * downsample_rate]
         return x.reshape(B, -1, self.cfg.channels).transpose(1, 2).float()

@@ -65,7 +65,8 @@ class WindowPlan:
     keys left-padded by context - 1), or [B, 1, T, C] over ring indices (streaming).
     rows [B * T]: the pool rows (slot * C + ring index) where the chunk's keys go (streaming only).
     With `start` [B] (streaming with `ring_attention`) there is no mask: the kernel applies the
-    window from the chunk's positions.
+    window from the chunk's positions. With `table` as well, each layer rotates q and k and writes
+    the rings in one kernel (`stages.models.codec.ring_write`).
     """
 
     rotor: torch.Tensor
@@ -74,6 +75,7 @@ class WindowPlan:
     block: int | None = None
     context: int = 0
     start: torch.Tensor | None = None  # [B] first query position (streaming over the rings in place)
+    table: torch.Tensor | None = None  # [B * T, Dh/2, 2] fp32 (cos, sin): RoPE fused with the ring writes
 
     @classmethod
     def whole(cls, B: int, T: int, stage: TransformerStage, device: torch.device, dtype: torch.dtype,
@@ -98,15 +100,20 @@ class WindowPlan:
 
     @classmethod
     def chunk(cls, slots: torch.Tensor, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int,
-              dtype: torch.dtype, in_place: bool = False) -> WindowPlan:
+              dtype: torch.dtype, in_place: bool = False, fused: bool = False) -> WindowPlan:
         """A chunk of T positions for each of slots [B], the first at start [B], over rings of
-        `capacity`; `in_place`: attention reads the rings where they are (no mask is built)."""
+        `capacity`; `in_place`: attention reads the rings where they are (no mask is built);
+        `fused` (with `in_place`): RoPE and the ring writes in one kernel per layer."""
         if T > capacity - stage.context + 1:
             raise ValueError(f"chunk of {T} positions exceeds the ring headroom ({capacity} - {stage.context} + 1)")
         pos_q = start[:, None] + torch.arange(T, device=start.device)  # [B, T]
         if in_place:
             rotor = rope_rotor(pos_q, stage.head_dim, stage.max_period)
             rows = (slots[:, None] * capacity + pos_q % capacity).reshape(-1)  # [B * T]
+            if fused:
+                from stages.models.codec.ring_write import rope_table
+
+                return cls(rotor, None, rows, context=stage.context, start=start, table=rope_table(rotor))
             return cls(rotor, None, rows, context=stage.context, start=start)
         last = pos_q[:, -1:]  # [B, 1] newest position written
         ring = torch.arange(capacity, device=start.device)
@@ -198,6 +205,16 @@ class TransformerLayer(nn.Module):
         """x [B, T, D] -> [B, T, D]; `parts`: the halves around attention (compiled ones when the
         codec is compiled, `CodecModel.compile_layers`), default `layer_inputs`, `layer_outputs`."""
         before, after = parts or (layer_inputs, layer_outputs)
+        if plan.table is not None and cache is not None:  # RoPE and the ring writes in one kernel
+            from stages.models.codec.ring_attention import ring_attention
+            from stages.models.codec.ring_write import rope_ring_write
+
+            attn = self.self_attn
+            B, T, _ = x.shape
+            qkv = attn.in_projs[0](self.norm1(x)).view(B, T, 3, attn.num_heads, attn.head_dim)
+            q = rope_ring_write(qkv, plan.table, cache.k, cache.v, plan.rows)  # [B, T, H, Dh]
+            o = ring_attention(q, cache.k, cache.v, slots, plan.start, plan.context)  # [B, T, H, Dh]
+            return after(self, x, o.transpose(1, 2))
         q, k, v = before(self, x, plan.rotor)
         return after(self, x, self.self_attn.attend(q, k, v, plan, cache, slots))
 
@@ -257,11 +274,12 @@ class ProjectedTransformer(nn.Module):
         return self.output_proj(x)
 
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
-                          slots: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
+                          slots: torch.Tensor, *, in_place: bool = False, fused: bool = False) -> torch.Tensor:
         """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer.
-        `in_place`: attend over the rings in place (`ring_attention`) rather than copy and mask."""
+        `in_place`: attend over the rings in place (`ring_attention`) rather than copy and mask;
+        `fused` (with it): RoPE and the ring writes in one kernel per layer (`ring_write`)."""
         plan = WindowPlan.chunk(slots, start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype,
-                                in_place=in_place)
+                                in_place=in_place, fused=fused)
         x = self.input_proj(x)
         for layer, cache in zip(self.transformer.layers, caches, strict=True):
             x = layer(x, plan, cache, slots, self.transformer.parts)

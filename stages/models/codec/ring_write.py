@@ -1,0 +1,80 @@
+"""RoPE and the ring writes of a streaming chunk in one kernel (Triton).
+
+Before attending over its rings in place (`ring_attention`), each layer of a streaming chunk
+rotates its queries and keys (interleaved RoPE, fp32 math) and writes the keys and values into
+the slots' rings. Done with torch ops that is seven kernels a layer (a cast to fp32, the complex
+product, the cast back, a copy of the strided keys and of the values, two `index_copy_`), which
+at a few rows is seven launches of nearly nothing: in a small replay of the full v2 decoder (92
+layers) the fixed cost of such launches is most of the replay. Here one program per (row, head)
+reads the layer's packed q, k, v straight from the input projection `[B, T, 3, H, Dh]`, rotates q
+and k by the row's (cos, sin) table and stores q (contiguous, for the attention kernel) and k, v
+at the row's ring row: one kernel a layer. Values and rows are read from device tensors, so the
+kernel runs inside CUDA graphs; on CPU it runs in Triton's interpreter (the tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_ring_write_kernel(
+    qkv_ptr, table_ptr, rows_ptr, q_ptr, k_ptr, v_ptr,
+    stride_xr, stride_xp, stride_xh, stride_tr, stride_qr, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    """Program (row r = b * T + t, head h): rotate q and k of (r, h), store q, write k and v to the ring."""
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    i = tl.arange(0, BLOCK_HALF)
+    ok = i < HALF
+    cos = tl.load(table_ptr + r * stride_tr + 2 * i, mask=ok, other=0.0)
+    sin = tl.load(table_ptr + r * stride_tr + 2 * i + 1, mask=ok, other=0.0)
+    x = qkv_ptr + r * stride_xr + h * stride_xh
+    qa = tl.load(x + 2 * i, mask=ok, other=0.0).to(tl.float32)
+    qb = tl.load(x + 2 * i + 1, mask=ok, other=0.0).to(tl.float32)
+    ka = tl.load(x + stride_xp + 2 * i, mask=ok, other=0.0).to(tl.float32)
+    kb = tl.load(x + stride_xp + 2 * i + 1, mask=ok, other=0.0).to(tl.float32)
+    va = tl.load(x + 2 * stride_xp + 2 * i, mask=ok, other=0.0)
+    vb = tl.load(x + 2 * stride_xp + 2 * i + 1, mask=ok, other=0.0)
+    q = q_ptr + r * stride_qr + h * stride_qh
+    tl.store(q + 2 * i, (qa * cos - qb * sin).to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(q + 2 * i + 1, (qa * sin + qb * cos).to(q_ptr.dtype.element_ty), mask=ok)
+    ring = tl.load(rows_ptr + r).to(tl.int64)  # slot * capacity + ring index
+    k = k_ptr + ring * stride_kr + h * stride_kh
+    tl.store(k + 2 * i, (ka * cos - kb * sin).to(k_ptr.dtype.element_ty), mask=ok)
+    tl.store(k + 2 * i + 1, (ka * sin + kb * cos).to(k_ptr.dtype.element_ty), mask=ok)
+    v = v_ptr + ring * stride_vr + h * stride_vh
+    tl.store(v + 2 * i, va, mask=ok)
+    tl.store(v + 2 * i + 1, vb, mask=ok)
+
+
+def rope_table(rotor: torch.Tensor) -> torch.Tensor:
+    """A plan's rotor [B, T, 1, 1, Dh/2] complex -> the kernel's table [B * T, Dh/2, 2] fp32 (cos, sin)."""
+    B, T = rotor.shape[:2]
+    return torch.view_as_real(rotor).reshape(B * T, -1, 2).contiguous()
+
+
+def rope_ring_write(qkv: torch.Tensor, table: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor,
+                    rows: torch.Tensor) -> torch.Tensor:
+    """qkv [B, T, 3, H, Dh] (the input projection, unrotated), table [B * T, Dh/2, 2] fp32 (`rope_table`),
+    rings [S, C, H, Dh], rows [B * T] (slot * C + ring index of each position) -> q [B, T, H, Dh]
+    rotated; k rotated and v written into the rings at `rows`. Equals `apply_interleaved_rope` on q
+    and k followed by the rings' `index_copy_` of k and v."""
+    B, T, three, H, D = qkv.shape
+    if three != 3 or D % 2 or qkv.stride(-1) != 1 or k_ring.stride(-1) != 1 or v_ring.stride(-1) != 1:
+        raise ValueError(f"qkv {tuple(qkv.shape)} and the rings need a packed q, k, v with an even, "
+                         "contiguous head dimension")
+    if qkv.stride(0) != T * qkv.stride(1):
+        raise ValueError("qkv's batch and time dimensions must flatten into rows")
+    q = torch.empty(B, T, H, D, dtype=qkv.dtype, device=qkv.device)
+    k_rows, v_rows = k_ring.view(-1, H, D), v_ring.view(-1, H, D)  # [S * C, H, Dh]
+    _rope_ring_write_kernel[(B * T, H)](
+        qkv, table, rows, q, k_rows, v_rows,
+        qkv.stride(1), qkv.stride(2), qkv.stride(3), table.stride(0), q.stride(1), q.stride(2),
+        k_rows.stride(0), k_rows.stride(1), v_rows.stride(0), v_rows.stride(1),
+        HALF=D // 2, BLOCK_HALF=max(16, triton.next_power_of_2(D // 2)),
+    )
+    return q
