@@ -76,5 +76,6 @@ def rope_ring_write(qkv: torch.Tensor, table: torch.Tensor, k_ring: torch.Tensor
         qkv.stride(1), qkv.stride(2), qkv.stride(3), table.stride(0), q.stride(1), q.stride(2),
         k_rows.stride(0), k_rows.stride(1), v_rows.stride(0), v_rows.stride(1),
         HALF=D // 2, BLOCK_HALF=max(16, triton.next_power_of_2(D // 2)),
+        num_warps=1,  # a program handles one head of one row: a few dozen elements
     )
     return q
