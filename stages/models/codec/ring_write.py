@@ -5,11 +5,12 @@ rotates its queries and keys (interleaved RoPE, fp32 math) and writes the keys a
 the slots' rings. Done with torch ops that is seven kernels a layer (a cast to fp32, the complex
 product, the cast back, a copy of the strided keys and of the values, two `index_copy_`), which
 at a few rows is seven launches of nearly nothing: in a small replay of the full v2 decoder (92
-layers) the fixed cost of such launches is most of the replay. Here one program per (row, head)
-reads the layer's packed q, k, v straight from the input projection `[B, T, 3, H, Dh]`, rotates q
-and k by the row's (cos, sin) table and stores q (contiguous, for the attention kernel) and k, v
-at the row's ring row: one kernel a layer. Values and rows are read from device tensors, so the
-kernel runs inside CUDA graphs; on CPU it runs in Triton's interpreter (the tests).
+layers) the fixed cost of such launches is most of the replay. Here one kernel a layer: a
+program takes a tile of rows of one head, reads their packed q, k, v straight from the input
+projection `[B, T, 3, H, Dh]`, rotates q and k by each row's (cos, sin) table and stores q
+(contiguous, for the attention kernel) and k, v at each row's ring row. Values and rows are read
+from device tensors, so the kernel runs inside CUDA graphs; on CPU it runs in Triton's
+interpreter (the tests).
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ import triton.language as tl
 
 @triton.jit
 def _rope_ring_write_kernel(
-    qkv_ptr, table_ptr, rows_ptr, q_ptr, k_ptr, v_ptr,
+    qkv_ptr, table_ptr, rows_ptr, q_ptr, k_ptr, v_ptr, N,
     stride_xr, stride_xp, stride_xh, stride_tr, stride_qr, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    """Program (row r = b * T + t, head h): rotate q and k of (r, h), store q, write k and v to the ring."""
-    r = tl.program_id(0).to(tl.int64)
+    """Program (tile of BLOCK_R rows r = b * T + t, head h): rotate q and k of those rows' head h,
+    store q, write k and v to the rows' ring rows."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]  # [BLOCK_R, 1]
     h = tl.program_id(1)
-    i = tl.arange(0, BLOCK_HALF)
-    ok = i < HALF
+    i = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF] pair index
+    ok = (r < N) & (i < HALF)
     cos = tl.load(table_ptr + r * stride_tr + 2 * i, mask=ok, other=0.0)
     sin = tl.load(table_ptr + r * stride_tr + 2 * i + 1, mask=ok, other=0.0)
     x = qkv_ptr + r * stride_xr + h * stride_xh
@@ -42,7 +44,7 @@ def _rope_ring_write_kernel(
     q = q_ptr + r * stride_qr + h * stride_qh
     tl.store(q + 2 * i, (qa * cos - qb * sin).to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(q + 2 * i + 1, (qa * sin + qb * cos).to(q_ptr.dtype.element_ty), mask=ok)
-    ring = tl.load(rows_ptr + r).to(tl.int64)  # slot * capacity + ring index
+    ring = tl.load(rows_ptr + r, mask=r < N, other=0).to(tl.int64)  # slot * capacity + ring index
     k = k_ptr + ring * stride_kr + h * stride_kh
     tl.store(k + 2 * i, (ka * cos - kb * sin).to(k_ptr.dtype.element_ty), mask=ok)
     tl.store(k + 2 * i + 1, (ka * sin + kb * cos).to(k_ptr.dtype.element_ty), mask=ok)
@@ -71,11 +73,12 @@ def rope_ring_write(qkv: torch.Tensor, table: torch.Tensor, k_ring: torch.Tensor
         raise ValueError("qkv's batch and time dimensions must flatten into rows")
     q = torch.empty(B, T, H, D, dtype=qkv.dtype, device=qkv.device)
     k_rows, v_rows = k_ring.view(-1, H, D), v_ring.view(-1, H, D)  # [S * C, H, Dh]
-    _rope_ring_write_kernel[(B * T, H)](
-        qkv, table, rows, q, k_rows, v_rows,
+    block_r = 128 if qkv.device.type == "cpu" else 16  # the interpreter runs each program in numpy: few, large
+    _rope_ring_write_kernel[(triton.cdiv(B * T, block_r), H)](
+        qkv, table, rows, q, k_rows, v_rows, B * T,
         qkv.stride(1), qkv.stride(2), qkv.stride(3), table.stride(0), q.stride(1), q.stride(2),
         k_rows.stride(0), k_rows.stride(1), v_rows.stride(0), v_rows.stride(1),
-        HALF=D // 2, BLOCK_HALF=max(16, triton.next_power_of_2(D // 2)),
-        num_warps=1,  # a program handles one head of one row: a few dozen elements
+        HALF=D // 2, BLOCK_HALF=max(16, triton.next_power_of_2(D // 2)), BLOCK_R=block_r,
+        num_warps=2,  # a program: one head of 16 rows, a few hundred elements
     )
     return q
