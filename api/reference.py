@@ -103,7 +103,9 @@ class ReferenceLoader:
     """Turns a ``ref_audio`` locator or uploaded bytes into a :class:`PreparedReference`.
 
     Clients resend the same clip with every request of a voice; decoding and hashing its samples
-    again is most of a request's CPU in the API process. So the loader remembers, by the SHA-256
+    again costs the API process about a millisecond each time (1.3 ms for 5.5 s of 24 kHz WAV on
+    the 2-core development machine), and requests arriving together queue behind one another's.
+    So the loader remembers, by the SHA-256
     of the encoded bytes, the clips it validated (``memo_size`` of them, least recently used
     forgotten): identical bytes decode to identical samples, so a repeat is known without
     decoding (its waveform is decoded only if the reference cache misses). Refused clips are not
