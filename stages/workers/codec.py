@@ -5,10 +5,11 @@ and closed on its final record) and control from the coordinator (aborts, refere
 shutdown). Each loop iteration (`CodecLoop.step`): drain both inboxes (sleeping on their doorbells
 only when nothing is runnable, up to the coalescing deadline) → hand terminal records (no frames)
 straight through → decode requests' first chunks at once (express; with `express_joins_dispatch`,
-inside the batch due now if one is) → ask the `Coalescer` whether to decode now → decode one chunk of each chosen stream in one call → PCM records to each request's
-client ring, a `ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator → run
-waiting reference-encode jobs as one batch (after the streams that were due, so an encode never
-delays audio already owed).
+inside the batch due now if one is) → ask the `Coalescer` whether to decode now → decode one
+chunk of each chosen stream in one call → PCM records to each request's client ring, a
+`ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator → run waiting
+reference-encode jobs as one batch (after the streams that were due, so an encode never delays
+audio already owed).
 
 An aborted stream drops its waiting chunks at once and skips any that still arrive; it closes on
 its final record (the talker always sends one), so nothing is left behind.

@@ -209,21 +209,23 @@ class TransformerLayer(nn.Module):
             from stages.models.codec.ring_attention import ring_attention
             from stages.models.codec.ring_write import rope_ring_write
 
-            attn = self.self_attn
-            B, T, _ = x.shape
-            qkv = attn.in_projs[0](self.norm1(x)).view(B, T, 3, attn.num_heads, attn.head_dim)
-            q = rope_ring_write(qkv, plan.table, cache.k, cache.v, plan.rows)  # [B, T, H, Dh]
+            q = rope_ring_write(layer_qkv(self, x), plan.table, cache.k, cache.v, plan.rows)  # [B, T, H, Dh]
             o = ring_attention(q, cache.k, cache.v, slots, plan.start, plan.context)  # [B, T, H, Dh]
             return after(self, x, o.transpose(1, 2))
         q, k, v = before(self, x, plan.rotor)
         return after(self, x, self.self_attn.attend(q, k, v, plan, cache, slots))
 
 
-def layer_inputs(layer: TransformerLayer, x: torch.Tensor, rotor: torch.Tensor):
-    """A layer up to attention: x [B, T, D] -> q, k, v [B, T, H, Dh] (RoPE on q and k)."""
+def layer_qkv(layer: TransformerLayer, x: torch.Tensor) -> torch.Tensor:
+    """A layer's packed input projection: x [B, T, D] -> qkv [B, T, 3, H, Dh] (before RoPE)."""
     attn = layer.self_attn
     B, T, _ = x.shape
-    qkv = attn.in_projs[0](layer.norm1(x)).view(B, T, 3, attn.num_heads, attn.head_dim)
+    return attn.in_projs[0](layer.norm1(x)).view(B, T, 3, attn.num_heads, attn.head_dim)
+
+
+def layer_inputs(layer: TransformerLayer, x: torch.Tensor, rotor: torch.Tensor):
+    """A layer up to attention: x [B, T, D] -> q, k, v [B, T, H, Dh] (RoPE on q and k)."""
+    qkv = layer_qkv(layer, x)
     qk = apply_interleaved_rope(qkv[:, :, :2], rotor)  # [B, T, 2, H, Dh]
     return qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2]
 
