@@ -115,7 +115,7 @@ def test_cli_with_two_processes_reports_every_request(stub, seed_root, tmp_path,
     for r in run["requests"]:
         assert r["forced_frames"] == min(16, max(1, round(0.25 * r["target_chars"])))
         assert r["audio_s"] == pytest.approx(r["forced_frames"] * FRAME_S)
-        assert r["start_s"] + r["latency_s"] <= run["wall_s"]
+        assert r["start_s"] + r["latency_s"] <= run["wall_s"] + 1e-4  # wall_s reported to 0.1 ms
 
 
 def test_failed_requests_in_a_client_process_fail_the_run(stub, seed_root):
