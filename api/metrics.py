@@ -29,7 +29,7 @@ OUTCOMES = ("ok", "client_error", "rejected", "failed", "cancelled")
 ENGINE_CUMULATIVE = frozenset({"submitted", "rejected", "failed", "finished_stop", "finished_length",
                                "aborted", "chunks", "audio_s", "decode_batches", "coordinator_busy_s",
                                "codec_emit_s", "client_route_s", "restarts", "talker_prompt_rows",
-                               "talker_cached_rows"})
+                               "talker_cached_rows", "admission_holds"})
 
 # HELP text of each engine counter (`engine.counters`, plus the API process's own `client_*`).
 ENGINE_HELP = MappingProxyType({
@@ -37,6 +37,8 @@ ENGINE_HELP = MappingProxyType({
     "ready": "1 once every worker has loaded its model and warmed up",
     "running": "Requests in the workers: dispatched and not yet closed",
     "queued": "Requests waiting for admission",
+    "admission_held": "1 while queued requests wait because a playing stream runs low on buffered audio",
+    "admission_holds": "Times admission started holding queued requests for a playing stream that ran low",
     "talker_slots": "Requests held by the talker runners",
     "codec_slots": "Streaming-decode slots open in the codec workers",
     "encode_jobs": "Reference-audio encode jobs in flight",

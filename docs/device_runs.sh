@@ -72,9 +72,10 @@
 #                                       # as shipped, with codec.decode_lanes 2, with
 #                                       # coalescing.express_joins_dispatch, with all three (C=128,
 #                                       # 64; timelines: the codec's calls and busy share)
-#   bash docs/device_runs.sh ramp       # high-concurrency as shipped, with the ramp 1, 4, 8 frames (not
-#                                       # 1, 2, 4, 8: fewer urgent chunks, so fewer codec dispatches),
-#                                       # C=128 and 256; then at most 160 requests running (C=256)
+#   bash docs/device_runs.sh ramp       # overload: high-concurrency as shipped, then with the playout
+#                                       # gate (admission.min_lead_s, LEAD=0.5 s), C=256 and 128; then
+#                                       # at most 160 requests running, then the ramp 1, 4, 8 frames
+#                                       # (fewer urgent chunks), C=256; timelines
 #   bash docs/device_runs.sh delaystall # MOSS-TTS 8B (delay): the GPU tests of the backbone and prefill
 #                                       # graphs; high-concurrency as shipped (prefill graphs), with a
 #                                       # step budget (talker.max_step_ms 60; STEP_MS=...), then with
@@ -475,18 +476,21 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   summaries
   cp -r /tmp/tl_* "$R/"
   ;;
-ramp)
+ramp)  # overload: C=256 (and 128) as shipped, with the playout gate, with a cap, with a shorter ramp
   checkpoint
-  start_server 8000 hc --profile high-concurrency --set engine.timeline_dir=/tmp/tl_hc
-  pair 8000 hc "128 256"
-  stop_server hc
-  start_server 8001 r148 --profile high-concurrency --set engine.timeline_dir=/tmp/tl_r148 --set "chunking.ramp=[4, 8]"
-  pair 8001 r148 "128 256"
-  stop_server r148
-  start_server 8002 cap --profile high-concurrency --set engine.timeline_dir=/tmp/tl_cap \
-    --set admission.max_running=160 --set talker.max_running=160
-  pair 8002 cap "256"
-  stop_server cap
+  for name in hc gate cap r148; do
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    case $name in
+      hc) flags="" cs="256 128" ;;
+      gate) flags="--set admission.min_lead_s=${LEAD:-0.5}" cs="256 128" ;;
+      cap) flags="--set admission.max_running=160 --set talker.max_running=160" cs="256" ;;
+      r148) flags="--set chunking.ramp=[4,8]" cs="256" ;;
+    esac
+    start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
+    pair 8000 $name "$cs"
+    grep -E "^mossvox_engine_admission_hold" "$R/${name}_c256_metrics.txt"
+    stop_server $name
+  done
   summaries
   ;;
 delaystall)

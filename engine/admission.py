@@ -26,16 +26,17 @@ class Admission:
     smoothing: float = 0.2
     _mean_service_s: float | None = None
 
-    def decide(self, num_running: int, num_queued: int) -> Verdict:
-        if num_running < self.max_running and num_queued == 0:
+    def decide(self, num_running: int, num_queued: int, *, hold: bool = False) -> Verdict:
+        """`hold`: new work waits even with a place free (the playout gate, `engine.playout_gate`)."""
+        if num_running < self.max_running and num_queued == 0 and not hold:
             return Verdict.RUN
         if num_queued < self.max_queued:
             return Verdict.QUEUE
         return Verdict.REJECT
 
-    def may_dispatch(self, num_running: int) -> bool:
-        """A queued request may start (a running one ended)."""
-        return num_running < self.max_running
+    def may_dispatch(self, num_running: int, *, hold: bool = False) -> bool:
+        """A queued request may start (a running one ended, or the playout gate opened)."""
+        return num_running < self.max_running and not hold
 
     def record_service_time(self, seconds: float) -> None:
         """A request ended after `seconds` in the workers."""

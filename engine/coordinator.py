@@ -6,7 +6,8 @@ never-blocking `Outbox`. The only timers are per-request deadlines (`loop.call_l
 the ring gauge reads non-zero, its 50 ms re-read.
 
 A request's life: `Submit` → run now (forwarded with its prompt to the talker of the live replica
-with the most headroom, `engine.replicas`) or queue (one queue for all replicas), or a typed
+with the most headroom, `engine.replicas`) or queue (one queue for all replicas; also while a
+playing stream runs low on buffered audio, `engine.playout_gate`), or a typed
 `Rejected` → its replica's codec's final `ChunkDone` closes it and frees its place. An abort
 (client gone), a deadline or a per-request error sends `Abort` to both workers of its replica; the
 request still closes on the codec's final record, which every request gets, so counts cannot
@@ -28,6 +29,7 @@ from typing import Any
 from engine.admission import Admission, Verdict
 from engine.counters import CounterBlock
 from engine.outbox import Outbox
+from engine.playout_gate import PlayoutGate
 from engine.replicas import Replica, ReplicaChannels, ReplicaSet, worker_name
 from engine.request_table import Phase, Request, RequestTable
 from engine.shutdown import EngineState, Lifecycle
@@ -61,6 +63,7 @@ class Coordinator:
         a = profile.admission
         self.replicas = ReplicaSet([Replica(k, ch, a.max_running) for k, ch in enumerate(replicas)])
         self.admission = Admission(self.replicas.live_capacity, a.max_queued, a.retry_after_s)
+        self.gate = PlayoutGate(a.min_lead_s, a.lead_settle_s)
         self.lifecycle = Lifecycle(profile.engine.shutdown)
         self.counters = counters
         self.clients = [Outbox(ch, f"client{i}") for i, ch in enumerate(to_clients)]
@@ -237,11 +240,13 @@ class Coordinator:
             client.put(Failed(rid=submit.rid, message=f"prompt of {size} bytes exceeds the "
                                                       f"talker ring's largest record"))
             return
-        verdict = self.admission.decide(self.table.num_running, self.table.num_queued)
+        verdict = self.admission.decide(self.table.num_running, self.table.num_queued,
+                                        hold=self._held())
         if verdict is Verdict.REJECT:
             self._reject(submit, f"queue full ({self.table.num_queued} waiting)")
             return
-        req = Request(submit=submit, prompt=None, t_submit=self.clock())
+        req = Request(submit=submit, prompt=None, t_submit=self.clock(),
+                      input_open=submit.open_input)
         timeout = submit.timeout_s or self.profile.admission.request_timeout_s
         req.deadline = asyncio.get_running_loop().call_later(timeout, self._on_deadline, submit.rid)
         replica = self.replicas.pick() if verdict is Verdict.RUN else None
@@ -257,6 +262,8 @@ class Coordinator:
         req = self.table.get(feed.rid)
         if req is None or req.phase is Phase.ABORTING:
             return  # ended or ending: nothing reads it any more
+        if feed.final:
+            req.input_open = False
         if req.phase is Phase.QUEUED:
             rows = None if rec.payload is None else rec.array("int64").copy()
             req.feeds.append((feed, rows))
@@ -269,11 +276,22 @@ class Coordinator:
         self.clients[submit.client].put(Rejected(rid=submit.rid, reason=reason, retry_after_s=retry))
 
     def _dispatch_queued(self) -> None:
-        while self.lifecycle.healthy and self.admission.may_dispatch(self.table.num_running):
+        while self.table.num_queued and self.lifecycle.healthy and self.admission.may_dispatch(
+                self.table.num_running, hold=self._held()):
             req, replica = self.table.next_queued(), self.replicas.pick()
             if req is None or replica is None:
                 return
             self._start(req, replica, req.prompt)
+
+    def _held(self) -> bool:
+        """The playout gate holds new work now (`engine.playout_gate`); kept in the
+        `admission_held` gauge, each start of a hold counted in `admission_holds`."""
+        held = self.gate.holding(self.clock())
+        if held != bool(self.counters["admission_held"]):
+            self.counters["admission_held"] = int(held)
+            if held:
+                self.counters.add("admission_holds")
+        return held
 
     def _start(self, req: Request, replica: Replica, prompt: Any) -> None:
         """Dispatch `req` to `replica`'s talker; it stays on that replica until it closes."""
@@ -298,6 +316,7 @@ class Coordinator:
             self.clients[req.client].put(Failed(rid=rid, message=notify))
         else:
             self.counters.add("aborted")
+        self.gate.forget(rid)
         if req.phase is Phase.QUEUED:
             self.table.remove(rid)
             self._update_gauges()
@@ -326,8 +345,14 @@ class Coordinator:
             self.counters.add("audio_s", done.samples / self.sample_rate)
             if req.t_first_chunk is None:
                 req.t_first_chunk = now
+            if req.phase is Phase.RUNNING and not req.input_open:
+                self.gate.on_audio(done.rid, req.t_first_chunk, req.samples / self.sample_rate)
         if not done.final:
+            if self.gate.enabled and self.table.num_queued:
+                self._dispatch_queued()  # the chunk may have lifted the stream that held them
+                self._update_gauges()
             return
+        self.gate.forget(done.rid)
         self.table.remove(done.rid)
         self.replicas[req.replica].running.discard(done.rid)
         if req.phase is Phase.RUNNING and done.finish_reason in ("stop", "length"):
@@ -386,6 +411,7 @@ class Coordinator:
                   self.replicas.num_up)
         for req in mine:
             self.table.remove(req.rid)
+            self.gate.forget(req.rid)
             self.counters.add("failed")
             self.counters.add_replica(replica.index, "failed")
             self.clients[req.client].put(Failed(rid=req.rid, message=reason))
@@ -435,6 +461,7 @@ class Coordinator:
         self.counters["ready"] = 0
         for req in self.table.all():
             self.table.remove(req.rid)
+            self.gate.forget(req.rid)
             self.counters.add("failed")
             self.clients[req.client].put(Failed(rid=req.rid, message=reason))
         for job, client in self._jobs.items():
@@ -492,6 +519,8 @@ class Coordinator:
         c["running"] = self.table.num_running
         c["queued"] = self.table.num_queued
         c["encode_jobs"] = len(self._jobs)
+        if not self.table.num_queued:
+            c["admission_held"] = 0  # nothing waits, so nothing is held
         for replica in self.replicas:
             c.set_replica(replica.index, "running", len(replica.running))
         if len(self.table) == 0 and not self._jobs:

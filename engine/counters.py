@@ -20,6 +20,8 @@ SCALARS = (
     "ready",              # 1 while a replica is up with both workers warmed up
     "running",            # requests dispatched to the workers, not yet closed
     "queued",             # requests waiting for admission
+    "admission_held",     # 1 while queued requests wait for a playing stream to get ahead again
+    "admission_holds",    # times the playout gate started holding queued requests
     "talker_slots",       # requests inside the talker runner (reported by the talker)
     "codec_slots",        # open streaming-decode slots (reported by the codec)
     "encode_jobs",        # reference-encode jobs in flight

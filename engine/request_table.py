@@ -31,6 +31,7 @@ class Request:
     chunks: int = 0
     samples: int = 0
     replica: int = -1               # the replica it was dispatched to (-1: not yet)
+    input_open: bool = False        # submitted with open_input and no final Feed yet
     deadline: asyncio.TimerHandle | None = field(default=None, repr=False)
     feeds: list = field(default_factory=list, repr=False)  # (Feed, rows) held while queued
 

@@ -279,6 +279,14 @@ class AdmissionConfig(_Section):
     retry_after_s: Annotated[float, doc(
         "Retry-After hint sent with a rejection when no better estimate exists",
         ge=0)] = 1.0
+    min_lead_s: Annotated[float, doc(
+        "queued requests wait while a playing stream has less than this many seconds of "
+        "delivered audio left to play (its client playing from its first chunk at real time), "
+        "so overload slows new arrivals, not the streams already heard; 0 = off (only "
+        "max_running limits admission)", ge=0)] = 0.0
+    lead_settle_s: Annotated[float, doc(
+        "a stream counts for min_lead_s once it has delivered this many seconds of audio (its "
+        "first chunks are short by design, so its buffer starts small)", ge=0)] = 1.0
 
 
 class ApiConfig(_Section):
