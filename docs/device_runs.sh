@@ -72,6 +72,10 @@
 #                                       # as shipped, with codec.decode_lanes 2, with
 #                                       # coalescing.express_joins_dispatch, with all three (C=128,
 #                                       # 64; timelines: the codec's calls and busy share)
+#   bash docs/device_runs.sh windows    # high-concurrency as shipped, with a prefill step every 4th
+#                                       # step (not 2nd), with the codec window 32 streams / 25 ms
+#                                       # (not 16 / 10), with both (C=128, 64; timelines): fewer
+#                                       # prefill replays and codec dispatches for later first audio
 #   bash docs/device_runs.sh ramp       # overload: high-concurrency as shipped, then with the playout
 #                                       # gate (admission.min_lead_s, LEAD=0.5 s), C=256 and 128; then
 #                                       # at most 160 requests running, then the ramp 1, 4, 8 frames
@@ -104,7 +108,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|windows|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -360,6 +364,22 @@ codecsmall)
     timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 16,32 \
       --grid 1,4,15 --iters 5 --ring-attention $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_small${flag// /}.txt" | tail -5
   done
+  ;;
+windows)  # first audio has headroom at C=128 (157 ms of 200): trade some of it for fewer fixed costs
+  checkpoint
+  for name in shipped pi4 cw both; do
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    case $name in
+      shipped) flags="" ;;
+      pi4) flags="--set talker.prefill_interval=4" ;;
+      cw) flags="--set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" ;;
+      both) flags="--set talker.prefill_interval=4 --set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" ;;
+    esac
+    start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
+    pair 8000 $name "128 64"
+    stop_server $name
+  done
+  summaries
   ;;
 lanes)  # fewer codec replays or side by side: GPU tests, then high-concurrency four ways
   checkpoint > "$R/checkpoint.txt" 2>&1 &
