@@ -220,6 +220,8 @@ def test_cuda_decode_lanes_replay_side_by_side_equal_one_lane():
     runner.capture(range(1, MAX_SLOTS + 1), (1, 2, 4, 15))
     got = play(runner, calls)
     assert all(e.graph is not None for lane in runner.lanes for e in lane._entries.values())
+    # recorded on a stream each: graphs of one capture stream share its cuBLAS workspace
+    assert len({lane.capture_stream.cuda_stream for lane in runner.lanes}) == 2
     for rid in want:  # the same kernels on the same inputs; a race would be off by O(1)
         scale = max(1.0, float(np.abs(want[rid]).max()))
         assert np.abs(got[rid] - want[rid]).max() <= 1e-6 * scale, rid

@@ -26,6 +26,11 @@ inputs are copied in and the graph replayed.
 Eager mode (`use_cuda_graphs=False`) runs the same padded static inputs and scratch slot through
 the decoder without recording, so CPU tests cover the bucket/padding/scratch logic.
 
+Each `DecodeGraphs` warms up and records on a capture stream of its own. cuBLAS keeps its
+workspace per (handle, stream) and a recording bakes in the workspace address of the stream it
+was captured on: graphs captured on one stream share one workspace, so replaying two of them at
+once (`CodecRunner`'s decode lanes, one `DecodeGraphs` each) would race on it.
+
 Reference encoding never runs inside a capture, so its allocations stay in the default pool, not
 the graphs' private one.
 """
@@ -88,6 +93,8 @@ class DecodeGraphs:
             raise ValueError(f"CUDA graphs need a CUDA device, the decoder is on {self.device}")
         self.use_cuda_graphs = use_cuda_graphs
         self.pool = torch.cuda.graph_pool_handle() if use_cuda_graphs else None
+        # warm-up and recording stream: its cuBLAS workspace is this instance's alone
+        self.capture_stream = torch.cuda.Stream(self.device) if use_cuda_graphs else None
         cfg = decoder.model.cfg
         self.channels, self.hop = cfg.channels, cfg.downsample_rate
         self._out: torch.Tensor | None = None  # flat fp32, max_batch * channels * max_frames * hop, shared by all keys
@@ -156,15 +163,16 @@ class DecodeGraphs:
         return entry
 
     def _record(self, entry: _Entry) -> torch.cuda.CUDAGraph:
-        """Warm up on a side stream, then record into the shared pool (all rows on the scratch slot)."""
+        """Warm up, then record into this instance's pool, both on its capture stream (all rows on
+        the scratch slot)."""
         current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
+        side = self.capture_stream
         side.wait_stream(current)
         with torch.cuda.stream(side):
             for _ in range(WARMUP_CALLS):
                 self._body(entry)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, stream=side):
             self._body(entry)
         return graph

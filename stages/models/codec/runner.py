@@ -11,7 +11,8 @@ is padded to its replay's T with its real length as the row's valid frames, so i
 by its real frames only; padding rows decode on a scratch slot (slot `max_slots`, never leased).
 The replays' PCM comes back through one pinned host buffer and one wait per call. With
 `decode_lanes` > 1 the replays of one call run on that many CUDA streams at once (replay i on lane
-i mod lanes), each lane with its own graphs and memory pool, the shared decoder state touched by
+i mod lanes), each lane with its own graphs, memory pool and capture stream (so its own cuBLAS
+workspace, `stages.models.codec.graphs`), the shared decoder state touched by
 disjoint slots only (one chunk per request per call; the padding rows of every lane share the
 scratch slot, whose values nobody reads): a replay of small chunks is bound by its thousands of
 small kernels, not by the chip's throughput, so replays side by side fill the chip. Longer chunks
@@ -80,6 +81,9 @@ class CodecRunner:
                                    use_cuda_graphs=cuda_graphs) for _ in range(decode_lanes)] if padded else []
         self.graphs = self.lanes[0] if self.lanes else None
         self._lane_streams = [torch.cuda.Stream(self.device) for _ in self.lanes[1:]] if cuda_graphs else []
+        if cuda_graphs and len({lane.capture_stream.cuda_stream for lane in self.lanes}) < len(self.lanes):
+            raise ValueError(f"{decode_lanes} decode lanes need as many capture streams (cuBLAS "
+                             f"workspaces); the stream pool gave fewer")
         if encode_graphs and self.device.type != "cuda":
             raise ValueError(f"encode_graphs needs a CUDA device, the codec is on {self.device}")
         self.encode_graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=encode_batch, capture=encode_graphs) \
