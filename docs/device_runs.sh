@@ -151,7 +151,7 @@ start_server() {  # start_server PORT NAME SERVE_ARGS... ; sets SPID. SERVER_TRE
 }
 stop_server() {
   kill -INT $SPID; for _ in $(seq 1 30); do kill -0 $SPID 2>/dev/null || break; sleep 1; done; kill -9 $SPID 2>/dev/null
-  grep -E "ERROR|Traceback|exited|captured" "$R/serve_$1.log" | head -8 | cut -c1-300
+  grep -E "ERROR|Traceback|exited|captured|loaded in|warm-up requests|after loading" "$R/serve_$1.log" | head -14 | cut -c1-300
 }
 bench() {  # bench PORT NAME C [extra bench args]
   local port=$1 name=$2 c=$3; shift 3

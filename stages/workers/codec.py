@@ -437,8 +437,11 @@ def main(spec: WorkerSpec) -> None:
     from_talker, from_coord, to_coord, to_clients = attach_codec(spec)
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"codec{spec.replica}")
     try:
+        t0 = time.perf_counter()
         runner = variant.make_codec_runner(spec.device)
+        log.info("codec: loaded in %.1f s", time.perf_counter() - t0)
         warm_up(runner, chunk_lengths(spec.profile), spec.profile.coalescing.max_batch)
+        log.info("codec: ready %.1f s after loading began", time.perf_counter() - t0)
         to_coord.send(Ready(stage="codec", pid=os.getpid(), capacity=runner.max_slots))
         c = spec.profile.coalescing
         coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,

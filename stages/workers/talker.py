@@ -336,13 +336,21 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     (`talker.prefill_graphs`), so no capture stalls the streams of the first requests."""
     request = variant.build_request(variant.warm_up_job())
     batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
-    for rids in batches:
+    took: dict[str, float] = {}  # warm-up stage -> seconds (start-up time, in the log)
+    for name, rids in zip(("alone", "two"), batches):
+        t0 = time.perf_counter()
         run_together(runner, [(rid, request) for rid in rids], max_steps=8)
+        took[name] = time.perf_counter() - t0
     n = min(WARM_SERVING_REQUESTS, runner.max_running)
     if n > 2:
         serving = [serving_size_request(variant, i) for i in range(n)]
+        t0 = time.perf_counter()
         run_together(runner, [(-10 - i, request) for i, request in enumerate(serving)], max_steps=64)
+        took["serving"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         run_together(runner, wide_batch(runner, serving), max_steps=64)
+        took["wide"] = time.perf_counter() - t0
+    log.info("talker: warm-up requests %s", ", ".join(f"{k} {v:.1f} s" for k, v in took.items()))
     t0 = time.perf_counter()
     if capture_ahead:
         made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)
@@ -377,8 +385,11 @@ def main(spec: WorkerSpec) -> None:
     runner = None
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"talker{spec.replica}")
     try:
+        t0 = time.perf_counter()
         runner = variant.make_talker_runner(spec.device)
+        log.info("talker: loaded in %.1f s", time.perf_counter() - t0)
         warm_up(runner, variant, spec.profile.talker.capture_ahead)
+        log.info("talker: ready %.1f s after loading began", time.perf_counter() - t0)
         to_coord.send(Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
                             max_prompt_rows=runner.max_prompt_rows()))
         TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),

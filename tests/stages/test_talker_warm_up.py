@@ -28,7 +28,8 @@ def test_serving_size_request_is_shaped_like_a_served_one(variant):
     assert serving.sampling.forced_frames == 4
 
 
-def test_warm_up_prefills_a_serving_batch_together_and_leaves_the_runner_empty(variant):
+def test_warm_up_prefills_a_serving_batch_together_and_leaves_the_runner_empty(variant, caplog):
+    caplog.set_level("INFO", logger="stages.workers.talker")
     runner = variant.make_talker_runner("cpu")
     free = runner.cache.num_free_blocks
     steps = []  # the scheduler's batches: (request, rows fed) per step
@@ -48,6 +49,9 @@ def test_warm_up_prefills_a_serving_batch_together_and_leaves_the_runner_empty(v
     wide_fed = sum(n for batch in steps for r, n in batch if r.rid in wide)
     assert runner.scheduler.cached_tokens > 3 * wide_fed
     assert runner.num_running() == 0 and runner.cache.num_free_blocks == free
+    # the start-up time of each warm-up stage, in the log (where a slow start goes)
+    (line,) = [r.getMessage() for r in caplog.records if "warm-up requests" in r.getMessage()]
+    assert all(f"{stage} " in line for stage in ("alone", "two", "serving", "wide")) and line.endswith(" s")
 
 
 @pytest.mark.parametrize("name", ["delay", "ttsd", "sound-effect", "voice-generator", "realtime"])
