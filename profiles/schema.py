@@ -125,6 +125,12 @@ class TalkerConfig(_Section):
         "chunks cost idle attention programs); a step with more runs one eager call, as many "
         "prefix-cache hits admitted together make (up to max_running chunks of a few rows each)",
         ge=1)] = 32
+    mixed_step_tokens: Annotated[int, doc(
+        "Local-v1.5 with cuda_graphs and the Triton attention: a step that decodes at least 16 "
+        "requests and takes at most 8 prompt chunks of this many tokens in all replays one graph "
+        "for both (decode rows and chunk tokens through one backbone call, then one local loop) "
+        "instead of a decode graph and a prefill graph. Graphs: decode buckets from 16 x token "
+        "buckets (powers of two) to this, per sampler mode, made at warm-up. 0 = off", ge=0)] = 0
     capture_ahead: Annotated[bool, doc(
         "with cuda_graphs, record at warm-up every decode, local-loop and prefill graph bucket "
         "serving can meet (every sampler mode, block tables up to 2048 tokens), so the first "

@@ -19,7 +19,11 @@ before step 4: the decoding requests (their row is the last frame's, held on the
 loop + sampling, `stages.models.local_v15.graphs.DecodeGraphs`); the prefill chunks (and any other row,
 e.g. a prompt's last one) run one eager backbone call over their own rows only, and the requests
 they complete replay the local loop from a graph per batch bucket (`FrameGraphs`). Decode rows
-reserve their KV slots first, as in the one-call path. `graph_path="cuda"` captures CUDA graphs
+reserve their KV slots first, as in the one-call path. With `mixed_step_tokens`, a step that
+decodes at least `MIXED_MIN_DECODE` requests and takes a few small prompt chunks replays one graph
+for all of it instead (`stages.runtime.mixed_graphs`: the backbone over the decode rows and the
+chunks' tokens, then the local loop over the decode rows and the completed prompts), so a prefill
+step no longer pays a second backbone replay. `graph_path="cuda"` captures CUDA graphs
 (`cuda_graphs=True` on a CUDA device); `"eager"` runs the same bodies on the same padded static
 inputs without capture (what the CPU tests exercise; also the fallback of "cuda" off CUDA).
 
@@ -47,13 +51,19 @@ from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.model import LocalV15Talker
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
-from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, batch_buckets, powers_up_to, resolve_graph_path
+from stages.runtime.graph_capture import (GRAPH_AHEAD_TOKENS, batch_bucket, batch_buckets, powers_up_to,
+                                          resolve_graph_path)
+from stages.runtime.mixed_graphs import MixedGraphs, MixedInputs
 from stages.runtime.prefill_graphs import PrefillGraphs
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
 from stages.runtime.sampling import K_CAP, SamplingSlots, noise_key, sample_tokens
 from stages.runtime.scheduled_runner import ScheduledRunner, in_kernel_mode
 from stages.runtime.talker_runner import FrameEvent
+
+MIXED_MIN_DECODE = 16  # a mixed step decodes at least this many requests: below it the two
+#                        replays are short anyway, and fewer decode buckets mean fewer graphs
+MIXED_MAX_CHUNKS = 8  # prompt chunks a mixed step takes at most (under load: one or two a step)
 
 
 @dataclass(slots=True, eq=False)
@@ -118,12 +128,15 @@ class LocalV15Runner(ScheduledRunner):
 
     def __init__(self, model: LocalV15Talker, *, cuda_graphs: bool = False, graph_path: str | None = None,
                  attention: AttentionBackend | None = None, prefill_graphs: bool = False,
-                 overlap_steps: bool = False, **capacity) -> None:
+                 overlap_steps: bool = False, mixed_step_tokens: int = 0, **capacity) -> None:
         """`graph_path`: "off" | "eager" | "cuda" (module docstring); None = "cuda" with
         `cuda_graphs` on a CUDA device, else "off". `prefill_graphs`: with a graph path, prefill
         chunks replay `PrefillGraphs` too (else one eager call). `overlap_steps`: with a graph path
         (its decode rows are fed from the device), each `step()` launches a step and returns the
-        events of the one before (`_step_ahead`). `capacity`:
+        events of the one before (`_step_ahead`). `mixed_step_tokens`: with a graph path and one
+        block-table width (the Triton attention; any backend on the eager path), a step with at
+        least `MIXED_MIN_DECODE` decode rows and at most `MIXED_MAX_CHUNKS` prompt chunks of this
+        many tokens in all replays one mixed graph (module docstring); 0: off. `capacity`:
         `ScheduledRunner`'s KV and batching settings (`prefill_interval` among them)."""
         cfg = model.config
         on_cuda = next(model.parameters()).device.type == "cuda"
@@ -143,6 +156,7 @@ class LocalV15Runner(ScheduledRunner):
                                    device=self.device)  # [slots, 1 + n_vq]: the row each request feeds next
         self.mode = SamplerMode()  # this step's (set in step())
         self._graph_sets: dict[SamplerMode, tuple[DecodeGraphs, FrameGraphs]] = {}
+        self._mixed_sets: dict[SamplerMode, MixedGraphs] = {}
         if use_graphs:
             # slot max_running and this block take the padding rows; every set shares one pool
             (self._scratch_block,) = self.cache.allocator.allocate(1)
@@ -156,6 +170,11 @@ class LocalV15Runner(ScheduledRunner):
         self._result_buffers: list[torch.Tensor] = []  # pinned, made on first use
         self._result_turn = 0
         self._requests: dict[int, _Request] = {}
+        width = self.graph_table_width() or (self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
+                                             if graph_path == "eager" else None)
+        # (a backend that gathers whole tables pays for a wide one: mixed steps only on the eager path)
+        self.mixed_step_tokens = mixed_step_tokens if use_graphs and width is not None else 0
+        self._mixed_width = width
         self.prefill_graphs: PrefillGraphs | None = None
         if use_graphs and prefill_graphs:
             model_, cache, attention_ = self.model, self.cache, self.attention
@@ -214,16 +233,22 @@ class LocalV15Runner(ScheduledRunner):
     @in_kernel_mode
     def capture_decode_graphs(self, budget_s: float) -> int:
         """With one table width (`graph_table_width`), the decode and local-loop graphs of every
-        batch bucket for the sampler modes met so far (the warm-up requests'), largest first,
-        within `budget_s`; 0 when widths are bucketed. Returns how many were made."""
+        batch bucket for the sampler modes met so far (the warm-up requests'), and with
+        `mixed_step_tokens` their mixed graphs of every decode bucket from `MIXED_MIN_DECODE` and
+        token bucket, largest first, within `budget_s`; 0 when widths are bucketed. Returns how
+        many were made."""
         width = self.graph_table_width()
         if self.graph_path == "off" or width is None:
             return 0
         deadline = time.monotonic() + budget_s
         made = 0
-        for decode, frame in list(self._graph_sets.values()):
+        for mode, (decode, frame) in list(self._graph_sets.items()):
             made += decode.capture_ahead(batch_buckets(self.max_running), [width], deadline - time.monotonic())
             made += frame.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic())
+            if self.mixed_step_tokens:
+                mixed = self._mixed_graphs(mode)
+                made += mixed.capture_ahead([b for b in batch_buckets(self.max_running) if b >= MIXED_MIN_DECODE],
+                                            mixed.token_buckets(), deadline - time.monotonic())
         return made
 
     @in_kernel_mode
@@ -265,7 +290,10 @@ class LocalV15Runner(ScheduledRunner):
             graph_rows = [self._requests[r.rid].graph_decodable for r, _ in scheduled]  # before any pack
             decode = [self._requests[r.rid] for (r, _), g in zip(scheduled, graph_rows) if g]
             chunks = [item for item, g in zip(scheduled, graph_rows) if not g]
-            parts = [self._graph_decode(decode) if decode else None, self._eager_part(chunks) if chunks else None]
+            if self._mixes(decode, chunks):
+                parts = [self._mixed_part(decode, chunks)]
+            else:
+                parts = [self._graph_decode(decode) if decode else None, self._eager_part(chunks) if chunks else None]
         parts = [p for p in parts if p is not None]
         if not parts:
             return None
@@ -456,6 +484,65 @@ class LocalV15Runner(ScheduledRunner):
         stop, codes = self.graphs.run(packed, key, len(decode))
         return decode, stop, codes
 
+    # ---- mixed steps (`mixed_step_tokens`) -------------------------------------------------------
+
+    def _mixed_graphs(self, mode: SamplerMode | None = None) -> MixedGraphs:
+        """The mixed graphs of `mode` (default: this step's), made empty on first use."""
+        mode = self.mode if mode is None else mode
+        found = self._mixed_sets.get(mode)
+        if found is None:
+            n_vq, scratch, dev = self.model.config.n_vq, self.max_running, self.device
+            found = self._mixed_sets[mode] = MixedGraphs(
+                lambda inputs: self._mixed_body(inputs, mode),
+                lambda rows: (torch.empty(rows, dtype=torch.bool, device=dev),
+                              torch.empty(rows, n_vq, dtype=torch.int64, device=dev)),
+                width=1 + n_vq, max_batch=scratch, max_tokens=self.mixed_step_tokens,
+                max_seqs=MIXED_MAX_CHUNKS, table_width=self._mixed_width, scratch_slot=scratch,
+                scratch_block=self._scratch_block, block_size=self.cache.spec.block_size, device=dev,
+                capture=self._capture, pool=self._pool)
+        return found
+
+    def _mixes(self, decode: list[_Request], chunks: list[tuple[RowRequest, int]]) -> bool:
+        """Whether this step's decode rows and chunks run as one mixed replay."""
+        if not self.mixed_step_tokens or len(decode) < MIXED_MIN_DECODE or not chunks:
+            return False
+        blocks_for = self.cache.spec.blocks_for
+        return self._mixed_graphs().fits(
+            len(decode), [n for _, n in chunks],
+            [blocks_for(r.sched.prefilled + 1) for r in decode] + [blocks_for(r.prefilled + n) for r, n in chunks])
+
+    def _mixed_body(self, x: MixedInputs, mode: SamplerMode) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixed step as pure device work (what `MixedGraphs` records): the backbone over the
+        decode rows (their next rows, by slot) and the chunks' tokens, then the local loop over the
+        sampled rows (decode rows, each chunk's last token)."""
+        ids = torch.cat([self.next_row[x.dec_slots], x.ids])  # [B + T, 1 + n_vq]
+        hidden = self.model.transformer(self.model.embed_rows(ids), x.meta, self.cache, self.attention)  # [B + T, H]
+        return self.model.decode_frame(hidden[x.rows], _SlotSampler(self, x.slots, x.frames, mode))
+
+    def _mixed_part(self, decode: list[_Request], chunks: list[tuple[RowRequest, int]]):
+        """Reserve the decode rows' KV slots, then the chunks', and replay one mixed graph:
+        (ready: the decode requests, then those the chunks complete; stop [B], codes [B, n_vq])."""
+        cache = self.cache
+        positions, kv_slots = [], []
+        for r in decode:
+            start, (slot,) = cache.append_slots(r.rid, 1)
+            r.sched.prefilled += 1
+            positions.append(start)
+            kv_slots.append(slot)
+        tables = [cache.block_table(r.rid) for r in decode]
+        packed, done, index = self.scheduler.reserve(chunks)
+        completed = [self._requests[r.rid] for r in done]
+        marks: list[tuple[int, int] | None] = [None] * len(chunks)
+        for i, r in zip(index, completed):
+            marks[i] = (r.slot, r.frames)
+        mixed = self._mixed_graphs()
+        with torch.inference_mode():
+            stop, codes = mixed.run([r.slot for r in decode], [r.frames for r in decode], positions, kv_slots,
+                                    tables, packed, marks)  # rows [B + MIXED_MAX_CHUNKS]
+            B = batch_bucket(len(decode), mixed.max_batch)
+            pick = torch.tensor([*range(len(decode)), *(B + i for i in index)]).to(self.device, non_blocking=True)
+            return decode + completed, stop[pick], codes[pick]
+
     def _finish_device(self, ready: list[_Request], stop: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Apply forced lengths and record the frame in the requests' device state (repetition
         history, the row each feeds next): the step's results [B, 1 + n_vq] (stop, codes) on the
@@ -522,4 +609,5 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
-    return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps, **talker_runner_options(profile, device))
+    return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps,
+                          mixed_step_tokens=profile.talker.mixed_step_tokens, **talker_runner_options(profile, device))
