@@ -72,10 +72,11 @@
 #                                       # as shipped, with codec.decode_lanes 2, with
 #                                       # coalescing.express_joins_dispatch, with all three (C=128,
 #                                       # 64; timelines: the codec's calls and busy share)
-#   bash docs/device_runs.sh windows    # high-concurrency as shipped, with a prefill step every 4th
-#                                       # step (not 2nd), with the codec window 32 streams / 25 ms
-#                                       # (not 16 / 10), with both (C=128, 64; timelines): fewer
-#                                       # prefill replays and codec dispatches for later first audio
+#   bash docs/device_runs.sh windows    # the GPU tests of mixed steps; high-concurrency as shipped,
+#                                       # with talker.mixed_step_tokens 256 (decode rows and new
+#                                       # prompt chunks in one replay), with the codec window 32
+#                                       # streams / 25 ms (not 16 / 10), with a prefill step every
+#                                       # 4th step (not 2nd) (C=128, 64; timelines)
 #   bash docs/device_runs.sh ramp       # overload: high-concurrency as shipped, then with the playout
 #                                       # gate (admission.min_lead_s, LEAD=0.5 s), C=256 and 128; then
 #                                       # at most 160 requests running, then the ramp 1, 4, 8 frames
@@ -365,15 +366,16 @@ codecsmall)
       --grid 1,4,15 --iters 5 --ring-attention $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_small${flag// /}.txt" | tail -5
   done
   ;;
-windows)  # first audio has headroom at C=128 (157 ms of 200): trade some of it for fewer fixed costs
+windows)  # fewer fixed costs: prefill steps in one replay; or trade first audio (157 ms of 200 at C=128)
   checkpoint
-  for name in shipped pi4 cw both; do
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_mixed_steps.py 2>&1 | tail -3
+  for name in shipped mixed cw pi4; do
     [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
     case $name in
       shipped) flags="" ;;
-      pi4) flags="--set talker.prefill_interval=4" ;;
+      mixed) flags="--set talker.mixed_step_tokens=256" ;;
       cw) flags="--set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" ;;
-      both) flags="--set talker.prefill_interval=4 --set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" ;;
+      pi4) flags="--set talker.prefill_interval=4" ;;
     esac
     start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
     pair 8000 $name "128 64"
