@@ -127,6 +127,17 @@ def decode_metadata(packed: torch.Tensor, block_size: int) -> AttentionMetadata:
     )
 
 
+def sections(sizes: list[tuple[str, int]]) -> dict[str, slice]:
+    """A flat static input laid out as consecutive sections: name -> slice, plus "size" (an
+    empty slice at the end)."""
+    out, offset = {}, 0
+    for name, size in sizes:
+        out[name] = slice(offset, offset + size)
+        offset += size
+    out["size"] = slice(offset, offset)
+    return out
+
+
 def run_eager(body, outputs: tuple[torch.Tensor, ...]) -> None:
     """Run `body` once without a graph, its results copied into the static `outputs`."""
     with torch.inference_mode():

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import StaticCall, batch_bucket, bucket, make_missing, replay_or_build
+from stages.runtime.graph_capture import (StaticCall, batch_bucket, bucket, make_missing, replay_or_build,
+                                          sections)
 from stages.runtime.prefill_graphs import PrefillChunk
 
 MIN_TOKENS = 16  # the smallest token bucket
@@ -130,12 +131,7 @@ class MixedGraphs:
         sizes = [("dec", 2 * B), ("ids", T * self.width), ("positions", N), ("slot_mapping", N),
                  ("qstart", B + S + 1), ("seq_lens", B + S), ("context_lens", B + S), ("last", B + S),
                  ("tables", (B + S) * self.table_width), ("pairs", S * Q), ("ready", 2 * S)]
-        out, offset = {}, 0
-        for name, size in sizes:
-            out[name] = slice(offset, offset + size)
-            offset += size
-        out["size"] = slice(offset, offset)
-        return out
+        return sections(sizes)
 
     def _pack(self, key: tuple[int, int], dec_slots, dec_frames, dec_positions, dec_kv_slots, dec_tables,
               chunks: Sequence[PrefillChunk], ready) -> torch.Tensor:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import StaticCall, bucket, make_missing, replay_or_build
+from stages.runtime.graph_capture import StaticCall, bucket, make_missing, replay_or_build, sections
 
 MIN_TOKENS = 16  # the smallest token bucket
 TOKEN_STEP = 256  # token buckets past this are its multiples
@@ -131,12 +131,7 @@ class PrefillGraphs:
         S, Q = self.max_seqs, self.max_chunk
         sizes = [("ids", T * self.width), ("positions", T), ("slot_mapping", T), ("qstart", S + 1),
                  ("seq_lens", S), ("context_lens", S), ("last", S), ("tables", S * M), ("pairs", S * Q)]
-        out, offset = {}, 0
-        for name, size in sizes:
-            out[name] = slice(offset, offset + size)
-            offset += size
-        out["size"] = slice(offset, offset)
-        return out
+        return sections(sizes)
 
     def _pack(self, chunks: Sequence[PrefillChunk], T: int, M: int) -> torch.Tensor:
         """The host input of these chunks in bucket (T, M)."""

@@ -469,16 +469,22 @@ class LocalV15Runner(ScheduledRunner):
                                         self.attention)  # [B, H]: one new token per request
         return self.model.decode_frame(hidden, _SlotSampler(self, slots, frames, mode))
 
+    def _reserve_decode(self, decode: list[_Request]) -> tuple[list[int], list[int]]:
+        """One KV slot for each decoding request's row (counted as prefilled): their positions
+        and KV slots."""
+        positions, kv_slots = [], []
+        for r in decode:
+            start, (slot,) = self.cache.append_slots(r.rid, 1)
+            r.sched.prefilled += 1
+            positions.append(start)
+            kv_slots.append(slot)
+        return positions, kv_slots
+
     def _graph_decode(self, decode: list[_Request]):
         """Reserve one KV slot per decoding request and replay its bucket's decode graph:
         (decode, stop [B], codes [B, n_vq])."""
         cache = self.cache
-        positions, kv_slots = [], []
-        for r in decode:
-            start, (slot,) = cache.append_slots(r.rid, 1)
-            r.sched.prefilled += 1
-            positions.append(start)
-            kv_slots.append(slot)
+        positions, kv_slots = self._reserve_decode(decode)
         packed, key = self.graphs.pack([r.slot for r in decode], [r.frames for r in decode], positions, kv_slots,
                                        [p + 1 for p in positions], [cache.block_table(r.rid) for r in decode])
         stop, codes = self.graphs.run(packed, key, len(decode))
@@ -523,12 +529,7 @@ class LocalV15Runner(ScheduledRunner):
         """Reserve the decode rows' KV slots, then the chunks', and replay one mixed graph:
         (ready: the decode requests, then those the chunks complete; stop [B], codes [B, n_vq])."""
         cache = self.cache
-        positions, kv_slots = [], []
-        for r in decode:
-            start, (slot,) = cache.append_slots(r.rid, 1)
-            r.sched.prefilled += 1
-            positions.append(start)
-            kv_slots.append(slot)
+        positions, kv_slots = self._reserve_decode(decode)
         tables = [cache.block_table(r.rid) for r in decode]
         packed, done, index = self.scheduler.reserve(chunks)
         completed = [self._requests[r.rid] for r in done]
