@@ -78,7 +78,7 @@
 #                                       # streams / 25 ms (not 16 / 10), with a prefill step every
 #                                       # 4th step (not 2nd) (C=128, 64; timelines)
 #   bash docs/device_runs.sh ramp       # overload: high-concurrency as shipped, then with the playout
-#                                       # gate (admission.min_lead_s, LEAD=0.5 s), C=256 and 128; then
+#                                       # gate (admission.min_lead_s, LEAD=0.3 s), C=256 and 128; then
 #                                       # at most 160 requests running, then the ramp 1, 4, 8 frames
 #                                       # (fewer urgent chunks), C=256; timelines
 #   bash docs/device_runs.sh delaystall # MOSS-TTS 8B (delay): the GPU tests of the backbone and prefill
@@ -504,7 +504,7 @@ ramp)  # overload: C=256 (and 128) as shipped, with the playout gate, with a cap
     [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
     case $name in
       hc) flags="" cs="256 128" ;;
-      gate) flags="--set admission.min_lead_s=${LEAD:-0.5}" cs="256 128" ;;
+      gate) flags="--set admission.min_lead_s=${LEAD:-0.3}" cs="256 128" ;;
       cap) flags="--set admission.max_running=160 --set talker.max_running=160" cs="256" ;;
       r148) flags="--set chunking.ramp=[4,8]" cs="256" ;;
     esac
