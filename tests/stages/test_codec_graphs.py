@@ -55,8 +55,9 @@ def script(seed: int = 0) -> list[list[tuple[int, np.ndarray | None]]]:
     return calls
 
 
-def play(runner: CodecRunner, calls) -> dict[int, np.ndarray]:
-    """Run the script; PCM [channels, samples] per request, every leased slot checked."""
+def play(runner: CodecRunner, calls, made: list | None = None) -> dict[int, np.ndarray]:
+    """Run the script; PCM [channels, samples] per request, every leased slot checked; `made`
+    gets each decode's model calls (`last_calls`)."""
     pcm: dict[int, list[np.ndarray]] = {}
     for items in calls:
         for rid, _, _ in items:
@@ -64,6 +65,8 @@ def play(runner: CodecRunner, calls) -> dict[int, np.ndarray]:
                 runner.open(rid)
         assert all(0 <= s < runner.max_slots for s in runner._slot_of.values())  # never the scratch slot
         outs = runner.decode([(rid, codes) for rid, codes, _ in items])
+        if made is not None:
+            made.append(list(runner.last_calls))
         for (rid, codes, last), out in zip(items, outs):
             assert out.shape == (runner.channels, codes.shape[0] * runner.samples_per_frame)
             pcm.setdefault(rid, []).append(out.copy())  # a view valid until the next decode
@@ -181,22 +184,30 @@ def test_cuda_graph_bf16_replay_equals_padded_eager():
 
 def test_decode_lanes_share_a_dispatch_and_give_every_stream_its_own_audio():
     """With `decode_lanes`, a dispatch's replays go to the lanes in turn (each lane its own graph
-    entries over the one decoder's slots) and every stream gets the PCM of one lane exactly: the
-    same replays, only on other graph sets."""
+    entries over the one decoder's slots), a dispatch planned into fewer calls than lanes is split
+    (`dispatch_plan.spread`), and every stream gets the PCM of one lane: the same replays on other
+    graph sets, or halves of them (other batch buckets: float rounding, where a corrupted stream
+    would be off by O(1))."""
     model = tiny_model()
     calls = script(seed=5)
     kw = dict(n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, graphs_eager=True)
     one = CodecRunner(model, **kw)
     one.call_cost = CallCost(fixed_ms=0.0)  # a replay per length: several per dispatch
-    want = play(one, calls)
+    planned, spread_out = [], []
+    want = play(one, calls, planned)
     runner = CodecRunner(model, **kw, decode_lanes=3)
     runner.call_cost = CallCost(fixed_ms=0.0)
     assert len(runner.lanes) == 3 and runner.graphs is runner.lanes[0]
     assert len({id(lane.decoder) for lane in runner.lanes}) == 1  # one decoder state, three graph sets
-    got = play(runner, calls)
+    got = play(runner, calls, spread_out)
+    # dispatches of fewer calls than lanes were split: more calls, the same rows at the same lengths
+    assert any(len(b) > len(a) for a, b in zip(planned, spread_out))
+    for a, b in zip(planned, spread_out):
+        assert {T: sum(n for n, t in a if t == T) for _, T in a} == {T: sum(n for n, t in b if t == T) for _, T in b}
     assert all(lane.keys for lane in runner.lanes)  # every lane replayed something
     for rid in want:
-        np.testing.assert_array_equal(got[rid], want[rid])
+        scale = max(1.0, float(np.abs(want[rid]).max()))
+        assert np.abs(got[rid] - want[rid]).max() <= 1e-5 * scale, rid
     assert runner.capture((1, 6), (1, 15)) > 0 and all(
         {(1, 1), (6, 15)} <= set(lane.keys) for lane in runner.lanes)  # captured on every lane
     with pytest.raises(ValueError, match="decode_lanes"):
@@ -206,8 +217,9 @@ def test_decode_lanes_share_a_dispatch_and_give_every_stream_its_own_audio():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_decode_lanes_replay_side_by_side_equal_one_lane():
-    """Replays of one dispatch on two CUDA streams at once (graphs and pools of their own, the
-    decoder's rings shared by disjoint slots) give every stream exactly one lane's PCM."""
+    """Replays of one dispatch on two CUDA streams at once (graphs, pools and capture streams of
+    their own, the decoder's rings shared by disjoint slots) give every stream one lane's PCM, up
+    to the rounding of other batch buckets where a dispatch was split across the lanes."""
     model = tiny_model("cuda")
     calls = script(seed=6)
     kw = dict(n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK, cuda_graphs=True)
@@ -222,9 +234,9 @@ def test_cuda_decode_lanes_replay_side_by_side_equal_one_lane():
     assert all(e.graph is not None for lane in runner.lanes for e in lane._entries.values())
     # recorded on a stream each: graphs of one capture stream share its cuBLAS workspace
     assert len({lane.capture_stream.cuda_stream for lane in runner.lanes}) == 2
-    for rid in want:  # the same kernels on the same inputs; a race would be off by O(1)
+    for rid in want:  # split calls: other batch buckets, other GEMM tiles; a race would be off by O(1)
         scale = max(1.0, float(np.abs(want[rid]).max()))
-        assert np.abs(got[rid] - want[rid]).max() <= 1e-6 * scale, rid
+        assert np.abs(got[rid] - want[rid]).max() <= 1e-4 * scale, rid
 
 
 def test_last_calls_names_each_replay_of_a_decode():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from stages.models.codec.dispatch_plan import CallCost, plan
+from stages.models.codec.dispatch_plan import CallCost, plan, spread
 from stages.models.codec.graphs import bucket
 
 FRAMES = (1, 2, 4, 8, 15)
@@ -82,3 +82,26 @@ def test_lengths_outside_the_calls_are_refused():
         plan([16], FRAMES, cap, CallCost())
     with pytest.raises(ValueError):
         plan([0, 1], FRAMES, cap, CallCost())
+
+
+def test_lanes_split_the_costliest_call_while_calls_are_fewer_than_lanes():
+    """Side by side, a dispatch takes its slowest lane's time: one call of 16 steady chunks
+    becomes two of 8 on two lanes (each models shorter than the whole), three on three; single
+    rows, one lane, or enough calls already stay as planned."""
+    cost = CallCost(fixed_ms=6.37, row_ms=0.014, row_frame_ms=0.0453)  # the H200 fit, call 19's server
+    lengths = [15] * 16
+    one = plan(lengths, FRAMES, cap, cost)
+    assert [len(m) for _, m in one] == [16]
+    two = spread(one, 2, cap, cost)
+    assert [(T, len(m)) for T, m in two] == [(15, 8), (15, 8)]
+    assert max(cost(cap(len(m)), T) for T, m in two) < cost(16, 15)
+    three = spread(one, 3, cap, cost)
+    assert sorted(len(m) for _, m in three) == [4, 4, 8]
+    for calls in (two, three):  # every chunk in exactly one call
+        assert sorted(i for _, m in calls for i in m) == list(range(16))
+    assert spread(one, 1, cap, cost) == one
+    assert spread([(1, [0]), (15, [1])], 4, cap, cost) == [(1, [0]), (15, [1])]  # nothing to split
+    mixed = plan([1] * 6 + [15] * 10, FRAMES, cap, cost)
+    assert spread(mixed, len(mixed), cap, cost) == mixed
+    # a huge fixed cost: two halves cost as much as the whole minus little, still shorter side by side
+    assert len(spread(plan([4] * 32, FRAMES, cap, CallCost(fixed_ms=100.0)), 2, cap, CallCost(fixed_ms=100.0))) == 2

@@ -10,6 +10,12 @@ call (thousands of small kernels), ~0.06 ms per row whatever T (reading the row'
 ~0.046 ms per row and frame. So a few 1-frame chunks padded to 15 frames cost more than a second
 call, and many of them cost less. `plan` sorts the chunks by length and picks the contiguous
 groups that minimise the modelled total (an exact search over the distinct lengths).
+
+With decode lanes (`CodecRunner`'s `decode_lanes`) the calls of a dispatch replay side by side,
+one lane each in turn, and a dispatch takes about its longest lane's time, not the sum: `spread`
+then splits the costliest call's rows in halves (same length) while calls are fewer than lanes
+and the halves, side by side, model shorter than the whole. Without it a dispatch planned into
+one call would leave every other lane idle.
 """
 
 from __future__ import annotations
@@ -80,3 +86,22 @@ def plan(lengths: Sequence[int], call_frames: Sequence[int], bucket: Callable[[i
         calls.append((call_length(distinct[j - 1]), [x for n in distinct[i:j] for x in by_length[n]]))
         j = i
     return calls[::-1]
+
+
+def spread(calls: list[tuple[int, list[int]]], lanes: int, bucket: Callable[[int], int],
+           cost: CallCost) -> list[tuple[int, list[int]]]:
+    """`plan`'s calls for `lanes` lanes side by side: while there are fewer calls than lanes, the
+    costliest one with two or more rows is split into two halves of the same length T when the
+    slower half models shorter than the whole call. The calls come shortest first."""
+    calls = list(calls)
+    while len(calls) < lanes:
+        splittable = [i for i, (_, members) in enumerate(calls) if len(members) > 1]
+        if not splittable:
+            break
+        k = max(splittable, key=lambda i: cost(bucket(len(calls[i][1])), calls[i][0]))
+        T, members = calls[k]
+        first, second = members[: (len(members) + 1) // 2], members[(len(members) + 1) // 2:]
+        if cost(bucket(len(first)), T) >= cost(bucket(len(members)), T):
+            break
+        calls[k: k + 1] = [(T, first), (T, second)]
+    return calls

@@ -15,7 +15,8 @@ i mod lanes), each lane with its own graphs, memory pool and capture stream (so 
 workspace, `stages.models.codec.graphs`), the shared decoder state touched by
 disjoint slots only (one chunk per request per call; the padding rows of every lane share the
 scratch slot, whose values nobody reads): a replay of small chunks is bound by its thousands of
-small kernels, not by the chip's throughput, so replays side by side fill the chip. Longer chunks
+small kernels, not by the chip's throughput, so replays side by side fill the chip; a dispatch
+planned into fewer calls than lanes is split (`dispatch_plan.spread`) so no lane idles. Longer chunks
 (reference priming) replay in graph-sized pieces. Without graphs, chunks of equal length run as
 one eager call. `graphs_eager` runs the same buckets, padding and scratch slot without recording
 (CPU tests of that logic). With `encode_graphs` (CUDA only; `encode_graphs_eager` for CPU tests) reference
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from stages.models.codec.encode_graphs import EncodeGraphs
-from stages.models.codec.dispatch_plan import CallCost, plan
+from stages.models.codec.dispatch_plan import CallCost, plan, spread
 from stages.models.codec.graphs import DecodeGraphs, bucket
 from stages.models.codec.model import CodecModel
 from stages.models.codec.streaming import StreamingDecoder
@@ -164,6 +165,8 @@ class CodecRunner:
         graphs = self.graphs
         lengths = [items[i][1].shape[0] for i in indices]
         calls = plan(lengths, self.call_frames, lambda n: bucket(n, graphs.max_batch), self.call_cost)
+        if len(self.lanes) > 1:  # side by side: a dispatch takes its slowest lane's time
+            calls = spread(calls, len(self.lanes), lambda n: bucket(n, graphs.max_batch), self.call_cost)
         host = self._host_views([(len(members), T) for T, members in calls])
         self.last_calls += [(len(members), T) for T, members in calls]
         main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
