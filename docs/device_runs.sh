@@ -209,7 +209,8 @@ ms = lambda s, key="mean": round(s.get(key, 0.0), 1)
 print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "max"), "decode-only",
       ms(t["decode_only_step_ms"]), "rows", round(t["rows_per_step"], 1), "| prefill", t["prefill_steps"], "x",
       ms(t["prefill_step_ms"]), "ms,", t.get("prefill_tokens"), "tokens,", t.get("cached_prompt_tokens"), "cached",
-      "| codec", k.get("dispatches"), "x", ms(k.get("decode_ms", {})), "ms,", round(k.get("calls_per_dispatch", 0), 2),
+      "| codec", k.get("dispatches"), "x", ms(k.get("decode_ms", {})), "ms,", round(k.get("chunks_per_dispatch", 0), 1),
+      "chunks,", round(k.get("calls_per_dispatch", 0), 2),
       "calls of", round(k.get("rows_per_call", 0), 1), "rows,", round(k.get("decode_us_per_frame", 0)),
       "us/frame | busy", round(g["talker_busy"], 2), round(g["codec_busy"], 2))
 PY
