@@ -76,8 +76,9 @@
 #                                       # with talker.mixed_step_tokens 256 (decode rows and new
 #                                       # prompt chunks in one replay), with the ramp 1, 4, 8 frames
 #                                       # (not 1, 2, 4, 8: fewer urgent chunks), with the codec
-#                                       # window 32 streams / 25 ms (not 16 / 10) (C=128, 64;
-#                                       # timelines)
+#                                       # window 32 streams / 25 ms (not 16 / 10), then mixed steps
+#                                       # with a prefill step every step if time is left (C=128,
+#                                       # 64; timelines)
 #   bash docs/device_runs.sh ramp       # overload: high-concurrency as shipped, then with the playout
 #                                       # gate (admission.min_lead_s, LEAD=0.3 s), C=256 and 128; then
 #                                       # at most 160 requests running, then the ramp 1, 4, 8 frames
@@ -371,13 +372,14 @@ codecsmall)
 windows)  # fewer fixed costs: prefill steps in one replay, fewer urgent codec chunks, larger dispatches
   checkpoint
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_mixed_steps.py 2>&1 | tail -3
-  for name in shipped mixed r48 cw; do
+  for name in shipped mixed r48 cw mixed1; do
     [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
     case $name in
       shipped) flags="" ;;
       mixed) flags="--set talker.mixed_step_tokens=256" ;;
       r48) flags="--set chunking.ramp=[4,8]" ;;
       cw) flags="--set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" ;;
+      mixed1) flags="--set talker.mixed_step_tokens=256 --set talker.prefill_interval=1" ;;
     esac
     start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
     pair 8000 $name "128 64"
