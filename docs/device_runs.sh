@@ -184,6 +184,18 @@ pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured
     echo "$name $c $a $b" >> "$R/windows.txt"
   done
 }
+compare() {  # compare "CS" NAME "FLAGS" [NAME "FLAGS"]...: a high-concurrency server per NAME in
+  # turn (with its timeline), each through `pair` at the levels CS, while the budget allows one
+  local -; set -f  # flags such as chunking.ramp=[4,8] stay words, never file patterns
+  local cs=$1; shift
+  while [ $# -ge 2 ]; do
+    local name=$1 flags=$2; shift 2
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    start_server 8000 "$name" --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
+    pair 8000 "$name" "$cs"
+    stop_server "$name"
+  done
+}
 known_voices() {  # known_voices PORT NAME SERVE_ARGS...: a high-concurrency server through C=128
   # with new voices and texts, the same prompts again, known voices with new texts, then C=64
   local port=$1 name=$2; shift 2
@@ -372,19 +384,9 @@ codecsmall)
 windows)  # fewer fixed costs: prefill steps in one replay, fewer urgent codec chunks, larger dispatches
   checkpoint
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_mixed_steps.py 2>&1 | tail -3
-  for name in shipped mixed r48 cw mixed1; do
-    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
-    case $name in
-      shipped) flags="" ;;
-      mixed) flags="--set talker.mixed_step_tokens=256" ;;
-      r48) flags="--set chunking.ramp=[4,8]" ;;
-      cw) flags="--set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" ;;
-      mixed1) flags="--set talker.mixed_step_tokens=256 --set talker.prefill_interval=1" ;;
-    esac
-    start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
-    pair 8000 $name "128 64"
-    stop_server $name
-  done
+  compare "128 64" shipped "" mixed "--set talker.mixed_step_tokens=256" r48 "--set chunking.ramp=[4,8]" \
+    cw "--set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" \
+    mixed1 "--set talker.mixed_step_tokens=256 --set talker.prefill_interval=1"
   summaries
   ;;
 lanes)  # fewer codec replays or side by side: GPU tests, then high-concurrency four ways
@@ -397,18 +399,8 @@ lanes)  # fewer codec replays or side by side: GPU tests, then high-concurrency 
       --ring-attention $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -5
   done
   wait $CK; cat "$R/checkpoint.txt"
-  for name in shipped lanes join all; do
-    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
-    case $name in
-      shipped) flags="" ;;
-      lanes) flags="--set codec.decode_lanes=2" ;;
-      join) flags="--set coalescing.express_joins_dispatch=true" ;;
-      all) flags="--set codec.decode_lanes=2 --set coalescing.express_joins_dispatch=true --set codec.fused_ring_writes=true" ;;
-    esac
-    start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
-    pair 8000 $name "128 64"
-    stop_server $name
-  done
+  compare "128 64" shipped "" lanes "--set codec.decode_lanes=2" join "--set coalescing.express_joins_dispatch=true" \
+    all "--set codec.decode_lanes=2 --set coalescing.express_joins_dispatch=true --set codec.fused_ring_writes=true"
   summaries
   ;;
 ringtune)
@@ -504,19 +496,9 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   ;;
 ramp)  # overload: C=256 (and 128) as shipped, with the playout gate, with a cap, with a shorter ramp
   checkpoint
-  for name in hc gate cap r148; do
-    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
-    case $name in
-      hc) flags="" cs="256 128" ;;
-      gate) flags="--set admission.min_lead_s=${LEAD:-0.3}" cs="256 128" ;;
-      cap) flags="--set admission.max_running=160 --set talker.max_running=160" cs="256" ;;
-      r148) flags="--set chunking.ramp=[4,8]" cs="256" ;;
-    esac
-    start_server 8000 $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
-    pair 8000 $name "$cs"
-    grep -E "^mossvox_engine_admission_hold" "$R/${name}_c256_metrics.txt"
-    stop_server $name
-  done
+  compare "256 128" hc "" gate "--set admission.min_lead_s=${LEAD:-0.3}"
+  compare "256" cap "--set admission.max_running=160 --set talker.max_running=160" r148 "--set chunking.ramp=[4,8]"
+  grep -E "^mossvox_engine_admission_hold" "$R"/*_c256_metrics.txt
   summaries
   ;;
 delaystall)
