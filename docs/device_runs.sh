@@ -70,15 +70,15 @@
 #                                       # the codec's replay grid (16, 32, 128 rows x 1, 4, 15 frames)
 #                                       # without and with codec.fused_ring_writes; high-concurrency
 #                                       # as shipped, with codec.decode_lanes 2, with
-#                                       # coalescing.express_joins_dispatch, with all three (C=128,
-#                                       # 64; timelines: the codec's calls and busy share)
+#                                       # coalescing.express_joins_dispatch, with all three (C=128
+#                                       # only; timelines: the codec's calls and busy share)
 #   bash docs/device_runs.sh windows    # the GPU tests of mixed steps; high-concurrency as shipped,
 #                                       # with talker.mixed_step_tokens 256 (decode rows and new
 #                                       # prompt chunks in one replay), with the ramp 1, 4, 8 frames
 #                                       # (not 1, 2, 4, 8: fewer urgent chunks), with the codec
 #                                       # window 32 streams / 25 ms (not 16 / 10), then mixed steps
-#                                       # with a prefill step every step if time is left (C=128,
-#                                       # 64; timelines)
+#                                       # with a prefill step every step if time is left (C=128
+#                                       # only, so more servers fit a call; timelines)
 #   bash docs/device_runs.sh ramp       # overload: high-concurrency as shipped, then with the playout
 #                                       # gate (admission.min_lead_s, LEAD=0.3 s), C=256 and 128; then
 #                                       # at most 160 requests running, then the ramp 1, 4, 8 frames
@@ -384,7 +384,7 @@ codecsmall)
 windows)  # fewer fixed costs: prefill steps in one replay, fewer urgent codec chunks, larger dispatches
   checkpoint
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_mixed_steps.py 2>&1 | tail -3
-  compare "128 64" shipped "" mixed "--set talker.mixed_step_tokens=256" r48 "--set chunking.ramp=[4,8]" \
+  compare "128" shipped "" mixed "--set talker.mixed_step_tokens=256" r48 "--set chunking.ramp=[4,8]" \
     cw "--set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" \
     mixed1 "--set talker.mixed_step_tokens=256 --set talker.prefill_interval=1"
   summaries
@@ -399,7 +399,7 @@ lanes)  # fewer codec replays or side by side: GPU tests, then high-concurrency 
       --ring-attention $flag 2>&1 | grep -v "^exactness" | tee "$R/codec_grid${flag// /}.txt" | tail -5
   done
   wait $CK; cat "$R/checkpoint.txt"
-  compare "128 64" shipped "" lanes "--set codec.decode_lanes=2" join "--set coalescing.express_joins_dispatch=true" \
+  compare "128" shipped "" lanes "--set codec.decode_lanes=2" join "--set coalescing.express_joins_dispatch=true" \
     all "--set codec.decode_lanes=2 --set coalescing.express_joins_dispatch=true --set codec.fused_ring_writes=true"
   summaries
   ;;
