@@ -382,8 +382,10 @@ codecsmall)
   done
   ;;
 windows)  # fewer fixed costs: prefill steps in one replay, fewer urgent codec chunks, larger dispatches
-  checkpoint
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_mixed_steps.py 2>&1 | tail -3
+  wait $CK; cat "$R/checkpoint.txt"
   compare "128" shipped "" mixed "--set talker.mixed_step_tokens=256" r48 "--set chunking.ramp=[4,8]" \
     cw "--set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" \
     mixed1 "--set talker.mixed_step_tokens=256 --set talker.prefill_interval=1"
