@@ -123,14 +123,15 @@ class MixedGraphs:
     # ---- static layout -------------------------------------------------------------------------
 
     def _layout(self, B: int, T: int) -> dict[str, slice]:
-        """Sections of the flat int64 input: name -> slice. dec [B, 2] (slot, frame), ids [T, width],
-        one entry per packed row (positions, slot_mapping: B + T), per sequence (qstart: B + S + 1;
-        seq_lens, context_lens, last: B + S), tables [B + S, table_width], pairs [S, max_tokens],
-        ready [S, 2] (slot, frame)."""
+        """Sections of the flat int64 input: name -> slice. sampled [B + S, 2] (the request slot and
+        frame count each sampled row samples for: decode rows, then one per chunk place), ids
+        [T, width], one entry per packed row (positions, slot_mapping: B + T), per sequence
+        (qstart: B + S + 1; seq_lens, context_lens, last: B + S), tables [B + S, table_width],
+        pairs [S, max_tokens]."""
         S, N, Q = self.max_seqs, B + T, self.max_tokens
-        sizes = [("dec", 2 * B), ("ids", T * self.width), ("positions", N), ("slot_mapping", N),
+        sizes = [("sampled", 2 * (B + S)), ("ids", T * self.width), ("positions", N), ("slot_mapping", N),
                  ("qstart", B + S + 1), ("seq_lens", B + S), ("context_lens", B + S), ("last", B + S),
-                 ("tables", (B + S) * self.table_width), ("pairs", S * Q), ("ready", 2 * S)]
+                 ("tables", (B + S) * self.table_width), ("pairs", S * Q)]
         return sections(sizes)
 
     def _pack(self, key: tuple[int, int], dec_slots, dec_frames, dec_positions, dec_kv_slots, dec_tables,
@@ -142,9 +143,9 @@ class MixedGraphs:
         flat = np.zeros(lay["size"].stop, dtype=np.int64)
         n, lengths = len(dec_slots), [len(c.rows) for c in chunks]
         t = sum(lengths)
-        dec = flat[lay["dec"]].reshape(B, 2)
-        dec[:, 0] = self.scratch_slot
-        dec[:n, 0], dec[:n, 1] = dec_slots, dec_frames
+        sampled = flat[lay["sampled"]].reshape(B + S, 2)  # decode rows, then one per chunk place
+        sampled[:, 0] = self.scratch_slot
+        sampled[:n, 0], sampled[:n, 1] = dec_slots, dec_frames
         if t:
             flat[lay["ids"]].reshape(T, self.width)[:t] = np.concatenate([c.rows for c in chunks])
         positions, kv = flat[lay["positions"]], flat[lay["slot_mapping"]]
@@ -165,8 +166,6 @@ class MixedGraphs:
             tables[i, : len(table)] = table
         pairs = flat[lay["pairs"]].reshape(S, self.max_tokens)
         pairs[:] = B + T  # past every row: masked
-        marks = flat[lay["ready"]].reshape(S, 2)
-        marks[:, 0] = self.scratch_slot
         for i, (c, q) in enumerate(zip(chunks, lengths)):
             a = int(qstart[B + i])
             positions[a: a + q] = np.arange(c.start, c.start + q)
@@ -175,7 +174,7 @@ class MixedGraphs:
             tables[B + i, : len(c.table)] = c.table
             pairs[i, :q] = np.arange(a, a + q)
             if ready[i] is not None:
-                marks[i] = ready[i]
+                sampled[B + i] = ready[i]
         return torch.from_numpy(flat)
 
     def _build(self, host: torch.Tensor, key: tuple[int, int]) -> _Graph:
@@ -184,9 +183,8 @@ class MixedGraphs:
         B, T = key
         S, dev, lay = self.max_seqs, self.device, self._layout(*key)
         packed = host.to(dev)
-        dec = packed[lay["dec"]].view(B, 2)
+        sampled = packed[lay["sampled"]].view(B + S, 2)
         pairs = packed[lay["pairs"]].view(S, self.max_tokens)
-        marks = packed[lay["ready"]].view(S, 2)
         last = packed[lay["last"]]
         seqs = torch.arange(B + S, device=dev)
         span = self.table_width * self.block_size
@@ -209,15 +207,12 @@ class MixedGraphs:
             max_query_len=self.max_tokens,
             max_seq_len=span,
         )
-        inputs = MixedInputs(dec_slots=dec[:, 0], dec_frames=dec[:, 1],
+        inputs = MixedInputs(dec_slots=sampled[:B, 0], dec_frames=sampled[:B, 1],
                              ids=packed[lay["ids"]].view(T, self.width), meta=meta, rows=last,
-                             slots=torch.cat([dec[:, 0], marks[:, 0]]), frames=torch.cat([dec[:, 1], marks[:, 1]]))
-        slots, frames = inputs.slots, inputs.frames
+                             slots=sampled[:, 0], frames=sampled[:, 1])
 
         def body() -> tuple[torch.Tensor, ...]:
             torch.lt(pairs, B + T, out=meta.prefill_valid)  # this call's (chunk, token) pairs
-            torch.cat([dec[:, 0], marks[:, 0]], out=slots)  # this call's sampled rows
-            torch.cat([dec[:, 1], marks[:, 1]], out=frames)
             return self.body(inputs)
 
         outputs = self.outputs(B + S)
