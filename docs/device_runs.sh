@@ -72,7 +72,17 @@
 #                                       # as shipped, with codec.decode_lanes 2, with
 #                                       # coalescing.express_joins_dispatch, with all three (C=128
 #                                       # only; timelines: the codec's calls and busy share)
-#   bash docs/device_runs.sh windows    # the GPU tests of mixed steps; high-concurrency as shipped,
+#   bash docs/device_runs.sh levers     # the GPU tests of the priority stream and codec graphs;
+#                                       # high-concurrency as shipped, with a prefill step every
+#                                       # step (talker.prefill_interval 1), with the talker's priority
+#                                       # stream, with the codec's lanes and fused ring writes
+#                                       # (C=128 and 64; timelines)
+#   bash docs/device_runs.sh mixlanes   # high-concurrency as before 2026-12-02 ($BEFORE) with mixed
+#                                       # steps, then also with the codec's lanes, joins and fused
+#                                       # writes; with the window 32 / 25 ms; with joins (C=128)
+#   bash docs/device_runs.sh mixlevels  # the same at C=64 and 256: before, mixed steps, mixed steps
+#                                       # with joins and the wider window (the shipped profile since)
+#   bash docs/device_runs.sh windows    # the GPU tests of mixed steps; high-concurrency before 2026-12-02,
 #                                       # with talker.mixed_step_tokens 256 (decode rows and new
 #                                       # prompt chunks in one replay), with the ramp 1, 4, 8 frames
 #                                       # (not 1, 2, 4, 8: fewer urgent chunks), with the codec
@@ -111,7 +121,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|windows|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|levers|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -184,6 +194,9 @@ pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured
     echo "$name $c $a $b" >> "$R/windows.txt"
   done
 }
+# high-concurrency as shipped before 2026-12-02 (no mixed steps; codec window 16 streams / 10 ms,
+# first chunks dispatched alone): the baseline of the phases that measured the change
+BEFORE="--set talker.mixed_step_tokens=0 --set coalescing.min_batch=16 --set coalescing.max_wait_ms=10 --set coalescing.express_joins_dispatch=false"
 compare() {  # compare "CS" NAME "FLAGS" [NAME "FLAGS"]...: a high-concurrency server per NAME in
   # turn (with its timeline), each through `pair` at the levels CS, while the budget allows one
   local -; set -f  # flags such as chunking.ramp=[4,8] stay words, never file patterns
@@ -386,9 +399,33 @@ windows)  # fewer fixed costs: prefill steps in one replay, fewer urgent codec c
   CK=$!
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_mixed_steps.py 2>&1 | tail -3
   wait $CK; cat "$R/checkpoint.txt"
-  compare "128" shipped "" mixed "--set talker.mixed_step_tokens=256" r48 "--set chunking.ramp=[4,8]" \
-    cw "--set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" \
-    mixed1 "--set talker.mixed_step_tokens=256 --set talker.prefill_interval=1"
+  compare "128" shipped "$BEFORE" mixed "$BEFORE --set talker.mixed_step_tokens=256" r48 "$BEFORE --set chunking.ramp=[4,8]" \
+    cw "$BEFORE --set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" \
+    mixed1 "$BEFORE --set talker.mixed_step_tokens=256 --set talker.prefill_interval=1"
+  summaries
+  ;;
+levers)  # the shipped profile against one switch each: a prefill step every step, the talker's
+  # priority stream, the codec's lanes with fused ring writes (C=128 and 64; first the GPU tests)
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_priority_stream.py \
+    tests/stages/test_codec_graphs.py 2>&1 | tail -3
+  wait $CK; cat "$R/checkpoint.txt"
+  compare "128 64" shipped "" pi1 "--set talker.prefill_interval=1" prio "--set talker.priority_stream=true" \
+    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
+  summaries
+  ;;
+mixlanes)  # mixed steps, then with the codec's lanes + joins + fused writes, the wider window, joins
+  checkpoint
+  M="$BEFORE --set talker.mixed_step_tokens=256"
+  compare "128" mixed "$M" mixall "$M --set codec.decode_lanes=2 --set coalescing.express_joins_dispatch=true --set codec.fused_ring_writes=true" \
+    mixcw "$M --set coalescing.max_wait_ms=25 --set coalescing.min_batch=32" mixjoin "$M --set coalescing.express_joins_dispatch=true"
+  summaries
+  ;;
+mixlevels)  # C=64 and 256: before, mixed steps, mixed steps with joins and the wider window (now shipped)
+  checkpoint
+  M="$BEFORE --set talker.mixed_step_tokens=256"
+  compare "64 256" shipped "$BEFORE" mixed "$M" mixjw "$M --set coalescing.express_joins_dispatch=true --set coalescing.max_wait_ms=25 --set coalescing.min_batch=32"
   summaries
   ;;
 lanes)  # fewer codec replays or side by side: GPU tests, then high-concurrency four ways
