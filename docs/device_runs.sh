@@ -73,10 +73,12 @@
 #                                       # coalescing.express_joins_dispatch, with all three (C=128
 #                                       # only; timelines: the codec's calls and busy share)
 #   bash docs/device_runs.sh levers     # the GPU tests of the priority stream and codec graphs;
-#                                       # high-concurrency as shipped, with a prefill step every
-#                                       # step (talker.prefill_interval 1), with the talker's priority
-#                                       # stream, with the codec's lanes and fused ring writes
-#                                       # (C=128 and 64; timelines)
+#                                       # high-concurrency as shipped, with the talker's priority
+#                                       # stream, with a prefill step every step
+#                                       # (talker.prefill_interval 1) (C=128 and 64; timelines)
+#   bash docs/device_runs.sh levers2    # high-concurrency as shipped, with final chunks due at once
+#                                       # (coalescing.final_wait_ms 0), with the codec's lanes and
+#                                       # fused ring writes (C=128 and 64; timelines)
 #   bash docs/device_runs.sh mixlanes   # high-concurrency as before 2026-12-02 ($BEFORE) with mixed
 #                                       # steps, then also with the codec's lanes, joins and fused
 #                                       # writes; with the window 32 / 25 ms; with joins (C=128)
@@ -121,7 +123,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|levers|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|levers|levers2|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -411,7 +413,12 @@ levers)  # the shipped profile against one switch each: a prefill step every ste
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_priority_stream.py \
     tests/stages/test_codec_graphs.py 2>&1 | tail -3
   wait $CK; cat "$R/checkpoint.txt"
-  compare "128 64" shipped "" pi1 "--set talker.prefill_interval=1" prio "--set talker.priority_stream=true" \
+  compare "128 64" shipped "" prio "--set talker.priority_stream=true" pi1 "--set talker.prefill_interval=1"
+  summaries
+  ;;
+levers2)  # the shipped profile against final chunks due at once, and the codec's lanes with fused ring writes
+  checkpoint
+  compare "128 64" shipped "" fin0 "--set coalescing.final_wait_ms=0" \
     lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
   summaries
   ;;

@@ -64,9 +64,10 @@ class CodecLoop:
                  clock: Any = time.monotonic, client_stall_s: float = 5.0,
                  timeline: Timeline | None = None, express_first_chunks: bool = False,
                  express_joins_dispatch: bool = False, patient_wait_s: float = 0.0,
-                 buffer_margin_s: float = 0.2) -> None:
+                 buffer_margin_s: float = 0.2, final_wait_s: float | None = None) -> None:
         self.client_stall_s = client_stall_s
         self.patient_wait_s, self.buffer_margin_s = patient_wait_s, buffer_margin_s
+        self.final_wait_s = final_wait_s
         self.express_first_chunks = express_first_chunks
         self.express_joins_dispatch = express_joins_dispatch
         self.timeline = timeline
@@ -188,10 +189,13 @@ class CodecLoop:
         request's first or final) of a stream whose client holds audio may wait up to that long,
         never past the moment the client's buffer would run dry less `buffer_margin_s` (its
         first audio's time plus the audio sent), for a larger, cheaper dispatch; other chunks
-        keep the window's `max_wait`."""
+        keep the window's `max_wait`; a request's final chunk is due `final_wait_s` after it
+        arrived when that is set."""
         chunk, _, since = stream.waiting[0]
         due = None
-        if self.patient_wait_s and not chunk.final and stream.first_out is not None:
+        if chunk.final and self.final_wait_s is not None:
+            due = since + self.final_wait_s
+        elif self.patient_wait_s and not chunk.final and stream.first_out is not None:
             dry = stream.first_out + stream.audio_out_s - self.buffer_margin_s
             due = max(since + self.coalescer.max_wait_s, min(since + self.patient_wait_s, dry))
         self.coalescer.mark_ready(rid, since=since, due=due)
@@ -451,7 +455,8 @@ def main(spec: WorkerSpec) -> None:
                   client_stall_s=spec.profile.codec.client_stall_s, timeline=timeline,
                   express_first_chunks=c.express_first_chunks,
                   express_joins_dispatch=c.express_joins_dispatch, patient_wait_s=c.patient_wait_ms / 1000.0,
-                  buffer_margin_s=c.buffer_margin_ms / 1000.0).run()
+                  buffer_margin_s=c.buffer_margin_ms / 1000.0,
+                  final_wait_s=None if c.final_wait_ms is None else c.final_wait_ms / 1000.0).run()
     except Exception as exc:
         log.exception("codec worker failed")
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))

@@ -163,6 +163,38 @@ def test_a_steady_chunk_of_a_buffered_stream_waits_for_a_larger_dispatch(demo_mo
         rig.close()
 
 
+@pytest.mark.parametrize("final_wait_s", [0.0, None])
+def test_a_final_chunk_with_no_wait_dispatches_at_once(demo_model_dir, final_wait_s):
+    """With `final_wait_s` 0 a request's final chunk (its last audio) goes in the next step with
+    the other ready chunks, not after the window; without it, it waits the window like any other,
+    and a steady chunk waits the window either way."""
+    now = [100.0]
+    window = Coalescer(min_batch=8, max_wait_s=0.010, max_batch=8, policy="fixed")
+    rig = Rig(demo_model_dir, coalescer=window, express=True, clock=lambda: now[0],
+              final_wait_s=final_wait_s)
+    try:
+        def batches() -> list[int]:
+            return [m.size for m in rig.drain_events() if isinstance(m, DecodeBatch)]
+
+        rig.chunk(1, 0, 0, 1)
+        rig.chunk(2, 0, 0, 1)
+        rig.loop.step()  # both first chunks: express
+        assert batches() == [2]
+        rig.chunk(2, 0, 1, 4)
+        rig.loop.step()  # a steady chunk alone waits the window
+        assert batches() == []
+        rig.chunk(1, 0, 1, 3, final=True, reason="stop")
+        rig.loop.step()  # the final chunk: due at once takes the waiting steady chunk with it
+        assert batches() == ([2] if final_wait_s == 0.0 else [])
+        if final_wait_s is None:  # (with nothing left ready, a step would sleep until a record)
+            now[0] += 0.011
+            rig.loop.step()
+            assert batches() == [2]
+        assert 1 not in rig.loop.streams  # its final audio went out: the stream is closed
+    finally:
+        rig.close()
+
+
 def test_a_waiting_reference_encode_goes_after_the_audio_that_is_due(demo_model_dir) -> None:
     """A first chunk and a reference-encode job arrive together: the chunk's audio is written to
     its client before the encode runs (an encode batch must not delay first audio)."""
