@@ -16,7 +16,7 @@ import pytest
 from bench.client import ClientConfig, ForcedLength, ServerInfo, request_body, run_pass, server_info
 from bench.dataset import DatasetError, SyntheticEn1088, digest, read_seed_tts, select_prompts
 from bench.prompt_sets import load_dataset
-from bench.report import simulate_player, summarize
+from bench.report import RequestResult, after_first_wave, simulate_player, summarize
 from cli.commands.bench_serve import _concurrencies
 from cli.main import main
 from tests.api.helpers import tone_wav
@@ -174,9 +174,24 @@ def test_small_run_against_a_real_server_reports_sane_figures(server, clips, tmp
     ttfa = sorted(1000 * r["ttfa_s"] for r in requests)
     assert run["ttfa_ms"]["mean"] == pytest.approx(sum(ttfa) / 8, abs=0.1)
     assert ttfa[0] <= run["ttfa_ms"]["p50"] <= run["ttfa_ms"]["p99"] <= ttfa[-1] + 0.1
+    later = [1000 * r["ttfa_s"] for r in sorted(requests, key=lambda r: r["start_s"])[2:]]  # C=2
+    assert run["ttfa_after_first_wave_ms"]["mean"] == pytest.approx(sum(later) / 6, abs=0.1)
+    assert "after the first wave" in printed.out
     assert run["rtf"]["mean"] == pytest.approx(
         sum(r["latency_s"] / r["audio_s"] for r in requests) / 8, rel=1e-3)
     assert 0 <= run["share_smooth"] <= 1 and run["chunk_gap_ms"]["max"] is not None
+
+
+def test_the_first_wave_is_the_first_requests_sent():
+    """Later requests' first audio leaves out the first `concurrency` requests sent, whatever the
+    order the results came back in."""
+    def result(i, start, ttfa):
+        return RequestResult(index=i, utt_id=f"u{i}", target_chars=10, forced_frames=None, ok=True,
+                             start_s=start, ttfa_s=ttfa, latency_s=1.0, audio_s=1.0)
+    results = [result(0, 0.5, 0.1), result(1, 0.0, 0.4), result(2, 0.01, 0.3), result(3, 0.7, 0.2)]
+    assert [r.index for r in after_first_wave(results, 2)] == [0, 3]
+    assert summarize(2, results, 2.0, 1000.0)["ttfa_after_first_wave_ms"]["mean"] == pytest.approx(150.0)
+    assert after_first_wave(results, 4) == []
 
 
 def test_bad_dataset_rows_fail_the_run(server, tmp_path, capsys):
