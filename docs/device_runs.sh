@@ -78,7 +78,8 @@
 #                                       # (talker.prefill_interval 1) (C=128 and 64; timelines)
 #   bash docs/device_runs.sh levers2    # high-concurrency as shipped, with final chunks due at once
 #                                       # (coalescing.final_wait_ms 0), with the codec's lanes and
-#                                       # fused ring writes (C=128 and 64; timelines)
+#                                       # fused ring writes, then (if time is left) with steady
+#                                       # chunks of 30 frames, not 15 (C=128 and 64; timelines)
 #   bash docs/device_runs.sh mixlanes   # high-concurrency as before 2026-12-02 ($BEFORE) with mixed
 #                                       # steps, then also with the codec's lanes, joins and fused
 #                                       # writes; with the window 32 / 25 ms; with joins (C=128)
@@ -419,7 +420,7 @@ levers)  # the shipped profile against one switch each: a prefill step every ste
 levers2)  # the shipped profile against final chunks due at once, and the codec's lanes with fused ring writes
   checkpoint
   compare "128 64" shipped "" fin0 "--set coalescing.final_wait_ms=0" \
-    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
+    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true" c30 "--set chunking.chunk_frames=30"
   summaries
   ;;
 mixlanes)  # mixed steps, then with the codec's lanes + joins + fused writes, the wider window, joins
