@@ -14,7 +14,11 @@ and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) an
 - the two together: share of the pass with both busy, with only one, with neither;
 - a request's life: admission → first frame (prefill), first frame → last frame (decode), last
   frame → its final chunk decoded (codec tail), first frame → first chunk decoded (first audio's
-  codec share), and each chunk's wait from arrival at the codec to its dispatch, by chunk index.
+  codec share), and each chunk's wait from arrival at the codec to its dispatch, by chunk index;
+  with the engine clients' timelines (each API process's `client<N>` file): a request's submit
+  → its admission by the talker (the coordinator and the talker's inbox), and its first and final
+  chunks decoded → their PCM taken off the client's ring (the codec's ring writes for its whole
+  dispatch, then the client's reader).
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ def split_passes(events: list[dict[str, Any]], gap: float) -> list[list[dict[str
     last_end = None
     for e in events:
         if e["k"] in SPANS:
-            if last_end is None or e["t"] - last_end >= gap:
-                passes.append([])
+            if (not passes) if last_end is None else e["t"] - last_end >= gap:
+                passes.append([])  # (events before the first span already opened the first pass)
             last_end = max(last_end or 0.0, _end(e))
         if passes:
             passes[-1].append(e)
@@ -158,7 +162,17 @@ def _request_life(events: list[dict[str, Any]]) -> dict[str, Any]:
             first[e["rid"]] = e["t"]
         elif e["k"] == "talker_done":
             done[e["rid"]] = e["t"]
+    submit, client_first, client_final = {}, {}, {}  # the API processes' side (engine clients)
+    for e in events:
+        if e["k"] == "client_submit":
+            submit[e["rid"]] = e["t"]
+        elif e["k"] == "client_pcm":
+            if e["seq"] == 0:
+                client_first.setdefault(e["rid"], e["t"])  # a large chunk may come in pieces
+            if e["final"]:
+                client_final[e["rid"]] = e["t"]
     first_chunk_end, final_end = {}, {}
+    first_decoded, final_decoded = {}, {}  # the dispatch's decode done, before its ring writes
     waits = defaultdict(list)  # chunk index -> arrival-to-dispatch waits
     chunks_per_request = defaultdict(int)
     for e in events:
@@ -171,9 +185,9 @@ def _request_life(events: list[dict[str, Any]]) -> dict[str, Any]:
             waits[min(seq, 5) if not final else "final"].append(e["t"] - arrived)
             chunks_per_request[rid] += 1
             if seq == 0:
-                first_chunk_end[rid] = end
+                first_chunk_end[rid], first_decoded[rid] = end, e["t"] + e["dur"]
             if final:
-                final_end[rid] = end
+                final_end[rid], final_decoded[rid] = end, e["t"] + e["dur"]
     life: dict[str, Any] = {"requests_done": len(done)}
     pairs = {
         "admit_to_first_frame_ms": (admit, first),
@@ -181,6 +195,9 @@ def _request_life(events: list[dict[str, Any]]) -> dict[str, Any]:
         "last_frame_to_final_chunk_ms": (done, final_end),
         "first_frame_to_first_chunk_ms": (first, first_chunk_end),
         "admit_to_final_chunk_ms": (admit, final_end),
+        "submit_to_admit_ms": (submit, admit),
+        "first_chunk_to_client_ms": (first_decoded, client_first),
+        "final_chunk_to_client_ms": (final_decoded, client_final),
     }
     for name, (a, b) in pairs.items():
         life[name] = _scale(_stats([b[r] - a[r] for r in a if r in b]), 1e3)

@@ -37,6 +37,7 @@ from ipc.peer import Peer
 from profiles import Profile
 from speech.job import SpeechJob
 from stages.variant import TalkerRequest, Variant
+from stages.workers.timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,8 @@ class EngineClient:
 
     def __init__(self, index: int, variant: Variant, to_coord: Channel, from_coord: Channel,
                  from_codecs: list[Channel], counters: CounterBlock,
-                 watch_pids: tuple[int, ...] = (), rewire: Any = None) -> None:
+                 watch_pids: tuple[int, ...] = (), rewire: Any = None,
+                 timeline: Timeline | None = None) -> None:
         self.index = index
         self.variant = variant
         self.sample_rate: int = variant.sample_rate
@@ -144,6 +146,9 @@ class EngineClient:
         self._dead: str | None = None
         self._peers = [Peer(pid) for pid in watch_pids]
         self._route_s = 0.0  # time spent taking records off this client's rings
+        # submits and PCM arrivals by request id (`engine.timeline_dir`): with the workers'
+        # timelines, where a request's time goes between this process and the engine
+        self._timeline = timeline
 
     @classmethod
     def connect(cls, spec: ClientSpec) -> EngineClient:
@@ -152,7 +157,8 @@ class EngineClient:
         return cls(spec.index, variant, spec.to_coord.open(), spec.from_coord.open(),
                    [codec.open() for codec in spec.from_codecs],
                    CounterBlock.attach(spec.counters_name, spec.counters_hist,
-                                       spec.counters_replicas), spec.watch_pids, spec.rewire)
+                                       spec.counters_replicas), spec.watch_pids, spec.rewire,
+                   open_timeline(spec.profile.engine.timeline_dir, f"client{spec.index}"))
 
     # ---- the interface -------------------------------------------------------------------------
 
@@ -186,6 +192,8 @@ class EngineClient:
                           initial_chunk_frames=job.initial_chunk_frames,
                           prime_frames=request.prime_frames, echo_codes=echo_codes,
                           open_input=open_input), request.payload())
+        if self._timeline is not None:
+            self._timeline.add("client_submit", time.monotonic(), rid=rid)
         return rid, box
 
     async def _receive(self, rid: int, box: _Mailbox) -> AsyncIterator[AudioChunk]:
@@ -283,6 +291,8 @@ class EngineClient:
         self._counters.close()
         for peer in self._peers:
             peer.close()
+        if self._timeline is not None:
+            self._timeline.close()
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -380,6 +390,8 @@ class EngineClient:
     def _route(self, msg: Any, rec: Any) -> None:
         match msg:
             case PcmChunk(rid=rid):
+                if self._timeline is not None:
+                    self._timeline.add("client_pcm", time.monotonic(), rid=rid, seq=msg.seq, final=msg.final)
                 box = self._boxes.get(rid)
                 if box is not None:  # else: aborted, nobody listens
                     planar = rec.array(np.float32).reshape(self.channels, -1)  # ring view

@@ -1,7 +1,7 @@
 """A process's timeline: what its loop did and when, as JSON lines, for finding where time goes.
 
-With `engine.timeline_dir` set, the talker and codec workers (and the coordinator) each write one
-file `<dir>/<name>-<pid>.jsonl`; `python -m bench.timeline <dir>` reads them together and
+With `engine.timeline_dir` set, the talker and codec workers and each API process's engine
+client (its submits and PCM arrivals) each write one file `<dir>/<name>-<pid>.jsonl`; `python -m bench.timeline <dir>` reads them together and
 prints where a serving pass spent its time (docs/performance.md shows how it is used).
 
 A line is one event: `{"k": kind, "t": start, ...fields}`. Times are `time.monotonic()` seconds,

@@ -50,6 +50,10 @@ def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_
     assert life["requests_done"] == len(FRAMES)
     # the voice's template and reference rows were computed once: the two later prompts took them
     assert talker["cached_prompt_tokens"] >= 2 * 32 and talker["prefill_tokens"] > 0
+    # the engine client's side: every request's submit before its admission, its first and
+    # final PCM after the codec decoded them
+    for name in ("submit_to_admit_ms", "first_chunk_to_client_ms", "final_chunk_to_client_ms"):
+        assert life[name]["n"] == len(FRAMES) and life[name]["p50"] >= 0, (name, life[name])
     host = talker["host_ms_per_step"]
     assert host["n"] == talker["steps"] and host["p50"] <= host["max"]
     assert main([str(timeline_dir), "--gap", "30", "--json", str(tmp_path / "t.json")]) == 0
