@@ -1,6 +1,6 @@
 """Where a serving pass spent its time, from the workers' timelines (`stages.workers.timeline`).
 
-    python -m bench.timeline DIR [--gap 0.5] [--window START END] [--json out.json]
+    python -m bench.timeline DIR [--gap 0.5] [--window START END] [--json out.json] [--first-wave N]
 
 Splits the events into passes (activity separated by at least `--gap` seconds with no talker step
 and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) and prints, per pass (with `--window`, only the events between two
@@ -27,6 +27,7 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from stages.workers.timeline import read_events
@@ -89,8 +90,10 @@ def _stats(values: list[float]) -> dict[str, float]:
             "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], "max": ordered[-1]}
 
 
-def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures of one pass (see the module docstring)."""
+def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, Any]:
+    """The figures of one pass (see the module docstring). With `first_wave` N, the request
+    figures also for the pass's first N requests (by submit, else admission: a closed-loop
+    benchmark's opening burst at concurrency N) and for the others."""
     steps = [e for e in events if e["k"] == "talker_step"]
     disp = [e for e in events if e["k"] == "codec_dispatch"]
     spans = [e for e in events if e["k"] in SPANS]
@@ -150,10 +153,25 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
             "frames": frames,
         }
     out["requests"] = _request_life(events)
+    if first_wave:
+        wave = set(_arrival_order(events)[:first_wave])
+        out["requests_first_wave"] = _request_life(events, lambda rid: rid in wave)
+        out["requests_later"] = _request_life(events, lambda rid: rid not in wave)
     return out
 
 
-def _request_life(events: list[dict[str, Any]]) -> dict[str, Any]:
+def _arrival_order(events: list[dict[str, Any]]) -> list[int]:
+    """Request ids by their first submit (engine clients) or, without those, admission."""
+    kind = "client_submit" if any(e["k"] == "client_submit" for e in events) else "talker_admit"
+    seen: dict[int, float] = {}
+    for e in events:
+        if e["k"] == kind:
+            seen.setdefault(e["rid"], e["t"])
+    return sorted(seen, key=seen.__getitem__)
+
+
+def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] = lambda rid: True) -> dict[str, Any]:
+    events = [e for e in events if "rid" not in e or keep(e["rid"])]
     admit, first, done = {}, {}, {}
     for e in events:
         if e["k"] == "talker_admit":
@@ -180,7 +198,7 @@ def _request_life(events: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         end = e["t"] + e["dur"] + e["emit"]
         for rid, seq, frames, arrived, final, prime in e["chunks"]:
-            if prime:
+            if prime or not keep(rid):
                 continue
             waits[min(seq, 5) if not final else "final"].append(e["t"] - arrived)
             chunks_per_request[rid] += 1
@@ -219,7 +237,7 @@ def _print(summary: dict[str, Any], index: int) -> None:
         return str(v)
 
     print(f"== pass {index}: {summary['window_s']:.2f} s")
-    for section in ("gpu", "talker", "codec", "requests"):
+    for section in ("gpu", "talker", "codec", "requests", "requests_first_wave", "requests_later"):
         if section not in summary:
             continue
         print(f"  [{section}]")
@@ -234,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, nargs=2, metavar=("START", "END"),
                     help="only events between these time.monotonic() readings, as one pass")
     ap.add_argument("--json", help="write the summaries here too")
+    ap.add_argument("--first-wave", type=int, default=0, metavar="N",
+                    help="also the request figures of each pass's first N requests, and of the rest")
     args = ap.parse_args(argv)
     events = read_events(args.directory)
     if args.window:
@@ -245,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if not passes:
         print(f"no talker step or codec dispatch in {args.directory}" + (" in that window" if args.window else ""))
         return 1
-    summaries = [summarize(p) for p in passes]
+    summaries = [summarize(p, args.first_wave) for p in passes]
     for i, s in enumerate(summaries):
         _print(s, i)
     if args.json:

@@ -229,7 +229,8 @@ known_voices() {  # known_voices PORT NAME SERVE_ARGS...: a high-concurrency ser
 }
 summaries() {  # per line of windows.txt (NAME C START END): its timeline over that window, one line
   while read -r name c a b; do
-    python3 -m bench.timeline "/tmp/tl_${name%%_*}" --window "$a" "$b" --json "$R/timeline_${name}_c$c.json" > /dev/null
+    python3 -m bench.timeline "/tmp/tl_${name%%_*}" --window "$a" "$b" --first-wave "$c" \
+      --json "$R/timeline_${name}_c$c.json" > /dev/null
     python3 - "$R/timeline_${name}_c$c.json" "$name C=$c" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))[0]
@@ -242,13 +243,14 @@ print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "m
       "chunks,", round(k.get("calls_per_dispatch", 0), 2),
       "calls of", round(k.get("rows_per_call", 0), 1), "rows,", round(k.get("decode_us_per_frame", 0)),
       "us/frame | busy", round(g["talker_busy"], 2), round(g["codec_busy"], 2))
-r = d.get("requests", {})
-print("   ", sys.argv[2], "| request ms: submit to admit", ms(r.get("submit_to_admit_ms", {})),
-      "| admit to first frame", ms(r.get("admit_to_first_frame_ms", {})),
-      "| first frame to first chunk", ms(r.get("first_frame_to_first_chunk_ms", {})),
-      "| first chunk to client", ms(r.get("first_chunk_to_client_ms", {})),
-      "| last frame to final chunk", ms(r.get("last_frame_to_final_chunk_ms", {})),
-      "| final chunk to client", ms(r.get("final_chunk_to_client_ms", {})))
+for part in ("requests", "requests_first_wave", "requests_later"):
+    r = d.get(part, {})
+    print("   ", sys.argv[2], part, "ms | submit to admit", ms(r.get("submit_to_admit_ms", {})),
+          "| admit to first frame", ms(r.get("admit_to_first_frame_ms", {})),
+          "| first frame to first chunk", ms(r.get("first_frame_to_first_chunk_ms", {})),
+          "| first chunk to client", ms(r.get("first_chunk_to_client_ms", {})),
+          "| last frame to final chunk", ms(r.get("last_frame_to_final_chunk_ms", {})),
+          "| final chunk to client", ms(r.get("final_chunk_to_client_ms", {})))
 PY
   done < "$R/windows.txt"
 }

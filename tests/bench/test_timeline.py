@@ -54,6 +54,11 @@ def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_
     # final PCM after the codec decoded them
     for name in ("submit_to_admit_ms", "first_chunk_to_client_ms", "final_chunk_to_client_ms"):
         assert life[name]["n"] == len(FRAMES) and life[name]["p50"] >= 0, (name, life[name])
+    # the first request alone, then the two that came after it
+    waves = summarize(max(passes, key=len), first_wave=1)
+    assert waves["requests_first_wave"]["requests_done"] == 1
+    assert waves["requests_later"]["requests_done"] == 2
+    assert waves["requests_later"]["submit_to_admit_ms"]["n"] == 2
     host = talker["host_ms_per_step"]
     assert host["n"] == talker["steps"] and host["p50"] <= host["max"]
     assert main([str(timeline_dir), "--gap", "30", "--json", str(tmp_path / "t.json")]) == 0
