@@ -75,11 +75,13 @@
 #   bash docs/device_runs.sh levers     # the GPU tests of the priority stream and codec graphs;
 #                                       # high-concurrency as shipped, with the talker's priority
 #                                       # stream, with a prefill step every step
-#                                       # (talker.prefill_interval 1) (C=128 and 64; timelines)
-#   bash docs/device_runs.sh levers2    # high-concurrency as shipped, with final chunks due at once
+#                                       # (talker.prefill_interval 1), with every prefill step a
+#                                       # replay (talker.prefill_graph_seqs 256), as time allows
+#                                       # (a fresh machine: two servers) (C=128 and 64; timelines)
+#   bash docs/device_runs.sh levers2    # high-concurrency as shipped, with steady chunks of 30
+#                                       # frames (not 15), with final chunks due at once
 #                                       # (coalescing.final_wait_ms 0), with the codec's lanes and
-#                                       # fused ring writes, then (if time is left) with steady
-#                                       # chunks of 30 frames, not 15 (C=128 and 64; timelines)
+#                                       # fused ring writes, as time allows (C=128 and 64; timelines)
 #   bash docs/device_runs.sh mixlanes   # high-concurrency as before 2026-12-02 ($BEFORE) with mixed
 #                                       # steps, then also with the codec's lanes, joins and fused
 #                                       # writes; with the window 32 / 25 ms; with joins (C=128)
@@ -423,13 +425,14 @@ levers)  # the shipped profile against one switch each: a prefill step every ste
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_priority_stream.py \
     tests/stages/test_codec_graphs.py 2>&1 | tail -3
   wait $CK; cat "$R/checkpoint.txt"
-  compare "128 64" shipped "" prio "--set talker.priority_stream=true" pi1 "--set talker.prefill_interval=1"
+  compare "128 64" shipped "" prio "--set talker.priority_stream=true" pi1 "--set talker.prefill_interval=1" \
+    pgs256 "--set talker.prefill_graph_seqs=256"
   summaries
   ;;
-levers2)  # the shipped profile against final chunks due at once, and the codec's lanes with fused ring writes
+levers2)  # the shipped profile against longer steady chunks, final chunks due at once, the codec's lanes
   checkpoint
-  compare "128 64" shipped "" fin0 "--set coalescing.final_wait_ms=0" \
-    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true" c30 "--set chunking.chunk_frames=30"
+  compare "128 64" shipped "" c30 "--set chunking.chunk_frames=30" fin0 "--set coalescing.final_wait_ms=0" \
+    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
   summaries
   ;;
 mixlanes)  # mixed steps, then with the codec's lanes + joins + fused writes, the wider window, joins
