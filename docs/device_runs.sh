@@ -79,8 +79,7 @@
 #                                       # replay (talker.prefill_graph_seqs 256), as time allows
 #                                       # (a fresh machine: two servers) (C=128 and 64; timelines)
 #   bash docs/device_runs.sh levers2    # high-concurrency as shipped, with steady chunks of 30
-#                                       # frames (not 15), with patient steady chunks
-#                                       # (coalescing.patient_wait_ms 300, min_batch 64), with final chunks due at once
+#                                       # frames (not 15), with final chunks due at once
 #                                       # (coalescing.final_wait_ms 0), with the codec's lanes and
 #                                       # fused ring writes, as time allows (C=128 and 64; timelines)
 #   bash docs/device_runs.sh mixlanes   # high-concurrency as before 2026-12-02 ($BEFORE) with mixed
@@ -430,10 +429,10 @@ levers)  # the shipped profile against one switch each: a prefill step every ste
     pgs256 "--set talker.prefill_graph_seqs=256"
   summaries
   ;;
-levers2)  # the shipped profile against longer or patient steady chunks, final chunks due at once, the codec's lanes
+levers2)  # the shipped profile against longer steady chunks, final chunks due at once, the codec's lanes
   checkpoint
-  compare "128 64" shipped "" c30 "--set chunking.chunk_frames=30" patient "--set coalescing.patient_wait_ms=300 --set coalescing.min_batch=64" \
-    fin0 "--set coalescing.final_wait_ms=0" lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
+  compare "128 64" shipped "" c30 "--set chunking.chunk_frames=30" fin0 "--set coalescing.final_wait_ms=0" \
+    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
   summaries
   ;;
 mixlanes)  # mixed steps, then with the codec's lanes + joins + fused writes, the wider window, joins
