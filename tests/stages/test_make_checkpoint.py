@@ -28,7 +28,8 @@ from stages.tools.make_checkpoint import (
     write_codec,
     write_talker,
 )
-from stages.tools.random_weights import TensorSpec, module_specs, plan_shards, random_tensor, tensor_seed
+from stages.tools.random_weights import (TensorSpec, module_specs, plan_shards, random_tensor, tensor_seed,
+                                         write_weights)
 from stages.tools.tokenizer_builder import build_tokenizer, write_tokenizer_files
 
 GOLDEN_V15 = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"
@@ -79,6 +80,19 @@ def codec_dirs(tmp_path_factory):
     single = write_codec(root / "single", cfg, seed=3, dtype=torch.float32, max_shard_bytes=1 << 30)
     sharded = write_codec(root / "sharded", cfg, seed=3, dtype=torch.float32, max_shard_bytes=300_000)
     return root, single, sharded
+
+
+def test_threads_do_not_change_the_written_values(tmp_path):
+    specs = [TensorSpec(f"layer{i}.weight", (64, 48 + i), "matrix") for i in range(6)]
+    specs.append(TensorSpec("norm.weight", (48,), "norm_weight"))
+    for threads in (1, 3):
+        (tmp_path / str(threads)).mkdir()
+        write_weights(specs, tmp_path / str(threads), seed=5, style="talker", dtype=torch.bfloat16,
+                      max_shard_bytes=20_000, threads=threads)
+    files = sorted(p.name for p in (tmp_path / "1").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "3").iterdir()) and len(files) > 2  # shards + index
+    for name in files:
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "3" / name).read_bytes(), name
 
 
 def test_codec_shards_and_index(codec_dirs):
