@@ -170,8 +170,10 @@ def _arrival_order(events: list[dict[str, Any]]) -> list[int]:
     return sorted(seen, key=seen.__getitem__)
 
 
-def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] = lambda rid: True) -> dict[str, Any]:
-    events = [e for e in events if "rid" not in e or keep(e["rid"])]
+def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] | None = None) -> dict[str, Any]:
+    """A request's phases over the pass (module docstring); with `keep`, only the requests it takes."""
+    if keep is not None:
+        events = [e for e in events if "rid" not in e or keep(e["rid"])]
     admit, first, done = {}, {}, {}
     for e in events:
         if e["k"] == "talker_admit":
@@ -198,7 +200,7 @@ def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] = la
             continue
         end = e["t"] + e["dur"] + e["emit"]
         for rid, seq, frames, arrived, final, prime in e["chunks"]:
-            if prime or not keep(rid):
+            if prime or (keep is not None and not keep(rid)):
                 continue
             waits[min(seq, 5) if not final else "final"].append(e["t"] - arrived)
             chunks_per_request[rid] += 1
