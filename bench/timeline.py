@@ -129,6 +129,10 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             "host_ms_per_step": _scale(_stats([e["emit"] + e["drain"] + e["admit"] for e in steps]), 1e3),
             "emit_ms_per_step": statistics.fmean(e["emit"] for e in steps) * 1e3,
             "frames": sum(e["frames"] for e in steps),
+            # a graph recorded or a kernel compiled while serving stalls every stream for it
+            "graphs_recorded": sum(e.get("graphs", 0) for e in steps),
+            "compiles": sum(e.get("compiles", 0) for e in steps),
+            "steps_over_100ms": sum(e["dur"] > 0.1 for e in steps),
         }
     if disp:
         lengths = defaultdict(int)

@@ -192,6 +192,16 @@ class ScheduledRunner:
     def num_running(self) -> int:
         return len(self._requests)
 
+    def graph_sets(self) -> list[Any]:
+        """Every set of recorded graphs made so far (each has `keys`: its buckets made); a runner
+        with more sets extends this."""
+        return [g for g in (self._backbone_graphs, self.prefill_graphs) if g is not None]
+
+    def graphs_made(self) -> int:
+        """How many graphs (buckets) the runner holds: one more after a step means that step
+        recorded a graph, which stalls every stream for the capture."""
+        return sum(len(g.keys) for g in self.graph_sets())
+
     def close(self) -> None:
         """Nothing to release besides memory (a tensor-parallel runner stops its ranks here)."""
 

@@ -50,6 +50,19 @@ class _Stream:
     paused: bool = False  # its input ran out (`Submit.open_input`): no frames until a `Feed`
 
 
+SLOW_STEP_S = 0.25  # a step this long is logged with what it did (a busy step takes ~15-35 ms)
+
+
+def compile_counter() -> Any:
+    """A function returning how many graphs torch.compile has made in this process so far (a
+    recompile under load stalls every stream), or None where torch does not say."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return None
+    return lambda: counters["stats"]["unique_graphs"]
+
+
 class UnknownMessage(RuntimeError):
     """A record this worker does not handle reached its inbox."""
 
@@ -71,6 +84,8 @@ class TalkerLoop:
         self._slots_reported = -1
         self._steps: tuple[int, int, float] = (0, 0, 0.0)  # (batch, steps, seconds) not yet sent
         self._rows_sent = (0, 0)  # the scheduler's (prompt, cached) row counters when last sent
+        self._graphs_made = getattr(runner, "graphs_made", lambda: 0)
+        self._compiles = compile_counter() or (lambda: 0)
 
     def has_work(self) -> bool:
         """Something to step: a request waiting for room, or one not paused for input."""
@@ -92,21 +107,29 @@ class TalkerLoop:
         t_drained = time.monotonic()
         admitted = self._admit()
         if self.streams:
+            graphs, compiles = self._graphs_made(), self._compiles()
             batch, t0 = self.runner.num_running(), time.monotonic()
             events = self.runner.step()
             t1 = time.monotonic()
+            graphs, compiles = self._graphs_made() - graphs, self._compiles() - compiles
             self._count_step(batch, t1 - t0)
             observe = getattr(getattr(self.runner, "scheduler", None), "observe_step", None)
             if observe is not None and not getattr(self.runner, "overlap_steps", False):
                 observe(t1 - t0)  # the scheduler's step-cost model (`talker.max_step_ms`): step by step only
             self._emit(events)
+            sched = getattr(self.runner, "scheduler", None)
+            decode, prefill = getattr(sched, "last_batch", (0, 0))
+            if t1 - t0 > SLOW_STEP_S:
+                log.warning("talker: a %.0f ms step: %d running, %d decode rows, %d prompt tokens "
+                            "(%d from the prefix cache); it recorded %d graph(s) and compiled %d",
+                            (t1 - t0) * 1e3, batch, decode, prefill, getattr(sched, "last_cached", 0),
+                            graphs, compiles)
             if self.timeline is not None:
-                sched = getattr(self.runner, "scheduler", None)
-                decode, prefill = getattr(sched, "last_batch", (0, 0))
                 self.timeline.add("talker_step", t0, dur=t1 - t0, emit=time.monotonic() - t1,
                                   drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
                                   frames=len(events), decode=decode, prefill=prefill,
-                                  cached=getattr(sched, "last_cached", 0), admitted=admitted)
+                                  cached=getattr(sched, "last_cached", 0), admitted=admitted,
+                                  graphs=graphs, compiles=compiles)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
 

@@ -143,3 +143,20 @@ def test_cuda_mixed_graphs_equal_the_two_replays():
     assert made and all(g.call.graph is not None for g in made)  # recorded, replayed
     for i in reqs:
         np.testing.assert_array_equal(got[i], want[i], err_msg=str(i))
+
+
+def test_graphs_made_counts_every_bucket_recorded_and_a_repeat_records_none(local_v15_model, local_v15_dir):
+    """`graphs_made`: the talker worker's sign that a step recorded a graph (a stall for every
+    stream): it grows while new buckets are met, not when the same traffic comes again."""
+    reqs = requests(local_v15_dir, MIXED_MIN_DECODE + 3)
+    first = {rid: reqs[rid] for rid in range(MIXED_MIN_DECODE)}
+    later = {rid: reqs[rid] for rid in range(MIXED_MIN_DECODE, MIXED_MIN_DECODE + 3)}
+    runner = make(local_v15_model, "eager", 256)
+    assert runner.graphs_made() == 0
+    serve(runner, first, later)
+    made = runner.graphs_made()
+    kinds = {type(g).__name__: len(g.keys) for g in runner.graph_sets()}
+    assert made == sum(kinds.values()) and all(kinds.values())
+    assert {"DecodeGraphs", "FrameGraphs", "MixedGraphs", "PrefillGraphs"} <= set(kinds)
+    serve(runner, {rid + 100: r for rid, r in first.items()}, {rid + 100: r for rid, r in later.items()})
+    assert runner.graphs_made() == made

@@ -290,6 +290,24 @@ def test_first_audio_leaves_after_n_vq_steps_for_delay_and_at_once_for_realtime(
                               f"{steps} steps ({len(prompt)}-row prompt, 20 frames in {chunks[-1][0]} steps)")
 
 
+def test_a_slow_step_is_logged_with_what_it_did(checkpoints, profile, monkeypatch, caplog) -> None:
+    """A step over `SLOW_STEP_S` goes to the log with its batch and whether it recorded a graph or
+    compiled a kernel (the stalls a server under load must not have): here every step counts."""
+    monkeypatch.setattr("stages.workers.talker.SLOW_STEP_S", 0.0)
+    variant = variant_of(checkpoints, "delay", profile)
+    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
+    try:
+        request = variant.build_request(speech_job(**ACCEPTED["delay"], forced_frames=3))
+        with caplog.at_level("WARNING", logger="stages.workers.talker"):
+            chunks = rig.chunks_until_done(request, 1)
+    finally:
+        rig.close()
+    slow = [r.getMessage() for r in caplog.records if "ms step" in r.getMessage()]
+    assert len(slow) == chunks[-1][0]  # one line per step
+    assert f"{len(request.prompt)} prompt tokens" in slow[0] and "1 running" in slow[0]
+    assert all(line.endswith("recorded 0 graph(s) and compiled 0") for line in slow)  # CPU: neither
+
+
 def test_delay_continuation_emits_its_first_frame_one_step_sooner(checkpoints, profile) -> None:
     variant = variant_of(checkpoints, "delay", profile)
     rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)

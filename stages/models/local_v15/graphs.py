@@ -58,6 +58,11 @@ class DecodeGraphs:
         self.pool = pool if pool is not None or not capture else torch.cuda.graph_pool_handle()
         self._graphs: dict[tuple[int, int], _Graph] = {}
 
+    @property
+    def keys(self) -> list[tuple[int, int]]:
+        """(B, M) buckets made so far."""
+        return list(self._graphs)
+
     def pack(self, slots: list[int], frames: list[int], positions: list[int], slot_mapping: list[int],
              seq_lens: list[int], tables: list[list[int]]) -> tuple[torch.Tensor, tuple[int, int]]:
         """Host tensor [B, 5 + M]: slot, frame, position, kv slot, seq len, block table (padded)."""
@@ -122,6 +127,11 @@ class FrameGraphs:
         self.scratch_slot, self.n_vq, self.pool, self.device = scratch_slot, n_vq, pool, device
         self.capture = capture
         self._graphs: dict[int, _FrameGraph] = {}
+
+    @property
+    def keys(self) -> list[int]:
+        """Batch buckets made so far."""
+        return list(self._graphs)
 
     def capture_ahead(self, batches: list[int], budget_s: float | None = None) -> int:
         """Make the batch buckets of these sizes not made yet (every row on the scratch slot),

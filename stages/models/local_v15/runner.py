@@ -40,6 +40,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -491,6 +492,13 @@ class LocalV15Runner(ScheduledRunner):
         return decode, stop, codes
 
     # ---- mixed steps (`mixed_step_tokens`) -------------------------------------------------------
+
+    def graph_sets(self) -> list[Any]:
+        """The backbone's sets, then each sampler mode's decode, local-loop and mixed graphs."""
+        sets = super().graph_sets()
+        for decode, frame in self._graph_sets.values():
+            sets += [decode, frame]
+        return sets + list(self._mixed_sets.values())
 
     def _mixed_graphs(self, mode: SamplerMode | None = None) -> MixedGraphs:
         """The mixed graphs of `mode` (default: this step's), made empty on first use."""
