@@ -78,10 +78,14 @@
 #                                       # (talker.prefill_interval 1), with every prefill step a
 #                                       # replay (talker.prefill_graph_seqs 256), as time allows
 #                                       # (a fresh machine: two servers) (C=128 and 64; timelines)
-#   bash docs/device_runs.sh levers2    # high-concurrency as shipped, with steady chunks of 30
-#                                       # frames (not 15), with final chunks due at once
-#                                       # (coalescing.final_wait_ms 0), with the codec's lanes and
-#                                       # fused ring writes, as time allows (C=128 and 64; timelines)
+#   bash docs/device_runs.sh levers2    # high-concurrency as shipped, with the talker's priority
+#                                       # stream, steady chunks of 30 frames (not 15), the codec's
+#                                       # lanes and fused ring writes, final chunks due at once
+#                                       # (coalescing.final_wait_ms 0), as time allows (C=128, 64)
+#   bash docs/device_runs.sh stall      # the codec-lane GPU tests; high-concurrency as shipped,
+#                                       # C=128 measured three times on one server (its slow steps
+#                                       # logged: graphs recorded, kernels compiled), C=64; then
+#                                       # SoundEffect (8B, random) at C=1 and 16
 #   bash docs/device_runs.sh mixlanes   # high-concurrency as before 2026-12-02 ($BEFORE) with mixed
 #                                       # steps, then also with the codec's lanes, joins and fused
 #                                       # writes; with the window 32 / 25 ms; with joins (C=128)
@@ -126,7 +130,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|levers|levers2|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|levers|levers2|stall|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -431,10 +435,31 @@ levers)  # the shipped profile against one switch each: a prefill step every ste
     pgs256 "--set talker.prefill_graph_seqs=256"
   summaries
   ;;
+stall)  # the shipped profile at C=128 three times on one server (the ~700 ms step: every pass or
+  # some, and did it record a graph or compile a kernel?), C=64; then SoundEffect at C=1 and 16
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
+  mossvox make-checkpoint --variant sound-effect --size full --out /tmp/fam_se > "$R/mkck_se.log" 2>&1 &
+  SE=$!
+  timeout 150 python3 -m pytest -x -q -p no:cacheprovider tests/stages/test_codec_graphs.py -k lanes 2>&1 | tail -40
+  wait $CK; cat "$R/checkpoint.txt"
+  start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped
+  bench 8000 shipped_warm 128 --no-warmup
+  for i in 1 2 3; do
+    a=$(mono); bench 8000 "shipped_r$i" 128 --no-warmup; b=$(mono); echo "shipped_r$i 128 $a $b" >> "$R/windows.txt"
+  done
+  a=$(mono); bench 8000 shipped 64 --no-warmup; b=$(mono); echo "shipped 64 $a $b" >> "$R/windows.txt"
+  grep -E "ms step" "$R/serve_shipped.log" | cut -c1-300 | head -20
+  stop_server shipped
+  summaries
+  wait $SE || { tail -3 "$R/mkck_se.log"; exit 1; }
+  MODEL=/tmp/fam_se sweep 8001 sound-effect "1 16" --profile high-concurrency --set engine.timeline_dir=/tmp/tl_se
+  grep -E "ms step" "$R/serve_sound-effect.log" | cut -c1-300 | head -5
+  ;;
 levers2)  # the shipped profile against longer steady chunks, final chunks due at once, the codec's lanes
   checkpoint
-  compare "128 64" shipped "" c30 "--set chunking.chunk_frames=30" fin0 "--set coalescing.final_wait_ms=0" \
-    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
+  compare "128 64" shipped "" prio "--set talker.priority_stream=true" c30 "--set chunking.chunk_frames=30" \
+    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true" fin0 "--set coalescing.final_wait_ms=0"
   summaries
   ;;
 mixlanes)  # mixed steps, then with the codec's lanes + joins + fused writes, the wider window, joins
