@@ -63,6 +63,21 @@ def compile_counter() -> Any:
     return lambda: counters["stats"]["unique_graphs"]
 
 
+def allocator_counter(device: str) -> Any:
+    """On CUDA, a function returning (device allocations, allocation retries) of the caching
+    allocator so far: a retry frees the cache and waits for the device, a stall of its own;
+    None elsewhere."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    def counts() -> tuple[int, int]:
+        stats = torch.cuda.memory_stats(device)
+        return stats.get("num_device_alloc", 0), stats.get("num_alloc_retries", 0)
+
+    return counts
+
+
 class UnknownMessage(RuntimeError):
     """A record this worker does not handle reached its inbox."""
 
@@ -71,7 +86,9 @@ class TalkerLoop:
     """Runner + chunk policy + channels. `step()` is one scheduler iteration."""
 
     def __init__(self, runner: Any, inbox: Any, to_codec: Any, to_coord: Any,
-                 schedule: ChunkSchedule, n_vq: int, timeline: Timeline | None = None) -> None:
+                 schedule: ChunkSchedule, n_vq: int, timeline: Timeline | None = None,
+                 allocator: Any = None) -> None:
+        """`allocator`: `allocator_counter`'s function, read when a step is slow."""
         self.runner = runner
         self.timeline = timeline
         self.inbox, self.to_codec, self.to_coord = inbox, to_codec, to_coord
@@ -86,6 +103,8 @@ class TalkerLoop:
         self._rows_sent = (0, 0)  # the scheduler's (prompt, cached) row counters when last sent
         self._graphs_made = getattr(runner, "graphs_made", lambda: 0)
         self._compiles = compile_counter() or (lambda: 0)
+        self._allocator = allocator
+        self._allocs_seen = allocator() if allocator is not None else (0, 0)
 
     def has_work(self) -> bool:
         """Something to step: a request waiting for room, or one not paused for input."""
@@ -120,10 +139,8 @@ class TalkerLoop:
             sched = getattr(self.runner, "scheduler", None)
             decode, prefill = getattr(sched, "last_batch", (0, 0))
             if t1 - t0 > SLOW_STEP_S:
-                log.warning("talker: a %.0f ms step: %d running, %d decode rows, %d prompt tokens "
-                            "(%d from the prefix cache); it recorded %d graph(s) and compiled %d",
-                            (t1 - t0) * 1e3, batch, decode, prefill, getattr(sched, "last_cached", 0),
-                            graphs, compiles)
+                self._log_slow_step(t1 - t0, batch, decode, prefill, getattr(sched, "last_cached", 0),
+                                    graphs, compiles)
             if self.timeline is not None:
                 self.timeline.add("talker_step", t0, dur=t1 - t0, emit=time.monotonic() - t1,
                                   drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
@@ -132,6 +149,19 @@ class TalkerLoop:
                                   graphs=graphs, compiles=compiles)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
+
+    def _log_slow_step(self, seconds: float, batch: int, decode: int, prefill: int, cached: int,
+                       graphs: int, compiles: int) -> None:
+        """A step over `SLOW_STEP_S`, with what might have stalled it."""
+        allocator = ""
+        if self._allocator is not None:
+            seen, self._allocs_seen = self._allocs_seen, self._allocator()
+            allocator = (f"; since ready or the last slow step the CUDA allocator made "
+                         f"{self._allocs_seen[0] - seen[0]} device allocation(s) and "
+                         f"{self._allocs_seen[1] - seen[1]} retry(ies)")
+        log.warning("talker: a %.0f ms step: %d running, %d decode rows, %d prompt tokens (%d from the "
+                    "prefix cache); it recorded %d graph(s) and compiled %d%s", seconds * 1e3, batch, decode,
+                    prefill, cached, graphs, compiles, allocator)
 
     # ---- inbox ---------------------------------------------------------------------------------
 
@@ -416,7 +446,7 @@ def main(spec: WorkerSpec) -> None:
         to_coord.send(Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
                             max_prompt_rows=runner.max_prompt_rows()))
         TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
-                   variant.n_vq, timeline).run()
+                   variant.n_vq, timeline, allocator_counter(spec.device)).run()
     except Exception as exc:
         log.exception("talker worker failed")
         to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))

@@ -224,7 +224,7 @@ def test_sampling_defaults_overrides_and_caps(checkpoints, profile, name, expect
 class LoopRig:
     """The talker worker's loop over real rings: the test plays coordinator and codec."""
 
-    def __init__(self, runner, variant, profile) -> None:
+    def __init__(self, runner, variant, profile, allocator=None) -> None:
         instance = new_instance_id()
         make = lambda name, t, role: Channel.create(name, msg_type=t, capacity=1 << 20, role=role,  # noqa: E731
                                                     instance=instance)
@@ -232,7 +232,7 @@ class LoopRig:
         self.codes = make("codes", CodecInbox, "reader")
         self.coord = make("coord", CoordinatorInbox, "reader")
         self.ends = [self.inbox.spec().open(), self.codes.spec().open(), self.coord.spec().open()]
-        self.loop = TalkerLoop(runner, *self.ends, schedule_from(profile), variant.n_vq)
+        self.loop = TalkerLoop(runner, *self.ends, schedule_from(profile), variant.n_vq, allocator=allocator)
         self.runner, self.n_vq = runner, variant.n_vq
 
     def close(self) -> None:
@@ -292,10 +292,14 @@ def test_first_audio_leaves_after_n_vq_steps_for_delay_and_at_once_for_realtime(
 
 def test_a_slow_step_is_logged_with_what_it_did(checkpoints, profile, monkeypatch, caplog) -> None:
     """A step over `SLOW_STEP_S` goes to the log with its batch and whether it recorded a graph or
-    compiled a kernel (the stalls a server under load must not have): here every step counts."""
+    compiled a kernel (the stalls a server under load must not have), and what the CUDA allocator
+    did since the last such line (counted here by a stand-in: the CPU has no CUDA allocator):
+    every step counts here."""
     monkeypatch.setattr("stages.workers.talker.SLOW_STEP_S", 0.0)
     variant = variant_of(checkpoints, "delay", profile)
-    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile)
+    reads = iter(range(10**6))  # one device allocation between two reads, a retry every third
+    allocator = lambda: (n := next(reads), n // 3)  # noqa: E731
+    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile, allocator)
     try:
         request = variant.build_request(speech_job(**ACCEPTED["delay"], forced_frames=3))
         with caplog.at_level("WARNING", logger="stages.workers.talker"):
@@ -305,7 +309,9 @@ def test_a_slow_step_is_logged_with_what_it_did(checkpoints, profile, monkeypatc
     slow = [r.getMessage() for r in caplog.records if "ms step" in r.getMessage()]
     assert len(slow) == chunks[-1][0]  # one line per step
     assert f"{len(request.prompt)} prompt tokens" in slow[0] and "1 running" in slow[0]
-    assert all(line.endswith("recorded 0 graph(s) and compiled 0") for line in slow)  # CPU: neither
+    assert all("recorded 0 graph(s) and compiled 0;" in line for line in slow)  # CPU: neither
+    assert all("allocator made 1 device allocation(s)" in line for line in slow)
+    assert [line.endswith("and 1 retry(ies)") for line in slow[:3]] == [False, False, True]
 
 
 def test_delay_continuation_emits_its_first_frame_one_step_sooner(checkpoints, profile) -> None:
