@@ -4,6 +4,7 @@
 # in $WHEELS (default .whl). Each phase keeps to $BUDGET seconds (default 560) by skipping the
 # levels that no longer fit; results go to $OUT/results_PHASE.tgz (phases can follow each other in one call); with SAVE_CACHE=1 the compile caches
 # go to $OUT/cache.tgz.* (about 40 MB; restored from $CACHE, when given, so later calls start warm).
+# PASSES=N gives every level of a `pair` (the phases that compare servers) N measured passes.
 #
 #   bash docs/device_runs.sh timeline   # one server, C=128 then C=64, with the workers' timelines;
 #                                       # then the codec's replay-cost grid and kernel profile and
@@ -194,13 +195,19 @@ sweep() {  # sweep PORT NAME "CS" SERVE_ARGS...
     | sed "s/^/$name GPU memory: /"
   stop_server "$name"
 }
-pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured pass, its window kept
-  local port=$1 name=$2 cs=$3
+pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured pass, its window
+  # kept; PASSES=N: N measured passes (NAME, NAME_r2, ...: one server's passes differ by ~2%,
+  # servers by up to ~8%, so a lever under ~5% needs several)
+  local port=$1 name=$2 cs=$3 i run
   for c in $cs; do
     [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
     bench "$port" "${name}_warm" "$c" --no-warmup
-    a=$(mono); bench "$port" "$name" "$c" --no-warmup; b=$(mono)
-    echo "$name $c $a $b" >> "$R/windows.txt"
+    for i in $(seq 1 "${PASSES:-1}"); do
+      run=$name; [ "$i" -gt 1 ] && run=${name}_r$i
+      [ "$i" -gt 1 ] && [ "$(left)" -lt 40 ] && break
+      a=$(mono); bench "$port" "$run" "$c" --no-warmup; b=$(mono)
+      echo "$run $c $a $b" >> "$R/windows.txt"
+    done
   done
 }
 # high-concurrency as shipped before 2026-12-02 (no mixed steps; codec window 16 streams / 10 ms,
