@@ -133,6 +133,7 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             "graphs_recorded": sum(e.get("graphs", 0) for e in steps),
             "compiles": sum(e.get("compiles", 0) for e in steps),
             "steps_over_100ms": sum(e["dur"] > 0.1 for e in steps),
+            "gc_ms": sum(e.get("gc", 0.0) for e in steps) * 1e3,  # garbage collection inside steps
         }
     if disp:
         lengths = defaultdict(int)

@@ -35,6 +35,7 @@ from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, Codes, Decode
 from stages.models.codec.serving import chunk_lengths
 from stages.runtime.coalescer import Coalescer
 from stages.workers.common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
+from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
@@ -440,12 +441,16 @@ def main(spec: WorkerSpec) -> None:
     variant = prepare_process(spec, spec.profile.codec.torch_threads)
     from_talker, from_coord, to_coord, to_clients = attach_codec(spec)
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"codec{spec.replica}")
+    gc_pauses: GcPauses | None = None
     try:
         t0 = time.perf_counter()
         runner = variant.make_codec_runner(spec.device)
         log.info("codec: loaded in %.1f s", time.perf_counter() - t0)
         warm_up(runner, chunk_lengths(spec.profile), spec.profile.coalescing.max_batch)
-        log.info("codec: ready %.1f s after loading began", time.perf_counter() - t0)
+        frozen = freeze_heap()
+        log.info("codec: ready %.1f s after loading began (%d objects frozen out of garbage collection)",
+                 time.perf_counter() - t0, frozen)
+        gc_pauses = GcPauses("codec")  # a long collection goes to the log
         to_coord.send(Ready(stage="codec", pid=os.getpid(), capacity=runner.max_slots))
         c = spec.profile.coalescing
         coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,
@@ -462,6 +467,8 @@ def main(spec: WorkerSpec) -> None:
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        if gc_pauses is not None:
+            gc_pauses.close()
         if timeline is not None:
             timeline.close()
         for ch in (from_talker, from_coord, to_coord, *to_clients):

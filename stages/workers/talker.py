@@ -30,6 +30,7 @@ from ipc.messages import (Abort, CodeChunk, Feed, Ready, Shutdown, Slots, StageE
                           TalkerInbox, TalkerStep)
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.variant import AdapterError, TalkerRequest, Variant
+from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
                                   schedule_from)
@@ -87,8 +88,9 @@ class TalkerLoop:
 
     def __init__(self, runner: Any, inbox: Any, to_codec: Any, to_coord: Any,
                  schedule: ChunkSchedule, n_vq: int, timeline: Timeline | None = None,
-                 allocator: Any = None) -> None:
-        """`allocator`: `allocator_counter`'s function, read when a step is slow."""
+                 allocator: Any = None, gc_pauses: GcPauses | None = None) -> None:
+        """`allocator`: `allocator_counter`'s function, read when a step is slow; `gc_pauses`:
+        this process's collection timer (a step's share goes to the timeline)."""
         self.runner = runner
         self.timeline = timeline
         self.inbox, self.to_codec, self.to_coord = inbox, to_codec, to_coord
@@ -104,6 +106,7 @@ class TalkerLoop:
         self._graphs_made = getattr(runner, "graphs_made", lambda: 0)
         self._compiles = compile_counter() or (lambda: 0)
         self._allocator = allocator
+        self._gc = gc_pauses
         self._allocs_seen = allocator() if allocator is not None else (0, 0)
 
     def has_work(self) -> bool:
@@ -127,10 +130,12 @@ class TalkerLoop:
         admitted = self._admit()
         if self.streams:
             graphs, compiles = self._graphs_made(), self._compiles()
+            gc_s = self._gc.seconds if self._gc is not None else 0.0
             batch, t0 = self.runner.num_running(), time.monotonic()
             events = self.runner.step()
             t1 = time.monotonic()
             graphs, compiles = self._graphs_made() - graphs, self._compiles() - compiles
+            gc_s = self._gc.seconds - gc_s if self._gc is not None else 0.0
             self._count_step(batch, t1 - t0)
             observe = getattr(getattr(self.runner, "scheduler", None), "observe_step", None)
             if observe is not None and not getattr(self.runner, "overlap_steps", False):
@@ -140,18 +145,18 @@ class TalkerLoop:
             decode, prefill = getattr(sched, "last_batch", (0, 0))
             if t1 - t0 > SLOW_STEP_S:
                 self._log_slow_step(t1 - t0, batch, decode, prefill, getattr(sched, "last_cached", 0),
-                                    graphs, compiles)
+                                    graphs, compiles, gc_s)
             if self.timeline is not None:
                 self.timeline.add("talker_step", t0, dur=t1 - t0, emit=time.monotonic() - t1,
                                   drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
                                   frames=len(events), decode=decode, prefill=prefill,
                                   cached=getattr(sched, "last_cached", 0), admitted=admitted,
-                                  graphs=graphs, compiles=compiles)
+                                  graphs=graphs, compiles=compiles, gc=gc_s)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
 
     def _log_slow_step(self, seconds: float, batch: int, decode: int, prefill: int, cached: int,
-                       graphs: int, compiles: int) -> None:
+                       graphs: int, compiles: int, gc_s: float) -> None:
         """A step over `SLOW_STEP_S`, with what might have stalled it."""
         allocator = ""
         if self._allocator is not None:
@@ -160,8 +165,8 @@ class TalkerLoop:
                          f"{self._allocs_seen[0] - seen[0]} device allocation(s) and "
                          f"{self._allocs_seen[1] - seen[1]} retry(ies)")
         log.warning("talker: a %.0f ms step: %d running, %d decode rows, %d prompt tokens (%d from the "
-                    "prefix cache); it recorded %d graph(s) and compiled %d%s", seconds * 1e3, batch, decode,
-                    prefill, cached, graphs, compiles, allocator)
+                    "prefix cache); it recorded %d graph(s), compiled %d and collected garbage for %.0f ms%s",
+                    seconds * 1e3, batch, decode, prefill, cached, graphs, compiles, gc_s * 1e3, allocator)
 
     # ---- inbox ---------------------------------------------------------------------------------
 
@@ -437,16 +442,20 @@ def main(spec: WorkerSpec) -> None:
     inbox, to_codec, to_coord = attach_talker(spec)
     runner = None
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"talker{spec.replica}")
+    gc_pauses: GcPauses | None = None
     try:
         t0 = time.perf_counter()
         runner = variant.make_talker_runner(spec.device)
         log.info("talker: loaded in %.1f s", time.perf_counter() - t0)
         warm_up(runner, variant, spec.profile.talker.capture_ahead)
-        log.info("talker: ready %.1f s after loading began", time.perf_counter() - t0)
+        frozen = freeze_heap()
+        log.info("talker: ready %.1f s after loading began (%d objects frozen out of garbage collection)",
+                 time.perf_counter() - t0, frozen)
+        gc_pauses = GcPauses("talker")
         to_coord.send(Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
                             max_prompt_rows=runner.max_prompt_rows()))
         TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
-                   variant.n_vq, timeline, allocator_counter(spec.device)).run()
+                   variant.n_vq, timeline, allocator_counter(spec.device), gc_pauses).run()
     except Exception as exc:
         log.exception("talker worker failed")
         to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))
@@ -454,6 +463,8 @@ def main(spec: WorkerSpec) -> None:
     finally:
         if runner is not None:  # a tensor-parallel runner stops its follower ranks
             runner.close()
+        if gc_pauses is not None:
+            gc_pauses.close()
         if timeline is not None:
             timeline.close()
         for ch in (inbox, to_codec, to_coord):
