@@ -99,10 +99,13 @@ def serve(profile, model_dir: str | None) -> int:
 async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSignal") -> int:
     """The coordinator runs on this loop; the API processes are spawned beside it."""
     from engine.launcher import launch
+    from stages.workers.heap import GcPauses, freeze_heap
 
     api = profile.api
     host, port = sock.getsockname()[:2]
     engine = await launch(profile, model_dir, clients=api.api_servers)
+    freeze_heap()  # the coordinator's warm heap: out of the collector's walks (stages.workers.heap)
+    pauses = GcPauses("coordinator")
     procs: list = []
     try:
         codec_id = codec_fingerprint(model_dir, profile.model.codec_path)
@@ -116,6 +119,7 @@ async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSign
               flush=True)
         return await _supervise(procs, stop)
     finally:
+        pauses.close()
         await asyncio.to_thread(_stop_processes, procs, graceful_s(profile) + STOP_TIMEOUT_S)
         await engine.stop()
 
@@ -200,13 +204,17 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
     from api.app import create_app
     from api.http_timeouts import header_timeout_protocol
     from engine.client import EngineClient
+    from stages.workers.heap import GcPauses, freeze_heap
 
     @contextlib.asynccontextmanager
     async def connect():
         client = EngineClient.connect(spec)
+        freeze_heap()  # this process's heap once it is up: out of the collector's walks
+        pauses = GcPauses(f"api[{os.getpid()}]")
         try:
             yield client
         finally:
+            pauses.close()
             await client.close()
 
     app = create_app(profile, connect, codec_id=codec_id)
