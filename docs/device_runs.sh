@@ -83,6 +83,10 @@
 #                                       # stream, steady chunks of 30 frames (not 15), the codec's
 #                                       # lanes and fused ring writes, final chunks due at once
 #                                       # (coalescing.final_wait_ms 0), as time allows (C=128, 64)
+#   bash docs/device_runs.sh finals     # the codec alone by batch and chunk length (graph replays);
+#                                       # high-concurrency as shipped, with final chunks due at once,
+#                                       # with the codec's lanes + fused ring writes (C=128, 64;
+#                                       # PASSES=2 measured passes each)
 #   bash docs/device_runs.sh stall      # the codec-lane GPU tests; high-concurrency as shipped,
 #                                       # C=128 measured three times on one server (its slow steps
 #                                       # logged: graphs recorded, kernels compiled), C=64; then
@@ -131,7 +135,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|levers|levers2|stall|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|levers|levers2|stall|finals|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -462,6 +466,18 @@ stall)  # the shipped profile at C=128 three times on one server (the ~700 ms st
   wait $SE || { tail -3 "$R/mkck_se.log"; exit 1; }
   MODEL=/tmp/fam_se sweep 8001 sound-effect "1 16" --profile high-concurrency --set engine.timeline_dir=/tmp/tl_se
   grep -E "ms step" "$R/serve_sound-effect.log" | cut -c1-300 | head -5
+  ;;
+finals)  # the codec alone at the batches it is served (graph replay ms by rows and chunk length,
+  # against ~160 us a frame served beside the talker), then the shipped profile against final
+  # chunks due at once and against the codec's lanes with fused ring writes, PASSES (2) each
+  checkpoint > "$R/checkpoint.txt" 2>&1 &
+  CK=$!
+  timeout 150 python3 -m bench.codec --version v2 --size full --batches 8,16,24,32,128 --grid 1,4,8,15 \
+    --iters 5 2>&1 | grep -v "^exactness" | tee "$R/codec_alone.txt" | tail -30
+  wait $CK; cat "$R/checkpoint.txt"
+  PASSES=${PASSES:-2} compare "128 64" shipped "" fin0 "--set coalescing.final_wait_ms=0" \
+    lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
+  summaries
   ;;
 levers2)  # the shipped profile against longer steady chunks, final chunks due at once, the codec's lanes
   checkpoint
