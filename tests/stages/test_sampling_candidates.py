@@ -1,6 +1,7 @@
 """The candidate path (`sample_tokens(..., candidates=True)`) draws the full path's tokens, both
 draw the legacy sampler's tokens, and the cheaper noise hash is the legacy one, value for value."""
 
+import numpy as np
 import torch
 
 from bench.sampling import legacy_noise, legacy_sample_tokens
@@ -155,6 +156,10 @@ def test_noise_values_are_pinned():
     index = torch.tensor([0, 1, 2, 511, 1023])
     assert _mix32(_mix32(key[:, None] ^ index)).tolist() == PIN_HASH
     noise = exponential_noise(seed, frame, 5, V)[:, index]
-    assert noise.tolist() == [[float.fromhex(v) for v in row] for row in PIN_NOISE]
+    # the hash above fixes every draw exactly; the float32 log of it is within one ulp of the pin
+    # (torch's vectorised log differs by an ulp in places between CPU instruction sets, AVX2 and
+    # AVX-512)
+    pinned = np.array([[float.fromhex(v) for v in row] for row in PIN_NOISE], dtype=np.float32)
+    assert (np.abs(noise.numpy() - pinned) <= np.spacing(pinned)).all()
     by_index = exponential_noise(seed, frame, 5, index.expand(5, -1).contiguous())
     assert by_index.tolist() == noise.tolist()
