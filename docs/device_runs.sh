@@ -178,7 +178,8 @@ start_server() {  # start_server PORT NAME SERVE_ARGS... ; sets SPID. SERVER_TRE
 }
 stop_server() {
   kill -INT $SPID; for _ in $(seq 1 30); do kill -0 $SPID 2>/dev/null || break; sleep 1; done; kill -9 $SPID 2>/dev/null
-  grep -E "ERROR|Traceback|exited|captured|loaded in|warm-up requests|after loading" "$R/serve_$1.log" | head -14 | cut -c1-300
+  grep -E "ERROR|Traceback|exited|captured|loaded in|warm-up requests|after loading|ms step|garbage collection" \
+    "$R/serve_$1.log" | head -24 | cut -c1-300
 }
 bench() {  # bench PORT NAME C [extra bench args]
   local port=$1 name=$2 c=$3; shift 3
@@ -460,12 +461,10 @@ stall)  # the shipped profile at C=128 three times on one server (the ~700 ms st
     a=$(mono); bench 8000 "shipped_r$i" 128 --no-warmup; b=$(mono); echo "shipped_r$i 128 $a $b" >> "$R/windows.txt"
   done
   a=$(mono); bench 8000 shipped 64 --no-warmup; b=$(mono); echo "shipped 64 $a $b" >> "$R/windows.txt"
-  grep -E "ms step" "$R/serve_shipped.log" | cut -c1-300 | head -20
   stop_server shipped
   summaries
   wait $SE || { tail -3 "$R/mkck_se.log"; exit 1; }
   MODEL=/tmp/fam_se sweep 8001 sound-effect "1 16" --profile high-concurrency --set engine.timeline_dir=/tmp/tl_se
-  grep -E "ms step" "$R/serve_sound-effect.log" | cut -c1-300 | head -5
   ;;
 finals)  # the codec alone at the batches it is served (graph replay ms by rows and chunk length,
   # against ~160 us a frame served beside the talker), then the shipped profile against final
