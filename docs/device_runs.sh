@@ -87,6 +87,9 @@
 #                                       # high-concurrency as shipped, with final chunks due at once,
 #                                       # with the codec's lanes + fused ring writes (C=128, 64;
 #                                       # PASSES=2 measured passes each)
+#   bash docs/device_runs.sh smshare    # high-concurrency as shipped, with the codec held to 60% and
+#                                       # to 40% of the SMs (codec.sm_percent, MPS) (C=128, 64;
+#                                       # PASSES=2 measured passes each)
 #   bash docs/device_runs.sh stall      # the codec-lane GPU tests; high-concurrency as shipped,
 #                                       # C=128 measured three times on one server (its slow steps
 #                                       # logged: graphs recorded, kernels compiled), C=64; then
@@ -135,7 +138,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|levers|levers2|stall|finals|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -476,6 +479,12 @@ finals)  # the codec alone at the batches it is served (graph replay ms by rows 
   wait $CK; cat "$R/checkpoint.txt"
   PASSES=${PASSES:-2} compare "128 64" shipped "" fin0 "--set coalescing.final_wait_ms=0" \
     lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
+  summaries
+  ;;
+smshare)  # the shipped profile against the codec held to a share of the GPU's SMs under MPS (the
+  # talker's step is ~20% longer beside the codec than alone), PASSES (2) each
+  checkpoint
+  PASSES=${PASSES:-2} compare "128 64" shipped "" csm60 "--set codec.sm_percent=60" csm40 "--set codec.sm_percent=40"
   summaries
   ;;
 levers2)  # the shipped profile against longer steady chunks, final chunks due at once, the codec's lanes

@@ -91,6 +91,17 @@ class MpsDaemon:
             self.root = None
 
 
+SM_SHARE_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def client_env(env: tuple[tuple[str, str], ...], sm_percent: int | None) -> tuple[tuple[str, str], ...]:
+    """A worker's environment `env` (the daemon's `env`; empty without MPS) with its share of the
+    GPU's SMs (`talker.sm_percent`, `codec.sm_percent`) when MPS runs and a share is set."""
+    if not env or sm_percent is None:
+        return env
+    return (*env, (SM_SHARE_VAR, str(sm_percent)))
+
+
 def maybe_start(wanted: bool, device: str) -> MpsDaemon | None:
     """A started daemon when the profile wants MPS on cuda; None (logged) when it cannot start."""
     if not wanted or not device.startswith("cuda"):

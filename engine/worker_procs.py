@@ -16,6 +16,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.mps import client_env
 from engine.replicas import ReplicaChannels, worker_name
 from ipc.channel import Channel, ChannelSpec
 from ipc.messages import CodecInbox, CoordinatorInbox, TalkerInbox
@@ -63,7 +64,8 @@ def spawn_replica(ctx: Any, profile: Profile, variant: type[Variant], model_dir:
                   instance: str, replica: int, device: str, channels: ReplicaChannels,
                   clients: int, env: tuple[tuple[str, str], ...], workers: ReplicaWorkers) -> None:
     """Start the codec, then the talker of `replica` on `device`; each goes into `workers` as
-    soon as it is started (so a failure half-way leaves nothing unreaped)."""
+    soon as it is started (so a failure half-way leaves nothing unreaped). `env`: the MPS
+    daemon's client environment (empty without MPS), each stage's SM share added."""
     for stage, inbox, outbox, target in (
             ("codec", channels.to_codec, channels.from_codec, codec.main),
             ("talker", channels.to_talker, channels.from_talker, talker.main)):
@@ -71,7 +73,8 @@ def spawn_replica(ctx: Any, profile: Profile, variant: type[Variant], model_dir:
         spec = WorkerSpec(stage=stage, variant=variant, model_dir=model_dir, profile=profile,
                           device=device, instance=instance, inbox=inbox.spec(),
                           to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
-                          num_clients=clients if stage == "codec" else 0, env=env,
+                          num_clients=clients if stage == "codec" else 0,
+                          env=client_env(env, getattr(profile, stage).sm_percent),
                           replica=replica)
         name = worker_name(stage, replica)
         proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{name}", daemon=True)

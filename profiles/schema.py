@@ -53,6 +53,12 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 REDACTED = "<redacted>"  # what a secret (api.keys) reads as in logs and printed profiles
 SECRET_FIELDS = ("api.keys",)
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Percent = Annotated[int, msgspec.Meta(ge=1, le=100)]
+SM_PERCENT_DOC = (
+    "on cuda under MPS (engine.mps), the share of the GPU's streaming multiprocessors this "
+    "stage's kernels may occupy at once, in percent (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set "
+    "before CUDA initialises): the two stages then contend for fewer SMs, each step or decode "
+    "on its own share; ignored without MPS; null = all of them. Not measured yet")
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Bytes = Annotated[int, msgspec.Meta(ge=4096)]
@@ -171,6 +177,7 @@ class TalkerConfig(_Section):
         "padded")] = "auto"
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the talker process; null = torch's default")] = None
+    sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None
     batch_invariant: Annotated[bool, doc(
         "a request's logits do not depend on the batch it shares, so a seed gives the same speech "
         "at any load: the talker's linears, norms, sampling scans and small attention run Triton "
@@ -224,6 +231,7 @@ class CodecConfig(_Section):
         "captured at start-up (CUDA only; ~11 s for the full v2 codec); on in high-concurrency")] = False
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the codec process; null = torch's default")] = None
+    sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None
     client_stall_s: Annotated[float, doc(
         "longest the codec waits for room in an API process's PCM ring before failing that "
         "process's requests (a stuck API process must not stall every stream)",

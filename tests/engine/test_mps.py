@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from engine.mps import CONTROL, MpsDaemon, maybe_start
+from engine.mps import CONTROL, SM_SHARE_VAR, MpsDaemon, client_env, maybe_start
 
 needs_mps = pytest.mark.skipif(
     shutil.which(CONTROL) is None or not os.path.exists("/dev/nvidiactl"),
@@ -65,3 +65,22 @@ def test_workers_count_devices_as_the_mps_server_sees_them(monkeypatch, tmp_path
     assert daemon.env["CUDA_VISIBLE_DEVICES"] == "0"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert daemon.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_a_stage_gets_its_sm_share_only_under_mps(tmp_path) -> None:
+    """`talker.sm_percent` / `codec.sm_percent` reach a worker as the MPS client's active-thread
+    percentage, and only when the daemon runs (without MPS the variable means nothing)."""
+    from profiles import load_profile
+
+    daemon = MpsDaemon()
+    daemon.root = str(tmp_path)
+    env = tuple(daemon.env.items())
+    profile = load_profile("high-concurrency", ["codec.sm_percent=40"])
+    assert (profile.talker.sm_percent, profile.codec.sm_percent) == (None, 40)
+    assert client_env(env, profile.talker.sm_percent) == env
+    assert dict(client_env(env, profile.codec.sm_percent)) == {**daemon.env, SM_SHARE_VAR: "40"}
+    assert client_env((), profile.codec.sm_percent) == ()  # no daemon: nothing to set
+    from profiles import ProfileError
+    for bad in ("0", "101"):
+        with pytest.raises(ProfileError, match="sm_percent"):
+            load_profile("high-concurrency", [f"talker.sm_percent={bad}"])
