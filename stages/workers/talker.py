@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,7 @@ class _Stream:
 SLOW_STEP_S = 0.25  # a step this long is logged with what it did (a busy step takes ~15-35 ms)
 
 
-def compile_counter() -> Any:
+def compile_counter() -> Callable[[], int] | None:
     """A function returning how many graphs torch.compile has made in this process so far (a
     recompile under load stalls every stream), or None where torch does not say."""
     try:
@@ -64,7 +65,7 @@ def compile_counter() -> Any:
     return lambda: counters["stats"]["unique_graphs"]
 
 
-def allocator_counter(device: str) -> Any:
+def allocator_counter(device: str) -> Callable[[], tuple[int, int]] | None:
     """On CUDA, a function returning (device allocations, allocation retries) of the caching
     allocator so far: a retry frees the cache and waits for the device, a stall of its own;
     None elsewhere."""
@@ -88,7 +89,8 @@ class TalkerLoop:
 
     def __init__(self, runner: Any, inbox: Any, to_codec: Any, to_coord: Any,
                  schedule: ChunkSchedule, n_vq: int, timeline: Timeline | None = None,
-                 allocator: Any = None, gc_pauses: GcPauses | None = None) -> None:
+                 allocator: Callable[[], tuple[int, int]] | None = None,
+                 gc_pauses: GcPauses | None = None) -> None:
         """`allocator`: `allocator_counter`'s function, read when a step is slow; `gc_pauses`:
         this process's collection timer (a step's share goes to the timeline)."""
         self.runner = runner
