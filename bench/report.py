@@ -13,7 +13,13 @@ Definitions (all times from the client's clock, ``time.perf_counter``):
   has not arrived it stalls until it does. Underrun = the summed stall time of a request; a
   request is "smooth" when no single stall is longer than 100 ms.
 - audio-s/s = all audio seconds of the pass / the pass's wall time (first send to last byte);
-  requests/s likewise. With several client processes (``--client-procs``) their records are
+  requests/s likewise.
+- full load: audio seconds that arrived while every client had a request in flight (from the
+  first wave's last first audio to the first client's last byte) / that window. A closed loop's
+  tail (clients done one by one, the last requests decoding in small batches) weighs on a short
+  pass: at 3 prompts a client it is about a quarter of the wall time, at 1088 prompts (the
+  Seed-TTS EN set, as peers publish) a few percent. The pass's own figure stays the headline;
+  this one is what the pipeline sustains. With several client processes (``--client-procs``) their records are
   merged first: the wall time runs from the first send in any process to the last byte in any
   process (perf_counter is one system-wide clock), and every figure is over all requests.
 """
@@ -115,6 +121,8 @@ def summarize(concurrency: int, results: list[RequestResult], wall_s: float, byt
         "audio_s_total": round(audio_total, 3),
         "audio_s_per_s": round(audio_total / wall_s, 3) if wall_s > 0 else None,
         "requests_per_s": round(len(ok) / wall_s, 3) if wall_s > 0 else None,
+        "full_load": full_load(ok, concurrency, len(results), bytes_per_s),
+        "mean_in_flight": round(sum(r.latency_s for r in ok) / wall_s, 2) if wall_s > 0 else None,
         "ttfa_ms": _stats([r.ttfa_s for r in ok], 1000, 1),
         "ttfa_after_first_wave_ms": _stats([r.ttfa_s for r in after_first_wave(ok, concurrency)], 1000, 1),
         "latency_s": _stats([r.latency_s for r in ok], 1, 3),
@@ -145,6 +153,26 @@ def after_first_wave(results: list[RequestResult], concurrency: int) -> list[Req
     request leaves at the start, together): first audio without the opening burst, which a
     short pass weighs heavily (3 prompts a client: a third of the requests)."""
     return sorted(results, key=lambda r: r.start_s)[concurrency:]
+
+
+def full_load(results: list[RequestResult], concurrency: int, sent: int,
+              bytes_per_s: float) -> dict | None:
+    """Audio-s/s while all `concurrency` clients had a request in flight: bytes that arrived after
+    the first wave's last first audio, up to the end of the first request with no successor (the
+    closed loop sends a new request as each one ends until `sent` are out, so the
+    (sent - concurrency + 1)-th end is the first after which a client stays idle). None when
+    the pass has no such window (one request a client, a failed request, or no audio yet)."""
+    if sent <= concurrency or len(results) != sent or any(r.ttfa_s is None for r in results):
+        return None
+    first_wave = sorted(results, key=lambda r: r.start_s)[:concurrency]
+    start = max(r.start_s + r.ttfa_s for r in first_wave)
+    end = sorted(r.start_s + r.latency_s for r in results)[sent - concurrency]
+    if end <= start:
+        return None
+    received = sum(size for r in results for at, size in zip(r.chunk_at_s, r.chunk_bytes)
+                   if start < r.start_s + at <= end)
+    return {"window_s": [round(start, 4), round(end, 4)],
+            "audio_s_per_s": round(received / bytes_per_s / (end - start), 3)}
 
 
 def _ignored(results: list[RequestResult]) -> dict[str, int]:
@@ -179,6 +207,13 @@ def format_table(runs: list[dict]) -> str:
     if later:
         lines.append("TTFA mean / p50 / p99 after the first wave (each client's later requests): "
                      + ", ".join(later))
+    loads = [f"C={r['concurrency']} {r['full_load']['audio_s_per_s']:.2f} over "
+             f"{r['full_load']['window_s'][0]:.2f}-{r['full_load']['window_s'][1]:.2f} s "
+             f"(mean in flight {r['mean_in_flight']:.1f})"
+             for r in runs if r.get("full_load")]
+    if loads:
+        lines.append("audio-s/s at full load (every client with a request in flight; the pass's "
+                     "tail left out): " + ", ".join(loads))
     cpu = [_client_cpu(r) for r in runs if r.get("client_cpu_s") is not None and r["wall_s"] > 0]
     if cpu:
         lines.append("client CPU over the pass, busiest client process's % of one core "

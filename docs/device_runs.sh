@@ -4,7 +4,8 @@
 # in $WHEELS (default .whl). Each phase keeps to $BUDGET seconds (default 560) by skipping the
 # levels that no longer fit; results go to $OUT/results_PHASE.tgz (phases can follow each other in one call); with SAVE_CACHE=1 the compile caches
 # go to $OUT/cache.tgz.* (about 40 MB; restored from $CACHE, when given, so later calls start warm).
-# PASSES=N gives every level of a `pair` (the phases that compare servers) N measured passes.
+# PASSES=N gives every level of a `pair` (the phases that compare servers) N measured passes;
+# a pass sends PER (3) prompts a client, or NP prompts in all.
 #
 #   bash docs/device_runs.sh timeline   # one server, C=128 then C=64, with the workers' timelines;
 #                                       # then the codec's replay-cost grid and kernel profile and
@@ -87,6 +88,9 @@
 #                                       # high-concurrency as shipped, with final chunks due at once,
 #                                       # with the codec's lanes + fused ring writes (C=128, 64;
 #                                       # PASSES=2 measured passes each)
+#   bash docs/device_runs.sh peer       # high-concurrency as shipped at C=128 and 64, 3 prompts a
+#                                       # client, then 1088 prompts a pass (the peers' protocol:
+#                                       # the whole Seed-TTS EN set, first pass discarded)
 #   bash docs/device_runs.sh smshare    # high-concurrency as shipped, with the codec held to 60% and
 #                                       # to 40% of the SMs (codec.sm_percent, MPS) (C=128, 64;
 #                                       # PASSES=2 measured passes each)
@@ -138,7 +142,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -186,10 +190,10 @@ stop_server() {
 }
 bench() {  # bench PORT NAME C [extra bench args]
   local port=$1 name=$2 c=$3; shift 3
-  local n=$(( c * ${PER:-3} )); [ $n -lt 8 ] && n=8
+  local n=${NP:-$(( c * ${PER:-3} ))}; [ $n -lt 8 ] && n=8
   timeout $(( $(left) - 10 )) mossvox bench serve --url "http://127.0.0.1:$port" --concurrency "$c" \
     --num-prompts $n --no-progress --out "$R/${name}_c$c.json" "$@" > "$R/${name}_c$c.txt" 2>&1
-  el "$name C=$c rc=$?"; grep -E "^\| [0-9]|client CPU|failed request" "$R/${name}_c$c.txt" | head -4
+  el "$name C=$c rc=$?"; grep -E "^\| [0-9]|client CPU|at full load|failed request" "$R/${name}_c$c.txt" | head -5
   curl -s "localhost:$port/metrics" > "$R/${name}_c${c}_metrics.txt"
 }
 sweep() {  # sweep PORT NAME "CS" SERVE_ARGS...
@@ -479,6 +483,15 @@ finals)  # the codec alone at the batches it is served (graph replay ms by rows 
   wait $CK; cat "$R/checkpoint.txt"
   PASSES=${PASSES:-2} compare "128 64" shipped "" fin0 "--set coalescing.final_wait_ms=0" \
     lanes "--set codec.decode_lanes=2 --set codec.fused_ring_writes=true"
+  summaries
+  ;;
+peer)  # the shipped profile at the peers' pass size (NP=1088, the whole Seed-TTS EN set a pass,
+  # first pass discarded) beside ours (3 prompts a client), C=128 and 64, PASSES (1) each
+  checkpoint
+  start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped
+  pair 8000 shipped "128 64"
+  NP=1088 pair 8000 shipped1088 "128 64"
+  stop_server shipped
   summaries
   ;;
 smshare)  # the shipped profile against the codec held to a share of the GPU's SMs under MPS (the

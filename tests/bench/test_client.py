@@ -16,7 +16,8 @@ import pytest
 from bench.client import ClientConfig, ForcedLength, ServerInfo, request_body, run_pass, server_info
 from bench.dataset import DatasetError, SyntheticEn1088, digest, read_seed_tts, select_prompts
 from bench.prompt_sets import load_dataset
-from bench.report import RequestResult, after_first_wave, simulate_player, summarize
+from bench.report import (RequestResult, after_first_wave, format_table, full_load, simulate_player,
+                          summarize)
 from cli.commands.bench_serve import _concurrencies
 from cli.main import main
 from tests.api.helpers import tone_wav
@@ -177,6 +178,9 @@ def test_small_run_against_a_real_server_reports_sane_figures(server, clips, tmp
     later = [1000 * r["ttfa_s"] for r in sorted(requests, key=lambda r: r["start_s"])[2:]]  # C=2
     assert run["ttfa_after_first_wave_ms"]["mean"] == pytest.approx(sum(later) / 6, abs=0.1)
     assert "after the first wave" in printed.out
+    start, end = run["full_load"]["window_s"]  # every client busy until the 7th request ends
+    assert start < end <= run["wall_s"] and run["full_load"]["audio_s_per_s"] > 0
+    assert 0 < run["mean_in_flight"] <= 2 and "at full load" in printed.out
     assert run["rtf"]["mean"] == pytest.approx(
         sum(r["latency_s"] / r["audio_s"] for r in requests) / 8, rel=1e-3)
     assert 0 <= run["share_smooth"] <= 1 and run["chunk_gap_ms"]["max"] is not None
@@ -192,6 +196,31 @@ def test_the_first_wave_is_the_first_requests_sent():
     assert [r.index for r in after_first_wave(results, 2)] == [0, 3]
     assert summarize(2, results, 2.0, 1000.0)["ttfa_after_first_wave_ms"]["mean"] == pytest.approx(150.0)
     assert after_first_wave(results, 4) == []
+
+
+def test_full_load_leaves_out_the_first_audio_wait_and_the_tail():
+    """Two clients, two requests each (1000 bytes a second of audio): the window runs from the
+    first wave's last first audio to the first end that sent nothing after it."""
+    def result(i, start, chunks, latency):
+        return RequestResult(index=i, utt_id=f"u{i}", target_chars=10, forced_frames=None, ok=True,
+                             start_s=start, ttfa_s=chunks[0][0], latency_s=latency, audio_s=1.0,
+                             chunk_at_s=[at for at, _ in chunks], chunk_bytes=[n for _, n in chunks])
+    results = [
+        result(0, 0.0, [(0.1, 100), (0.5, 100)], 0.5),    # client A: first audio 0.1, ends 0.5
+        result(1, 0.0, [(0.2, 100), (0.9, 100)], 0.9),    # client B: first audio 0.2, ends 0.9
+        result(2, 0.5, [(0.1, 300), (1.0, 100)], 1.0),    # A again: 0.6 and 1.5 (A's last)
+        result(3, 0.9, [(0.1, 400), (0.3, 100)], 0.3),    # B again: 1.0 and 1.2: the first last end
+    ]
+    load = full_load(results, 2, 4, 1000.0)
+    # window (0.2, 1.2] s: bytes at 0.5, 0.6, 0.9, 1.0, 1.2 (100 + 300 + 100 + 400 + 100); not
+    # the first wave's first audio (0.1, 0.2) nor the tail's (1.5)
+    assert load == {"window_s": [0.2, 1.2], "audio_s_per_s": pytest.approx(1.0)}
+    run = summarize(2, results, 1.5, 1000.0)
+    assert run["full_load"] == load and run["mean_in_flight"] == pytest.approx(2.7 / 1.5, abs=0.01)
+    assert "at full load" in format_table([run]) and "C=2 1.00 over 0.20-1.20 s" in format_table([run])
+    assert full_load(results[:2], 2, 2, 1000.0) is None  # one request a client: no full-load window
+    assert full_load(results, 2, 5, 1000.0) is None  # a request failed: not a whole pass
+    assert full_load(results, 4, 4, 1000.0) is None
 
 
 def test_bad_dataset_rows_fail_the_run(server, tmp_path, capsys):
