@@ -134,6 +134,11 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             "compiles": sum(e.get("compiles", 0) for e in steps),
             "steps_over_100ms": sum(e["dur"] > 0.1 for e in steps),
             "gc_ms": sum(e.get("gc", 0.0) for e in steps) * 1e3,  # garbage collection inside steps
+            # steps in which the CUDA caching allocator had to ask the device for memory, and the
+            # longest of them: whether a new allocation is what a stalled step did
+            "allocating_steps": sum(e.get("allocs", 0) > 0 for e in steps),
+            "allocating_step_max_ms": max((e["dur"] for e in steps if e.get("allocs", 0) > 0),
+                                          default=0.0) * 1e3,
         }
     if disp:
         lengths = defaultdict(int)

@@ -91,8 +91,9 @@ class TalkerLoop:
                  schedule: ChunkSchedule, n_vq: int, timeline: Timeline | None = None,
                  allocator: Callable[[], tuple[int, int]] | None = None,
                  gc_pauses: GcPauses | None = None) -> None:
-        """`allocator`: `allocator_counter`'s function, read when a step is slow; `gc_pauses`:
-        this process's collection timer (a step's share goes to the timeline)."""
+        """`allocator`: `allocator_counter`'s function, read when a step is slow (and around every
+        step while a timeline records, which then holds each step's new device allocations);
+        `gc_pauses`: this process's collection timer (a step's share goes to the timeline)."""
         self.runner = runner
         self.timeline = timeline
         self.inbox, self.to_codec, self.to_coord = inbox, to_codec, to_coord
@@ -133,11 +134,13 @@ class TalkerLoop:
         if self.streams:
             graphs, compiles = self._graphs_made(), self._compiles()
             gc_s = self._gc.seconds if self._gc is not None else 0.0
+            allocs = self._step_allocs()
             batch, t0 = self.runner.num_running(), time.monotonic()
             events = self.runner.step()
             t1 = time.monotonic()
             graphs, compiles = self._graphs_made() - graphs, self._compiles() - compiles
             gc_s = self._gc.seconds - gc_s if self._gc is not None else 0.0
+            allocs = self._step_allocs() - allocs
             self._count_step(batch, t1 - t0)
             observe = getattr(getattr(self.runner, "scheduler", None), "observe_step", None)
             if observe is not None and not getattr(self.runner, "overlap_steps", False):
@@ -153,9 +156,16 @@ class TalkerLoop:
                                   drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
                                   frames=len(events), decode=decode, prefill=prefill,
                                   cached=getattr(sched, "last_cached", 0), admitted=admitted,
-                                  graphs=graphs, compiles=compiles, gc=gc_s)
+                                  graphs=graphs, compiles=compiles, gc=gc_s, allocs=allocs)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
+
+    def _step_allocs(self) -> int:
+        """The caching allocator's device allocations so far, read only while a timeline records
+        (a statistics call a step, ~tens of microseconds, that serving alone does not pay)."""
+        if self.timeline is None or self._allocator is None:
+            return 0
+        return self._allocator()[0]
 
     def _log_slow_step(self, seconds: float, batch: int, decode: int, prefill: int, cached: int,
                        graphs: int, compiles: int, gc_s: float) -> None:

@@ -14,6 +14,7 @@ import json
 import numpy as np
 import pytest
 
+from bench.timeline import summarize
 from ipc.channel import Channel
 from ipc.messages import CodecInbox, CoordinatorInbox, Submit, TalkerInbox
 from ipc.shm import new_instance_id
@@ -25,6 +26,7 @@ from stages.tools.make_checkpoint import make_checkpoint
 from stages.variant import AdapterError, UnknownModel
 from stages.workers.common import payload_array, schedule_from
 from stages.workers.talker import TalkerLoop
+from stages.workers.timeline import Timeline, read_events
 from tests.conftest import speech_job
 
 VARIANTS = ("delay", "ttsd", "sound-effect", "voice-generator", "realtime")
@@ -224,7 +226,7 @@ def test_sampling_defaults_overrides_and_caps(checkpoints, profile, name, expect
 class LoopRig:
     """The talker worker's loop over real rings: the test plays coordinator and codec."""
 
-    def __init__(self, runner, variant, profile, allocator=None) -> None:
+    def __init__(self, runner, variant, profile, allocator=None, timeline=None) -> None:
         instance = new_instance_id()
         make = lambda name, t, role: Channel.create(name, msg_type=t, capacity=1 << 20, role=role,  # noqa: E731
                                                     instance=instance)
@@ -232,7 +234,8 @@ class LoopRig:
         self.codes = make("codes", CodecInbox, "reader")
         self.coord = make("coord", CoordinatorInbox, "reader")
         self.ends = [self.inbox.spec().open(), self.codes.spec().open(), self.coord.spec().open()]
-        self.loop = TalkerLoop(runner, *self.ends, schedule_from(profile), variant.n_vq, allocator=allocator)
+        self.loop = TalkerLoop(runner, *self.ends, schedule_from(profile), variant.n_vq, timeline=timeline,
+                               allocator=allocator)
         self.runner, self.n_vq = runner, variant.n_vq
 
     def close(self) -> None:
@@ -313,6 +316,35 @@ def test_a_slow_step_is_logged_with_what_it_did(checkpoints, profile, monkeypatc
     assert all("recorded 0 graph(s), compiled 0 and collected garbage for 0 ms;" in line for line in slow)
     assert all("allocator made 1 device allocation(s)" in line for line in slow)
     assert [line.endswith("and 1 retry(ies)") for line in slow[:3]] == [False, False, True]
+
+
+def test_the_timeline_holds_each_steps_device_allocations(checkpoints, profile, tmp_path) -> None:
+    """With a timeline, every talker step records how many device allocations the CUDA allocator
+    made inside it (a stand-in here: the runner's third step "allocates" twice), so a stalled
+    step can be matched with a new allocation; the summary counts such steps."""
+    variant = variant_of(checkpoints, "delay", profile)
+    runner = variant.make_talker_runner("cpu")
+    made, steps = [0], [0]
+    real_step = runner.step
+
+    def step():
+        steps[0] += 1
+        made[0] += 2 if steps[0] == 3 else 0
+        return real_step()
+
+    runner.step = step
+    timeline = Timeline(tmp_path, "talker0")
+    rig = LoopRig(runner, variant, profile, lambda: (made[0], 0), timeline)
+    try:
+        rig.chunks_until_done(variant.build_request(speech_job(**ACCEPTED["delay"], forced_frames=3)), 1)
+    finally:
+        rig.close()
+        timeline.close()
+    events = [e for e in read_events(tmp_path) if e["k"] == "talker_step"]
+    assert len(events) == steps[0] and [e["allocs"] for e in events[:4]] == [0, 0, 2, 0]
+    talker = summarize(events)["talker"]
+    assert talker["allocating_steps"] == 1
+    assert talker["allocating_step_max_ms"] == pytest.approx(events[2]["dur"] * 1e3)
 
 
 def test_delay_continuation_emits_its_first_frame_one_step_sooner(checkpoints, profile) -> None:
