@@ -5,7 +5,8 @@
 # levels that no longer fit; results go to $OUT/results_PHASE.tgz (phases can follow each other in one call); with SAVE_CACHE=1 the compile caches
 # go to $OUT/cache.tgz.* (about 40 MB; restored from $CACHE, when given, so later calls start warm).
 # PASSES=N gives every level of a `pair` (the phases that compare servers) N measured passes;
-# a pass sends PER (3) prompts a client, or NP prompts in all.
+# a pass sends PER (3) prompts a client, or NP prompts in all; WARM_WINDOW=1 summarises the
+# first pass's timeline too.
 #
 #   bash docs/device_runs.sh timeline   # one server, C=128 then C=64, with the workers' timelines;
 #                                       # then the codec's replay-cost grid and kernel profile and
@@ -91,6 +92,9 @@
 #   bash docs/device_runs.sh peer       # high-concurrency as shipped at C=128 and 64, 3 prompts a
 #                                       # client, then 1088 prompts a pass (the peers' protocol:
 #                                       # the whole Seed-TTS EN set, first pass discarded)
+#   bash docs/device_runs.sh coldvoices2  # new voices under load at C=128: encode batches of 8, 2
+#                                       # and 1 while streams are open, each server with an empty
+#                                       # reference cache
 #   bash docs/device_runs.sh smshare    # high-concurrency as shipped, with the codec held to 60% and
 #                                       # to 40% of the SMs (codec.sm_percent, MPS) (C=128, 64;
 #                                       # PASSES=2 measured passes each)
@@ -142,7 +146,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -213,7 +217,8 @@ pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured
   local port=$1 name=$2 cs=$3 i run
   for c in $cs; do
     [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
-    bench "$port" "${name}_warm" "$c" --no-warmup
+    a=$(mono); bench "$port" "${name}_warm" "$c" --no-warmup; b=$(mono)
+    [ -n "${WARM_WINDOW:-}" ] && echo "${name}_warm $c $a $b" >> "$R/windows.txt"
     for i in $(seq 1 "${PASSES:-1}"); do
       run=$name; [ "$i" -gt 1 ] && run=${name}_r$i
       [ "$i" -gt 1 ] && [ "$(left)" -lt 40 ] && break
@@ -491,7 +496,7 @@ peer)  # the shipped profile at the peers' pass size (NP=1088, the whole Seed-TT
   checkpoint
   start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped
   pair 8000 shipped "128 64"
-  NP=1088 pair 8000 shipped1088 "128 64"
+  NP=1088 pair 8000 shipped_np1088 "128 64"
   stop_server shipped
   summaries
   ;;
@@ -581,6 +586,22 @@ coldvoices)
     --set api.data_dir=/tmp/data_base
   pair 8001 base "128 64"
   stop_server base
+  summaries
+  ;;
+coldvoices2)  # new voices under load: each server with its own empty reference cache, its first
+  # C=128 pass (the `_warm` row) encoding every voice beside the decodes; encode batches of 8
+  # (shipped) against 2 and 1 while streams are open (codec.encode_batch_streaming)
+  checkpoint
+  port=8000
+  for name in enc8 enc2 enc1; do
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    flags=$([ $name = enc8 ] || echo "--set codec.encode_batch_streaming=${name#enc}")
+    start_server $port $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name \
+      --set api.data_dir=/tmp/data_$name $flags
+    WARM_WINDOW=1 pair $port $name "128"
+    stop_server $name
+    port=$((port + 1))
+  done
   summaries
   ;;
 prefix)

@@ -226,6 +226,12 @@ class CodecConfig(_Section):
         "replay is mostly such launches); off until measured")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
+    encode_batch_streaming: Annotated[PositiveInt | None, doc(
+        "reference-encoding jobs batched together at most while streams are decoding: a batch holds "
+        "up every open stream's next chunk for its whole duration (on an H200 at C=128, 333 new "
+        "voices encoded in batches of 8 spaced the codec's dispatches ~180 ms apart and left 12% "
+        "of the streams smooth); smaller batches keep the streams fed and make new voices wait "
+        "longer; null = encode_batch")] = None
     encode_graphs: Annotated[bool, doc(
         "reference encoding replays CUDA graphs per (batch bucket, length bucket of 4-32 s), "
         "captured at start-up (CUDA only; ~11 s for the full v2 codec); on in high-concurrency")] = False

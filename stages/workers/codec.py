@@ -9,7 +9,8 @@ inside the batch due now if one is) → ask the `Coalescer` whether to decode no
 chunk of each chosen stream in one call → PCM records to each request's client ring, a
 `ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator → run waiting
 reference-encode jobs as one batch (after the streams that were due, so an encode never delays
-audio already owed).
+audio already owed; while streams are open the batch may be kept smaller, `encode_batch_streaming`,
+since it delays their next chunks).
 
 An aborted stream drops its waiting chunks at once and skips any that still arrive; it closes on
 its final record (the talker always sends one), so nothing is left behind.
@@ -65,7 +66,11 @@ class CodecLoop:
                  clock: Any = time.monotonic, client_stall_s: float = 5.0,
                  timeline: Timeline | None = None, express_first_chunks: bool = False,
                  express_joins_dispatch: bool = False, patient_wait_s: float = 0.0,
-                 buffer_margin_s: float = 0.2, final_wait_s: float | None = None) -> None:
+                 buffer_margin_s: float = 0.2, final_wait_s: float | None = None,
+                 encode_batch_streaming: int | None = None) -> None:
+        """`encode_batch`: reference-encode jobs run together at most; `encode_batch_streaming`:
+        at most while any stream is open (an encode batch delays every open stream's next chunk
+        by its duration), None = `encode_batch`."""
         self.client_stall_s = client_stall_s
         self.patient_wait_s, self.buffer_margin_s = patient_wait_s, buffer_margin_s
         self.final_wait_s = final_wait_s
@@ -78,6 +83,8 @@ class CodecLoop:
         self.to_clients = to_clients
         self.coalescer = coalescer
         self.encode_batch = encode_batch
+        self.encode_batch_streaming = encode_batch if encode_batch_streaming is None \
+            else min(encode_batch, encode_batch_streaming)
         self.clock = clock
         self.streams: dict[int, _Stream] = {}
         self.encodes: deque[tuple[EncodeRequest, np.ndarray]] = deque()
@@ -350,7 +357,8 @@ class CodecLoop:
     def _run_encodes(self) -> None:
         if not self.encodes:
             return
-        batch = [self.encodes.popleft() for _ in range(min(self.encode_batch, len(self.encodes)))]
+        most = self.encode_batch_streaming if self.streams else self.encode_batch
+        batch = [self.encodes.popleft() for _ in range(min(most, len(self.encodes)))]
         t0 = time.monotonic()
         try:
             results: list[np.ndarray | None] = self.runner.encode([wav for _, wav in batch])
@@ -461,7 +469,8 @@ def main(spec: WorkerSpec) -> None:
                   express_first_chunks=c.express_first_chunks,
                   express_joins_dispatch=c.express_joins_dispatch, patient_wait_s=c.patient_wait_ms / 1000.0,
                   buffer_margin_s=c.buffer_margin_ms / 1000.0,
-                  final_wait_s=None if c.final_wait_ms is None else c.final_wait_ms / 1000.0).run()
+                  final_wait_s=None if c.final_wait_ms is None else c.final_wait_ms / 1000.0,
+                  encode_batch_streaming=spec.profile.codec.encode_batch_streaming).run()
     except Exception as exc:
         log.exception("codec worker failed")
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))

@@ -213,6 +213,36 @@ def test_a_waiting_reference_encode_goes_after_the_audio_that_is_due(demo_model_
         rig.close()
 
 
+def test_encode_batches_shrink_while_streams_are_decoding(demo_model_dir) -> None:
+    """With `encode_batch_streaming`, an iteration encodes at most that many reference clips while
+    a stream is open (each batch delays every open stream's next chunk), and the full
+    `encode_batch` (4) once none is."""
+    rig = Rig(demo_model_dir, express=True, encode_batch_streaming=1)
+    try:
+        wav = np.zeros((rig.runner.channels, 2 * rig.runner.samples_per_frame), dtype=np.float32)
+        for job in range(6):
+            rig.coord.send(EncodeRequest(job=job, client=0), wav)
+        rig.chunk(1, 0, 0, 1)  # a stream opens with its first chunk
+
+        def encoded() -> list[int]:
+            jobs = []
+            while (rec := rig.client_rx[0].try_recv()) is not None:
+                if isinstance(rec.msg, EncodeResult):
+                    jobs.append(rec.msg.job)
+                rec.release()
+            return jobs
+
+        rig.loop.step()
+        assert encoded() == [0] and 1 in rig.loop.streams
+        rig.loop.step()
+        assert encoded() == [1]
+        rig.chunk(1, 0, 1, 1, final=True, reason="stop")
+        rig.loop.step()  # the stream closes on its final chunk, then up to 4 encodes go together
+        assert rig.loop.streams == {} and encoded() == [2, 3, 4, 5]
+    finally:
+        rig.close()
+
+
 def test_a_closed_client_ring_fails_only_that_clients_streams(rig) -> None:
     rig.chunk(1, 0, 0, 1)
     rig.chunk(2, 1, 0, 1)
