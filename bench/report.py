@@ -13,15 +13,15 @@ Definitions (all times from the client's clock, ``time.perf_counter``):
   has not arrived it stalls until it does. Underrun = the summed stall time of a request; a
   request is "smooth" when no single stall is longer than 100 ms.
 - audio-s/s = all audio seconds of the pass / the pass's wall time (first send to last byte);
-  requests/s likewise.
-- full load: audio seconds that arrived while every client had a request in flight (from the
-  first wave's last first audio to the first client's last byte) / that window. A closed loop's
-  tail (clients done one by one, the last requests decoding in small batches) weighs on a short
-  pass: at 3 prompts a client it is about a quarter of the wall time, at 1088 prompts (the
-  Seed-TTS EN set, as peers publish) a few percent. The pass's own figure stays the headline;
-  this one is what the pipeline sustains. With several client processes (``--client-procs``) their records are
+  requests/s likewise. With several client processes (``--client-procs``) their records are
   merged first: the wall time runs from the first send in any process to the last byte in any
   process (perf_counter is one system-wide clock), and every figure is over all requests.
+- full load: audio seconds that arrived while every client had a request in flight (from the
+  first wave's last first audio to the first client's last byte) / that window. A closed loop's
+  tail (clients done one by one, the last requests decoding in ever smaller batches) lasts about
+  one request: at 3 prompts a client about a quarter of the wall time, at 1088 prompts (the
+  Seed-TTS EN set, as peers publish) about a tenth at C=128. The pass's own figure stays the
+  headline; this one is what the pipeline sustains.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ class TalkerLoop:
 
     def _step_allocs(self) -> int:
         """The caching allocator's device allocations so far, read only while a timeline records
-        (a statistics call a step, ~tens of microseconds, that serving alone does not pay)."""
+        (a statistics call a step, which serving alone does not pay)."""
         if self.timeline is None or self._allocator is None:
             return 0
         return self._allocator()[0]
