@@ -152,8 +152,10 @@ class EngineClient:
 
     @classmethod
     def connect(cls, spec: ClientSpec) -> EngineClient:
-        """Open this API process's channels and counters (call once, in the API process)."""
+        """Open this API process's channels and counters (call once, in the API process); the
+        request path is warmed (`Variant.warm_request_path`) before the first request comes."""
         variant = spec.variant(spec.model_dir, spec.profile)
+        variant.warm_request_path()
         return cls(spec.index, variant, spec.to_coord.open(), spec.from_coord.open(),
                    [codec.open() for codec in spec.from_codecs],
                    CounterBlock.attach(spec.counters_name, spec.counters_hist,

@@ -230,6 +230,13 @@ class Variant:
         """A short job this variant's adapter accepts (the talker worker's warm-up request)."""
         return warm_up_job()
 
+    def warm_request_path(self) -> None:
+        """Build one request (`warm_up_job`) now, so that this process's first real request does
+        not pay for what is read on first use: the prompt processor reads the tokenizer (a
+        Qwen-sized vocabulary: 0.1-0.2 s, which the first request of every API process added to
+        its first audio)."""
+        self.build_request(self.warm_up_job())
+
     # ---- runners (worker processes) ------------------------------------------------------------
 
     def make_talker_runner(self, device: str) -> TalkerRunner:

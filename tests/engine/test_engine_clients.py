@@ -5,8 +5,10 @@ Shutdown: drain lets running requests finish; abort ends them with `EngineFailed
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing as mp
 import os
+import shutil
 import signal
 
 import numpy as np
@@ -37,6 +39,27 @@ def _api_process(spec, seed: int, frames: int, out) -> None:
     out.put(asyncio.run(go()))
 
 
+def _api_process_without_its_tokenizer(spec, frames: int, out) -> None:
+    """Connect, then lose the checkpoint's tokenizer files, then run one request: it is served
+    only if connecting read everything the request path reads (nothing left for the first request)."""
+
+    async def go() -> int:
+        client = EngineClient.connect(spec)
+        try:
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                os.remove(os.path.join(spec.model_dir, name))
+            chunks = await collect(client, SpeechJob(text="tokenizer read at start-up",
+                                                     forced_frames=frames, sampling={"seed": 3}))
+            return len(joined(chunks))
+        finally:
+            await client.close()
+
+    try:
+        out.put(asyncio.run(go()))
+    except Exception as exc:  # handed back, so the test says what failed
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
 def _api_process_that_hangs(spec, started) -> None:
     async def go() -> None:
         client = EngineClient.connect(spec)
@@ -51,7 +74,7 @@ def _api_process_that_hangs(spec, started) -> None:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(demo_model_dir):
-    handle = await launch(load_profile("cpu"), demo_model_dir, clients=4)
+    handle = await launch(load_profile("cpu"), demo_model_dir, clients=5)
     instance = handle.instance
     try:
         yield handle
@@ -72,6 +95,22 @@ async def test_spawned_client_gets_the_same_audio(engine) -> None:
     got = await asyncio.to_thread(out.get, True, 60)
     await asyncio.to_thread(proc.join, 10)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_connecting_reads_what_the_first_request_needs(engine, tmp_path) -> None:
+    """An API process reads the tokenizer when it connects, not on its first request (which paid
+    0.1-0.2 s of first audio for it, once in every API process)."""
+    model_dir = tmp_path / "model"  # the checkpoint's description: everything but the weights
+    shutil.copytree(engine.model_dir, model_dir, ignore=shutil.ignore_patterns("*.safetensors"))
+    spec = dataclasses.replace(engine.client_spec(4), model_dir=str(model_dir))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_api_process_without_its_tokenizer, args=(spec, 6, out))
+    proc.start()
+    got = await asyncio.to_thread(out.get, True, 60)
+    await asyncio.to_thread(proc.join, 10)
+    assert got == 6 * engine.variant.samples_per_frame, got
 
 
 @pytest.mark.asyncio(loop_scope="module")
