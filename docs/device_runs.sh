@@ -93,8 +93,11 @@
 #                                       # client, then 1088 prompts a pass (the peers' protocol:
 #                                       # the whole Seed-TTS EN set, first pass discarded)
 #   bash docs/device_runs.sh coldvoices2  # new voices under load at C=128: encode batches of 8, 2
-#                                       # and 1 while streams are open, each server with an empty
-#                                       # reference cache
+#                                       # and 1 (ENCS) while streams are open, each server with an
+#                                       # empty reference cache
+#   bash docs/device_runs.sh r148       # high-concurrency as shipped, then with the ramp 1, 4, 8
+#                                       # (C=128, 64; PASSES=2 measured passes each)
+#   bash docs/device_runs.sh c256       # high-concurrency as shipped at C=256, PASSES=3 passes
 #   bash docs/device_runs.sh smshare    # high-concurrency as shipped, with the codec held to 60% and
 #                                       # to 40% of the SMs (codec.sm_percent, MPS) (C=128, 64;
 #                                       # PASSES=2 measured passes each)
@@ -129,6 +132,7 @@
 #                                       # as shipped, then with talker.overlap_steps (C=128, 64, 1),
 #                                       # timelines
 #   bash docs/device_runs.sh sweep      # high-concurrency C=1..256 and low-latency C=1..128
+#                                       # (HC_LEVELS, LL_LEVELS: other levels; empty skips one)
 #   bash docs/device_runs.sh delay      # MOSS-TTS 8B: backbone graphs on/off, and the GPU tests
 #   bash docs/device_runs.sh invariant  # the batch-invariant GPU tests (8 seeded requests alone,
 #                                       # together, mixed into 64; Local-v1.5 and Delay), then
@@ -496,7 +500,7 @@ peer)  # the shipped profile at the peers' pass size (NP=1088, the whole Seed-TT
   checkpoint
   start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped
   pair 8000 shipped "128 64"
-  NP=1088 pair 8000 shipped_np1088 "128 64"
+  WARM_WINDOW=1 NP=1088 pair 8000 shipped_np1088 "128 64"  # the first 1088 pass meets ~700 new voices
   stop_server shipped
   summaries
   ;;
@@ -589,13 +593,14 @@ coldvoices)
   summaries
   ;;
 coldvoices2)  # new voices under load: each server with its own empty reference cache, its first
-  # C=128 pass (the `_warm` row) encoding every voice beside the decodes; encode batches of 8
-  # (shipped) against 2 and 1 while streams are open (codec.encode_batch_streaming)
+  # C=128 pass (the `_warm` row) encoding every voice beside the decodes; encode batches of
+  # ENCS (8 2 1) while streams are open (codec.encode_batch_streaming)
   checkpoint
   port=8000
-  for name in enc8 enc2 enc1; do
-    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
-    flags=$([ $name = enc8 ] || echo "--set codec.encode_batch_streaming=${name#enc}")
+  for n in ${ENCS:-8 2 1}; do
+    name=enc$n
+    [ "$(left)" -lt 120 ] && { el "$name: no time left"; break; }
+    flags="--set codec.encode_batch_streaming=$n"
     start_server $port $name --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name \
       --set api.data_dir=/tmp/data_$name $flags
     WARM_WINDOW=1 pair $port $name "128"
@@ -646,6 +651,17 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   summaries
   cp -r /tmp/tl_* "$R/"
   ;;
+r148)  # the ramp 1, 4, 8 (one chunk fewer a request) against the shipped 1, 2, 4, 8, PASSES (2) each
+  checkpoint
+  PASSES=${PASSES:-2} compare "128 64" hc "" r148 "--set chunking.ramp=[4,8]"
+  summaries
+  ;;
+c256)  # overload smoothness: the shipped profile at C=256, PASSES (3) measured passes
+  checkpoint
+  PASSES=${PASSES:-3} compare "256" hc ""
+  grep -E "^mossvox_engine_admission_hold" "$R"/*_c256_metrics.txt
+  summaries
+  ;;
 ramp)  # overload: C=256 (and 128) as shipped, with the playout gate, with a cap, with a shorter ramp
   checkpoint
   compare "256 128" hc "" gate "--set admission.min_lead_s=${LEAD:-0.3}"
@@ -689,10 +705,10 @@ overlap)
   stop_server ahead
   summaries
   ;;
-sweep)
+sweep)  # both profiles over their levels (HC_LEVELS, LL_LEVELS; empty skips a profile)
   checkpoint
-  sweep 8000 hc "1 16 64 128 256" --profile high-concurrency
-  sweep 8001 ll "1 16 64 128" --profile low-latency
+  [ -n "${HC_LEVELS-1 16 64 128 256}" ] && sweep 8000 hc "${HC_LEVELS-1 16 64 128 256}" --profile high-concurrency
+  [ -n "${LL_LEVELS-1 16 64 128}" ] && sweep 8001 ll "${LL_LEVELS-1 16 64 128}" --profile low-latency
   ;;
 delay)
   mossvox make-checkpoint --variant delay --size full --out /tmp/d8 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
