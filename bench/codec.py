@@ -117,8 +117,29 @@ def bench_grid(model: CodecModel, batches: list[int], chunks: list[int], n_vq: i
     return {(b, t): bench_graph(model, b, t, n_vq, iters, device) for b in batches for t in chunks}
 
 
+KERNEL_BINS_US = (5.0, 10.0, 20.0, 50.0, 100.0)  # upper edges of the kernel-duration bins
+
+
+def duration_bins(durations_us: list[float], edges: tuple[float, ...] = KERNEL_BINS_US) -> str:
+    """Kernels by duration: how many and how much time fall under each edge (and above the last).
+    A call of thousands of kernels of a few microseconds each is bound by their count (fusing
+    them is the lever); one of a few long kernels by their work."""
+    total = sum(durations_us)
+    lines = [f"{len(durations_us)} kernels, {total / 1e3:.2f} ms of kernel time"]
+    lower = 0.0
+    for upper in (*edges, float("inf")):
+        inside = [d for d in durations_us if lower <= d < upper]
+        label = f"{lower:g}-{upper:g} us" if upper != float("inf") else f">= {lower:g} us"
+        share = sum(inside) / total if total else 0.0
+        lines.append(f"  {label:>12}: {len(inside):6d} kernels, {sum(inside) / 1e3:8.2f} ms ({share:.0%})")
+        lower = upper
+    return "\n".join(lines)
+
+
 def profile_step(model: CodecModel, batch: int, chunk: int, n_vq: int, device: str) -> str:
-    """Kernel-time table of one steady chunk (torch.profiler), to see where decode time goes."""
+    """Kernel-time table of one steady chunk (torch.profiler), to see where decode time goes; on
+    CUDA also its kernels by duration (`duration_bins`)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     decoder = StreamingDecoder(model, num_slots=batch, max_chunk_frames=chunk)
@@ -132,7 +153,11 @@ def profile_step(model: CodecModel, batch: int, chunk: int, n_vq: int, device: s
         decoder.decode(codes, slots)
         sync(device)
     key = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=25)
+    table = prof.key_averages().table(sort_by=key, row_limit=25)
+    if not device.startswith("cuda"):
+        return table
+    kernels = [e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return f"{table}\n{batch} rows x {chunk} frames: {duration_bins(kernels)}"
 
 
 def bench_encode(model: CodecModel, batch: int, seconds: float, n_vq: int, iters: int, device: str) -> tuple[float, float]:

@@ -98,6 +98,8 @@
 #   bash docs/device_runs.sh r148       # high-concurrency as shipped, then with the ramp 1, 4, 8
 #                                       # (C=128, 64; PASSES=2 measured passes each)
 #   bash docs/device_runs.sh c256       # high-concurrency as shipped at C=256, PASSES=3 passes
+#   bash docs/device_runs.sh codecprof  # no server: the codec's kernels at the served shapes (24 rows
+#                                       # x 1, 8, 15 frames, ring attention), by time and duration
 #   bash docs/device_runs.sh smshare    # high-concurrency as shipped, with the codec held to 60% and
 #                                       # to 40% of the SMs (codec.sm_percent, MPS) (C=128, 64;
 #                                       # PASSES=2 measured passes each)
@@ -650,6 +652,15 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   done
   summaries
   cp -r /tmp/tl_* "$R/"
+  ;;
+codecprof)  # where a served codec call's time goes: the kernel table and the kernels by duration of
+  # the shapes a C=128 dispatch has (ROWS (24) rows x FRAMES (1 8 15)), ring attention in place as served
+  for t in ${FRAMES:-1 8 15}; do
+    [ "$(left)" -lt 60 ] && { el "codecprof: no time left for $t frames"; break; }
+    timeout $(( $(left) - 20 )) python3 -m bench.codec --version v2 --size full --batches "${ROWS:-24}" \
+      --chunk "$t" --iters 3 --ring-attention --profile 2>&1 | grep -v "^exactness" \
+      | tee "$R/codec_prof_${ROWS:-24}x$t.txt" | tail -36
+  done
   ;;
 r148)  # the ramp 1, 4, 8 (one chunk fewer a request) against the shipped 1, 2, 4, 8, PASSES (2) each
   checkpoint
