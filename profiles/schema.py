@@ -220,6 +220,13 @@ class CodecConfig(_Section):
         "(captured once per lane at start-up): a replay of small chunks is bound by its thousands "
         "of small kernels, not by the chip, so replays side by side may fill it; 1 = one after "
         "another; more: not yet measured", ge=1, le=8)] = 1
+    split_chunks: Annotated[bool, doc(
+        "with cuda_graphs, a dispatch's longer chunks may go into a shorter replay as several rows "
+        "of their stream (pieces in order, one call), when the codec's cost model finds that "
+        "cheaper than padding the short ones to the longest: a C=128 dispatch of ramp and steady "
+        "chunks models 16.3 ms as one 2-frame replay of 96 rows against 26.8 ms padded into two "
+        "(on an H200, a padded frame costs as much as a real one); the rings hold one frame more. "
+        "Not with decode_lanes > 1; off until measured in the server")] = False
     fused_ring_writes: Annotated[bool, doc(
         "with ring_attention: each decoder layer rotates q and k and writes its rings in one "
         "Triton kernel, not seven small torch ops (92 layers in the full v2 decoder: a small "
@@ -526,6 +533,9 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
     if t.batch_invariant and t.tensor_parallel > 1:
         out.append(("talker.batch_invariant needs talker.tensor_parallel 1 (an all-reduce may pick its "
                      "algorithm by message size)", ("talker.batch_invariant", "talker.tensor_parallel")))
+    if p.codec.split_chunks and p.codec.decode_lanes > 1:
+        out.append(("codec.split_chunks needs codec.decode_lanes 1 (a cut chunk's rows share its slot; "
+                    "two lanes would decode them at once)", ("codec.split_chunks", "codec.decode_lanes")))
     e = p.engine
     if e.devices and len(e.devices) != e.replicas:
         out.append((f"engine.devices lists {len(e.devices)} device(s) but engine.replicas is "

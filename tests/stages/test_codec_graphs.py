@@ -122,6 +122,37 @@ def test_padded_graphs_give_every_stream_its_own_audio(fixed_ms):
         assert np.abs(padded[rid] - plain[rid]).max() <= 1e-5 * np.abs(plain[rid]).max(), rid
 
 
+@pytest.mark.parametrize("row_frame_ms", [1.0, 0.0452])
+def test_chunks_cut_into_rows_give_every_stream_its_own_audio(row_frame_ms):
+    """With `split_chunks` a dispatch's longer chunks go into shorter replays as several rows of
+    their slot (`plan_pieces`): every stream still gets the plain runner's PCM, whatever joins or
+    leaves. With a per-call cost that dwarfs the rest every dispatch is one replay, and with padded
+    frames the dear part, ramp and steady chunks share a short one: chunks were cut."""
+    model = tiny_model()
+    calls = script()
+    plain = play(CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK), calls)
+    runner = CodecRunner(model, n_vq=N_VQ, max_slots=32, max_chunk_frames=MAX_CHUNK, graphs_eager=True,
+                         split_chunks=True)
+    runner.call_cost = CallCost(fixed_ms=1e6, row_ms=0.0, row_frame_ms=row_frame_ms)
+    made: list = []
+    cut = play(runner, calls, made)
+    chunks = [sum(0 < len(c) <= MAX_CHUNK for _, c, _ in items) for items in calls]
+    # besides: a 20-frame chunk (15 + 5, in turn) and the empty terminal chunks (one eager call)
+    extra = [2 * sum(len(c) > MAX_CHUNK for _, c, _ in items) + any(len(c) == 0 for _, c, _ in items)
+             for items in calls]
+    assert [len(m) for m, n in zip(made, chunks) if n] == [1 + k for k, n in zip(extra, chunks) if n]
+    assert any(m[0][0] > n for m, n in zip(made, chunks) if n)  # more rows than chunks: some were cut
+    assert cut.keys() == plain.keys()
+    for rid in plain:
+        assert cut[rid].shape == plain[rid].shape
+        assert np.abs(cut[rid] - plain[rid]).max() <= 1e-5 * np.abs(plain[rid]).max(), rid
+
+
+def test_split_chunks_refuse_decode_lanes():
+    with pytest.raises(ValueError, match="split_chunks"):
+        CodecRunner(tiny_model(), n_vq=N_VQ, max_slots=4, graphs_eager=True, decode_lanes=2, split_chunks=True)
+
+
 def test_capture_ahead_makes_buckets_and_leaves_open_requests_alone():
     model = tiny_model()
     codes = np.random.default_rng(1).integers(0, 1024, (16, N_VQ), dtype=np.int64)

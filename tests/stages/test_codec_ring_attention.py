@@ -126,3 +126,39 @@ def test_fused_ring_writes_decode_the_same_audio(monkeypatch):
     assert got.shape == want.shape
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
     assert (got - plain).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_chunk_cut_into_rows_of_its_slot_decodes_as_one(in_place):
+    """One call of 4-frame rows: slot 3's 15-frame chunk as four rows (offsets 0, 4, 8, 12, the
+    last with 3 valid frames) beside slot 0's 2-frame chunk padded to 4; then a 1-frame chunk
+    each. Every piece's queries see the earlier pieces' keys, written in the same call, and the
+    counters end after the real frames: both streams' audio equals decoding them whole, with the
+    rings copied out or read in place."""
+    cfg = CodecConfig.from_json(tiny_v2_config())
+    model = random_codec(cfg, DEVICE, torch.float32, seed=9)
+    codes = torch.randint(0, 1024, (12, 2, 16), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    a, b = codes[:, 0], codes[:, 1]  # [nq, 16] each: slot 3 takes 15 + 1 frames, slot 0 2 + 1
+    want_a = model.decode(a[:, None, :16])[0]
+    want_b = model.decode(b[:, None, :3])[0]
+    if in_place:
+        model.use_ring_attention()
+    decoder = StreamingDecoder(model, num_slots=4, max_chunk_frames=15)
+    rows = torch.zeros(12, 5, 4, dtype=torch.long, device=DEVICE)  # [nq, rows, T]
+    for r, first in enumerate((0, 4, 8, 12)):
+        n = min(4, 15 - first)
+        rows[:, r, :n] = a[:, first: first + n]
+    rows[:, 4, :2] = b[:, :2]
+    hop = cfg.downsample_rate
+    audio = decoder.decode(rows, torch.tensor([3, 3, 3, 3, 0], device=DEVICE),
+                           valid=torch.tensor([4, 4, 4, 3, 2], device=DEVICE),
+                           offset=torch.tensor([0, 4, 8, 12, 0], device=DEVICE))
+    got_a = torch.cat([audio[r, :, : (4 if r < 3 else 3) * hop] for r in range(4)], dim=-1)
+    got_b = audio[4, :, : 2 * hop]
+    assert decoder.frames[3].item() == 15 and decoder.frames[0].item() == 2
+    last = decoder.decode(torch.stack([a[:, 15:16], b[:, 2:3]], dim=1), torch.tensor([3, 0], device=DEVICE))
+    model.use_ring_attention(0)
+    got_a, got_b = torch.cat([got_a, last[0]], -1), torch.cat([got_b, last[1]], -1)
+    for got, want in ((got_a, want_a), (got_b, want_b)):
+        assert got.shape == want.shape
+        assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from stages.models.codec.dispatch_plan import CallCost, plan, spread
+from stages.models.codec.dispatch_plan import CallCost, plan, plan_pieces, spread
 from stages.models.codec.graphs import bucket
 
 FRAMES = (1, 2, 4, 8, 15)
@@ -105,3 +105,68 @@ def test_lanes_split_the_costliest_call_while_calls_are_fewer_than_lanes():
     assert spread(mixed, len(mixed), cap, cost) == mixed
     # a huge fixed cost: two halves cost as much as the whole minus little, still shorter side by side
     assert len(spread(plan([4] * 32, FRAMES, cap, CallCost(fixed_ms=100.0)), 2, cap, CallCost(fixed_ms=100.0))) == 2
+
+
+SERVED = CallCost(fixed_ms=6.33, row_ms=0.013, row_frame_ms=0.0452)  # the H200 fit with ring attention
+
+
+def rows_of(calls) -> int:
+    return sum(len(rows) for _, rows in calls)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pieces_cover_every_chunk_in_order_in_one_call(seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([1, 2, 3, 4, 7, 8, 15]) for _ in range(rng.randint(1, 40))]
+    cost = CallCost(fixed_ms=rng.choice([0.0, 6.33, 1e3]), row_ms=rng.choice([0.0, 0.013, 0.5]),
+                    row_frame_ms=0.0452)
+    calls = plan_pieces(lengths, FRAMES, cap, cost, max_rows=64, max_span=16)
+    seen: dict[int, list[tuple[int, int, int]]] = {}
+    for T, rows in calls:
+        assert T in FRAMES and 1 <= len(rows) <= 64
+        for m, first, n in rows:
+            assert 1 <= n <= T
+            assert m not in seen or seen[m][0][0] == T  # a chunk's pieces stay in one call
+            seen.setdefault(m, []).append((T, first, n))
+    assert sorted(seen) == list(range(len(lengths)))
+    for m, pieces in seen.items():  # in order, end to end, every piece but the last full
+        assert [first for _, first, _ in pieces] == list(range(0, lengths[m], pieces[0][0]))
+        assert sum(n for _, _, n in pieces) == lengths[m]
+        assert len(pieces) == 1 or len(pieces) * pieces[0][0] <= 16  # within the ring headroom
+    assert [T for T, _ in calls] == sorted(T for T, _ in calls)
+    # cutting is one more option: never costlier than padding (`plan`)
+    assert modelled(calls, lengths, cost) <= modelled(plan(lengths, FRAMES, cap, cost), lengths, cost) + 1e-9
+
+
+def test_the_served_model_cuts_a_typical_c128_dispatch_into_one_short_call():
+    """27 chunks of a C=128 dispatch (5 each of the ramp's 1, 2, 4, 8 frames, 7 steady of 15):
+    padded, two calls model 26.8 ms; cut into 2-frame rows, one call of 96 rows models 16.3."""
+    lengths = [1] * 5 + [2] * 5 + [4] * 5 + [8] * 5 + [15] * 7
+    padded = plan(lengths, FRAMES, cap, SERVED)
+    cut = plan_pieces(lengths, FRAMES, cap, SERVED, max_rows=256, max_span=16)
+    assert [(T, len(m)) for T, m in padded] == [(4, 15), (15, 12)]
+    assert [(T, len(rows)) for T, rows in cut] == [(2, 96)]
+    assert modelled(cut, lengths, SERVED) == pytest.approx(16.26, abs=0.01)
+    assert modelled(padded, lengths, SERVED) == pytest.approx(26.82, abs=0.01)
+
+
+def test_no_call_holds_more_rows_than_its_cap():
+    """Cut 2-frame rows would pay here (as above), but 27 chunks in at most 48 rows a call leave
+    the planner fewer cuts; more chunks than the cap cannot go in at all."""
+    lengths = [1] * 5 + [2] * 5 + [4] * 5 + [8] * 5 + [15] * 7
+    calls = plan_pieces(lengths, FRAMES, cap, SERVED, max_rows=48, max_span=16)
+    assert all(len(rows) <= 48 for _, rows in calls)
+    assert rows_of(calls) > len(lengths)  # still cut somewhere
+    with pytest.raises(ValueError):
+        plan_pieces([1] * 5, FRAMES, cap, SERVED, max_rows=4, max_span=16)
+
+
+def test_cuts_stay_within_the_ring_headroom():
+    """With rings of exactly the longest chunk's headroom (15 frames) a 15-frame chunk cut into
+    2-frame rows would pad its last row to frame 16, over keys its first row still reads: only
+    1-frame rows (15 of them, no padding) or the whole chunk are allowed."""
+    lengths = [1] * 5 + [2] * 5 + [4] * 5 + [8] * 5 + [15] * 7
+    for T, rows in plan_pieces(lengths, FRAMES, cap, SERVED, max_rows=256, max_span=15):
+        for m, first, n in rows:
+            assert lengths[m] <= T or -(-lengths[m] // T) * T <= 15, (T, lengths[m])
+            assert lengths[m] != 15 or T in (1, 15)

@@ -10,6 +10,8 @@ call (thousands of small kernels), ~0.06 ms per row whatever T (reading the row'
 ~0.046 ms per row and frame. So a few 1-frame chunks padded to 15 frames cost more than a second
 call, and many of them cost less. `plan` sorts the chunks by length and picks the contiguous
 groups that minimise the modelled total (an exact search over the distinct lengths).
+`plan_pieces` may also cut a chunk into rows of a shorter call (its pieces, one slot), when that
+models cheaper than padding its neighbours to its length.
 
 With decode lanes (`CodecRunner`'s `decode_lanes`) the calls of a dispatch replay side by side,
 one lane each in turn, and a dispatch takes about its longest lane's time, not the sum: `spread`
@@ -86,6 +88,56 @@ def plan(lengths: Sequence[int], call_frames: Sequence[int], bucket: Callable[[i
         calls.append((call_length(distinct[j - 1]), [x for n in distinct[i:j] for x in by_length[n]]))
         j = i
     return calls[::-1]
+
+
+Piece = tuple[int, int, int]  # (chunk index, first frame within the chunk, frames): one row of a call
+
+
+def plan_pieces(lengths: Sequence[int], call_frames: Sequence[int], bucket: Callable[[int], int],
+                cost: CallCost, max_rows: int, max_span: int) -> list[tuple[int, list[Piece]]]:
+    """As `plan`, but a call may be shorter than its chunks: a chunk of n frames goes into a call
+    of T < n frames as ceil(n / T) rows of its slot, its pieces in order (`StreamingDecoder.decode`
+    with `offset`), so 1-frame and 15-frame chunks can share a call of 2 frames instead of every
+    short chunk padding to 15 (a padded frame costs as much as a real one). Every chunk stays in
+    one call. Each call holds at most `max_rows` rows; T is any of `call_frames` such that a cut
+    chunk's rows, the last one padded to T, span at most `max_span` frames (the decoder's ring
+    headroom, `StreamingDecoder.headroom_frames`). Returns
+    [(T, [(chunk index, first frame, frames), ...])], the calls shortest first."""
+    frames = sorted(set(call_frames))
+    if not lengths:
+        return []
+    if min(lengths) < 1 or max(lengths) > frames[-1]:
+        raise ValueError(f"chunk lengths {sorted(set(lengths))} outside 1..{frames[-1]}")
+    if len(lengths) > max_rows:
+        raise ValueError(f"{len(lengths)} chunks exceed {max_rows} rows a call")
+    by_length: dict[int, list[int]] = {}
+    for index, n in enumerate(lengths):
+        by_length.setdefault(n, []).append(index)
+    distinct = sorted(by_length)
+    counts = [len(by_length[n]) for n in distinct]
+
+    # best[j]: least cost of the first j distinct lengths; choice[j]: (start of its last call, T)
+    best = [0.0] + [float("inf")] * len(distinct)
+    choice = [(0, frames[-1])] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        for i in range(j - 1, -1, -1):  # the last call takes distinct lengths i..j-1
+            for T in frames:
+                if T < distinct[j - 1] and -(-distinct[j - 1] // T) * T > max_span:
+                    continue  # the longest would span past the headroom (shorter ones span less)
+                rows = sum(counts[k] * -(-distinct[k] // T) for k in range(i, j))
+                if rows > max_rows:
+                    continue
+                total = best[i] + cost(bucket(rows), T)
+                if total < best[j]:
+                    best[j], choice[j] = total, (i, T)
+    calls: list[tuple[int, list[Piece]]] = []
+    j = len(distinct)
+    while j > 0:
+        i, T = choice[j]
+        calls.append((T, [(m, first, min(T, n - first)) for n in distinct[i:j] for m in by_length[n]
+                          for first in range(0, n, T)]))
+        j = i
+    return sorted(calls[::-1], key=lambda call: call[0])
 
 
 def spread(calls: list[tuple[int, list[int]]], lanes: int, bucket: Callable[[int], int],

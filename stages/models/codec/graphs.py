@@ -74,6 +74,7 @@ class _Entry:
     codes: torch.Tensor  # [n_vq, B, T] int64 static input: a permuted view of a contiguous [B, T, n_vq]
     slots: torch.Tensor  # [B] int64 static input; rows past the real requests hold the scratch slot
     valid: torch.Tensor  # [B] int64 static input: real frames of each row (T for padding rows)
+    offset: torch.Tensor  # [B] int64 static input: frames before the row within its slot's chunk (0 for padding rows)
     out: torch.Tensor  # [B, channels, T * hop] fp32 static output: a view of the shared output buffer
     graph: torch.cuda.CUDAGraph | None = None
 
@@ -110,24 +111,30 @@ class DecodeGraphs:
         return 1 <= n <= self.max_batch and 1 <= frames <= self.max_frames
 
     @torch.no_grad()
-    def decode(self, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """The next codes [n_vq, n, T] (host or device) of distinct leased slots [n], row i real for
-        its first valid[i] frames (default: all T) -> audio [n, channels, T * hop] on the device: a
-        view of the static output, valid until the next call (row i's audio past valid[i] * hop is
-        padding)."""
+    def decode(self, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None,
+               offset: torch.Tensor | None = None) -> torch.Tensor:
+        """The next codes [n_vq, n, T] (host or device) of leased slots [n], row i real for its
+        first valid[i] frames (default: all T) and starting offset[i] frames into its slot's chunk
+        (default 0: a slot's pieces in one call, `StreamingDecoder.decode`) -> audio
+        [n, channels, T * hop] on the device: a view of the static output, valid until the next
+        call (row i's audio past valid[i] * hop is padding)."""
         nq, n, T = codes.shape
         if nq != self.n_vq or len(slots) != n or not self.fits(n, T):
             raise ValueError(f"codes {tuple(codes.shape)} / {len(slots)} slots do not fit the graphs "
                              f"(n_vq {self.n_vq}, batch <= {self.max_batch}, 1 <= T <= {self.max_frames})")
         B = bucket(n, self.max_batch)
         entry = self._entries.get((B, T)) or self._make(B, T)
-        padded = torch.full((2, B), self.scratch_slot, dtype=torch.long)  # [slots | valid, B] host
+        padded = torch.full((3, B), self.scratch_slot, dtype=torch.long)  # [slots | valid | offset, B] host
         padded[0, :n] = slots.to("cpu", torch.long)
         padded[1] = T
         if valid is not None:
             padded[1, :n] = valid.to("cpu", torch.long)
+        padded[2] = 0
+        if offset is not None:
+            padded[2, :n] = offset.to("cpu", torch.long)
         entry.slots.copy_(padded[0], non_blocking=True)
         entry.valid.copy_(padded[1], non_blocking=True)
+        entry.offset.copy_(padded[2], non_blocking=True)
         entry.codes[:, :n].copy_(codes, non_blocking=True)  # padding rows keep earlier valid codes
         if entry.graph is not None:
             entry.graph.replay()
@@ -144,7 +151,7 @@ class DecodeGraphs:
         return make_missing(keys, self._entries, lambda key: self._make(*key), budget_s)
 
     def _body(self, entry: _Entry) -> None:
-        entry.out.copy_(self.decoder.decode(entry.codes, entry.slots, entry.valid))
+        entry.out.copy_(self.decoder.decode(entry.codes, entry.slots, entry.valid, entry.offset))
 
     def _make(self, B: int, T: int) -> _Entry:
         """Static inputs (all rows on the scratch slot, code 0) and, with CUDA graphs, the recording."""
@@ -155,8 +162,9 @@ class DecodeGraphs:
         codes = torch.zeros(B, T, self.n_vq, dtype=torch.long, device=dev).permute(2, 0, 1)  # [n_vq, B, T]
         slots = torch.full((B,), self.scratch_slot, dtype=torch.long, device=dev)
         valid = torch.full((B,), T, dtype=torch.long, device=dev)
+        offset = torch.zeros(B, dtype=torch.long, device=dev)
         out = self._out[: B * self.channels * T * self.hop].view(B, self.channels, T * self.hop)
-        entry = _Entry(codes, slots, valid, out)
+        entry = _Entry(codes, slots, valid, offset, out)
         if self.use_cuda_graphs:
             entry.graph = self._record(entry)
         self._entries[(B, T)] = entry

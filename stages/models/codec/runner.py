@@ -17,7 +17,10 @@ disjoint slots only (one chunk per request per call; the padding rows of every l
 scratch slot, whose values nobody reads): a replay of small chunks is bound by its thousands of
 small kernels, not by the chip's throughput, so replays side by side fill the chip; a dispatch
 planned into fewer calls than lanes is split (`dispatch_plan.spread`) so no lane idles. Longer chunks
-(reference priming) replay in graph-sized pieces. Without graphs, chunks of equal length run as
+(reference priming) replay in graph-sized pieces. With `split_chunks` a chunk may instead go into
+a shorter replay as several rows of its slot, its pieces in order (`dispatch_plan.plan_pieces`;
+the decoder's rings get one frame more of headroom, as a cut chunk's last row pads up to frame
+16); not with lanes (two lanes would share the slot). Without graphs, chunks of equal length run as
 one eager call. `graphs_eager` runs the same buckets, padding and scratch slot without recording
 (CPU tests of that logic). With `encode_graphs` (CUDA only; `encode_graphs_eager` for CPU tests) reference
 encoding replays graphs per (batch bucket, length bucket) from `stages.models.codec.encode_graphs`;
@@ -34,7 +37,7 @@ import numpy as np
 import torch
 
 from stages.models.codec.encode_graphs import EncodeGraphs
-from stages.models.codec.dispatch_plan import CallCost, plan, spread
+from stages.models.codec.dispatch_plan import CallCost, Piece, plan, plan_pieces, spread
 from stages.models.codec.graphs import DecodeGraphs, bucket
 from stages.models.codec.model import CodecModel
 from stages.models.codec.streaming import StreamingDecoder
@@ -55,10 +58,12 @@ class CodecRunner:
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  max_chunk_frames: int = 15, cuda_graphs: bool = False, graphs_eager: bool = False,
                  encode_graphs: bool = False, encode_graphs_eager: bool = False, encode_batch: int = 8,
-                 decode_lanes: int = 1):
+                 decode_lanes: int = 1, split_chunks: bool = False):
         cfg = model.cfg
         if decode_lanes < 1:
             raise ValueError(f"decode_lanes must be >= 1, got {decode_lanes}")
+        if split_chunks and decode_lanes > 1:  # a chunk's pieces share a slot: never on two lanes at once
+            raise ValueError("split_chunks and decode_lanes > 1 do not go together")
         if not 1 <= n_vq <= cfg.quantizer.num_quantizers:
             raise ValueError(f"n_vq {n_vq} outside 1..{cfg.quantizer.num_quantizers} (the codec's quantizers)")
         if device is not None or dtype is not None:
@@ -76,7 +81,10 @@ class CodecRunner:
             raise ValueError(f"cuda_graphs needs a CUDA device, the codec is on {self.device}")
         padded = cuda_graphs or graphs_eager
         # one extra slot, `max_slots`, is the graphs' scratch slot for padding rows: never leased
-        self._decoder = StreamingDecoder(model, max_slots + 1 if padded else max_slots, max_chunk_frames)
+        # cut chunks (`split_chunks`) reach up to a frame past the longest chunk: ceil(n / T) * T
+        # <= 16 for n <= 15 and T a power of two (`plan_pieces` keeps every cut within it)
+        self._decoder = StreamingDecoder(model, max_slots + 1 if padded else max_slots, max_chunk_frames,
+                                         headroom_frames=max_chunk_frames + 1 if split_chunks else None)
         # lane 0 is `graphs`; each further lane has graphs (and a memory pool) of its own and a stream
         self.lanes = [DecodeGraphs(self._decoder, n_vq=n_vq, scratch_slot=max_slots, max_batch=max_slots,
                                    use_cuda_graphs=cuda_graphs) for _ in range(decode_lanes)] if padded else []
@@ -96,6 +104,7 @@ class CodecRunner:
             m = self.graphs.max_frames
             self.call_frames = tuple(sorted({m} | {1 << i for i in range(m.bit_length()) if 1 << i < m}))
         self.call_cost = CallCost()
+        self.split_chunks = split_chunks  # a chunk may go into a shorter replay as pieces (`plan_pieces`)
         self._host: torch.Tensor | None = None  # pinned on CUDA: the planned replays' PCM
         self.last_calls: list[tuple[int, int]] = []  # (rows, frames) of each call the last decode made
         self._slot_of: dict[int, int] = {}
@@ -164,34 +173,45 @@ class CodecRunner:
         """Chunks no longer than a graph through the planned replays; their PCM into `out`."""
         graphs = self.graphs
         lengths = [items[i][1].shape[0] for i in indices]
-        calls = plan(lengths, self.call_frames, lambda n: bucket(n, graphs.max_batch), self.call_cost)
-        if len(self.lanes) > 1:  # side by side: a dispatch takes its slowest lane's time
-            calls = spread(calls, len(self.lanes), lambda n: bucket(n, graphs.max_batch), self.call_cost)
-        host = self._host_views([(len(members), T) for T, members in calls])
-        self.last_calls += [(len(members), T) for T, members in calls]
+        batch = lambda n: bucket(n, graphs.max_batch)  # noqa: E731
+        calls: list[tuple[int, list[Piece]]]
+        if self.split_chunks:
+            calls = plan_pieces(lengths, self.call_frames, batch, self.call_cost, graphs.max_batch,
+                                self._decoder.headroom_frames)
+        else:
+            whole = plan(lengths, self.call_frames, batch, self.call_cost)
+            if len(self.lanes) > 1:  # side by side: a dispatch takes its slowest lane's time
+                whole = spread(whole, len(self.lanes), batch, self.call_cost)
+            calls = [(T, [(m, 0, lengths[m]) for m in members]) for T, members in whole]
+        host = self._host_views([(len(rows), T) for T, rows in calls])
+        self.last_calls += [(len(rows), T) for T, rows in calls]
         main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         for stream in self._lane_streams[: len(calls) - 1]:
             stream.wait_stream(main)  # slot resets and earlier work first
-        for k, ((T, members), dst) in enumerate(zip(calls, host)):
-            chosen = [indices[m] for m in members]
-            codes = np.zeros((len(chosen), T, self.n_vq), dtype=np.int64)  # [n, T, n_vq], zero padding
-            for row, i in enumerate(chosen):
-                codes[row, : items[i][1].shape[0]] = items[i][1]
-            slots = torch.tensor([self._slot_of[items[i][0]] for i in chosen])
-            valid = torch.tensor([items[i][1].shape[0] for i in chosen])
+        for k, ((T, rows), dst) in enumerate(zip(calls, host)):
+            codes = np.zeros((len(rows), T, self.n_vq), dtype=np.int64)  # [n, T, n_vq], zero padding
+            for row, (m, first, n) in enumerate(rows):
+                codes[row, :n] = items[indices[m]][1][first: first + n]
+            slots = torch.tensor([self._slot_of[items[indices[m]][0]] for m, _, _ in rows])
+            valid = torch.tensor([n for _, _, n in rows])
+            offset = torch.tensor([first for _, first, _ in rows]) if self.split_chunks else None
             lane = k % len(self.lanes)
             with self._on_lane(lane):
-                audio = self.lanes[lane].decode(torch.from_numpy(codes).permute(2, 0, 1), slots, valid)  # [n, C, T * hop]
+                audio = self.lanes[lane].decode(torch.from_numpy(codes).permute(2, 0, 1), slots, valid,
+                                                offset)  # [n, C, T * hop]
                 dst.copy_(audio, non_blocking=True)
         if main is not None:
             for stream in self._lane_streams[: len(calls) - 1]:
                 main.wait_stream(stream)
             main.synchronize()  # the dispatch's one wait
-        for (T, members), dst in zip(calls, host):
+        hop = self.samples_per_frame
+        parts: dict[int, list[np.ndarray]] = {}  # chunk -> its pieces' PCM, in order
+        for (T, rows), dst in zip(calls, host):
             pcm = dst.numpy()
-            for row, m in enumerate(members):
-                i = indices[m]
-                out[i] = pcm[row, :, : items[i][1].shape[0] * self.samples_per_frame]
+            for row, (m, _, n) in enumerate(rows):
+                parts.setdefault(m, []).append(pcm[row, :, : n * hop])
+        for m, pieces in parts.items():  # one piece: a view of the host buffer, no copy
+            out[indices[m]] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
 
     def _on_lane(self, lane: int) -> Any:
         """The stream context of decode lane `lane` (lane 0 and CPU runners: the current stream)."""

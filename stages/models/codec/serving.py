@@ -45,7 +45,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     """The `CodecRunner` over the first `n_vq` quantizers: slots, ring headroom (the longest chunk of
     the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
     in pieces), CUDA graphs (`codec.cuda_graphs` for decode, `codec.encode_graphs` for reference
-    encoding), replays side by side (`codec.decode_lanes`), compiled layers (`codec.compile`) and attention over the rings in place
+    encoding), replays side by side (`codec.decode_lanes`), chunks cut into shorter replays
+    (`codec.split_chunks`), compiled layers (`codec.compile`) and attention over the rings in place
     (`codec.ring_attention`, up to `codec.ring_attention_max_frames`; `codec.fused_ring_writes`),
     CUDA devices only, from the profile.
     dtype: None = `model.dtype` resolved for the device."""
@@ -64,4 +65,5 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
                        max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),
                        encode_graphs=profile.codec.encode_graphs and str(device).startswith("cuda"),
-                       encode_batch=profile.codec.encode_batch, decode_lanes=profile.codec.decode_lanes)
+                       encode_batch=profile.codec.encode_batch, decode_lanes=profile.codec.decode_lanes,
+                       split_chunks=profile.codec.split_chunks)
