@@ -160,6 +160,44 @@ def profile_step(model: CodecModel, batch: int, chunk: int, n_vq: int, device: s
     return f"{table}\n{batch} rows x {chunk} frames: {duration_bins(kernels)}"
 
 
+def parse_mix(text: str) -> list[int]:
+    """A dispatch's chunk lengths from "FRAMESxCOUNT,...": "1x5,15x7" -> [1] * 5 + [15] * 7."""
+    lengths = []
+    for part in text.split(","):
+        frames, count = part.split("x")
+        lengths += [int(frames)] * int(count)
+    return lengths
+
+
+def bench_dispatch(model: CodecModel, lengths: list[int], n_vq: int, iters: int, device: str,
+                   split: bool) -> tuple[float, list[tuple[int, int]]]:
+    """(ms per dispatch, its calls as (rows, frames)) of one codec dispatch of chunks of these
+    lengths through a `CodecRunner` as the worker serves it (graphs on CUDA, eager graph logic
+    elsewhere; the cost model calibrated first; chunks cut into shorter replays with `split`)."""
+    from stages.models.codec.runner import CodecRunner
+
+    cuda = device.startswith("cuda")
+    # as many slots as frames: a call may hold one row per frame (the server's cap is codec.max_slots)
+    runner = CodecRunner(model, n_vq=n_vq, max_slots=max(sum(lengths), 2), max_chunk_frames=max(lengths),
+                         cuda_graphs=cuda, graphs_eager=not cuda, split_chunks=split)
+    runner.call_frames = tuple(sorted(set(lengths) | {1 << i for i in range(max(lengths).bit_length())
+                                                      if 1 << i < max(lengths)}))
+    if cuda:
+        runner.calibrate()
+    gen = torch.Generator().manual_seed(0)
+    items = [(rid, torch.randint(0, 1024, (n, n_vq), generator=gen).numpy()) for rid, n in enumerate(lengths)]
+    for rid, _ in items:
+        runner.open(rid)
+    for _ in range(2):  # graphs recorded on first use, then warm
+        runner.decode(items)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        runner.decode(items)
+    sync(device)
+    return (time.perf_counter() - t0) * 1e3 / iters, list(runner.last_calls)
+
+
 def bench_encode(model: CodecModel, batch: int, seconds: float, n_vq: int, iters: int, device: str) -> tuple[float, float]:
     """(ms eager, ms replayed from the encode graphs) of `batch` reference clips of `seconds`."""
     from stages.models.codec.encode_graphs import EncodeGraphs
@@ -204,6 +242,10 @@ def main() -> None:
                         help="with --ring-attention: only chunks of at most N frames attend in place")
     parser.add_argument("--grid", default="",
                         help="chunk lengths (e.g. 1,2,4,8,15): graph replay ms of each (batch, length)")
+    parser.add_argument("--dispatch", default="", metavar="MIX",
+                        help='one codec dispatch of this chunk mix ("FRAMESxCOUNT,...", e.g. '
+                             '1x5,2x5,4x5,8x5,15x7) through the runner as served: ms padded, and '
+                             'with its chunks cut into shorter replays (codec.split_chunks)')
     parser.add_argument("--encode", action="store_true",
                         help="also time reference encoding of 6 s clips at each batch, eager vs encode graphs")
     args = parser.parse_args()
@@ -242,6 +284,16 @@ def main() -> None:
         print("graph replay ms, rows = batch, columns = chunk frames: " + " ".join(f"{t:>8d}" for t in chunks))
         for b in batches:
             print(f"  batch {b:4d}: " + " ".join(f"{grid[(b, t)]:8.2f}" for t in chunks))
+    if args.dispatch:
+        lengths = parse_mix(args.dispatch)
+        frames = sum(lengths) * frame_s
+        timed = {split: bench_dispatch(model, lengths, args.n_vq, args.iters, args.device, split)
+                 for split in (False, True)}
+        for split, (ms, calls) in timed.items():
+            print(f"dispatch {args.dispatch} ({len(lengths)} chunks, {sum(lengths)} frames), "
+                  f"{'cut into rows' if split else 'padded'}: {ms:8.2f} ms, calls (rows, frames) {calls}, "
+                  f"{frames / (ms / 1e3):8.1f} audio-s/s")
+        print(f"cut / padded: {timed[True][0] / timed[False][0]:.3f}x the time")
     if args.profile:
         print(profile_step(model, batch, args.chunk, args.n_vq, args.device))
 
