@@ -5,7 +5,7 @@ everything it reads or updates is a device tensor indexed by slot: the ring KV c
 `[S, C, H, Dh]` and the per-slot frame counters `frames [S]` (positions, ring rows and the
 visibility mask are computed on the device from `frames[slots]`; the only host-side values are
 shapes). So a recorded call replays exactly what an eager call of the same shapes does, including
-the state updates (`index_copy_` into the rings, `frames[slots] = start + T`).
+the state updates (`index_copy_` into the rings, the frame counters).
 
 Keys: B = `bucket(n)` of n requests (powers of two up to 16, then multiples of 16, capped at
 `max_batch`: a padding row of a 15-frame chunk costs as much as a real one), T <= `max_frames` (the
