@@ -52,6 +52,18 @@ class CallCost:
         return cls(fixed, per_row, row_frame)
 
 
+def _by_length(lengths: Sequence[int], longest: int) -> tuple[dict[int, list[int]], list[int], list[int]]:
+    """The chunks by length: ({length: indices}, the distinct lengths ascending, their counts);
+    ValueError for a length outside 1..longest (the longest call)."""
+    if min(lengths) < 1 or max(lengths) > longest:
+        raise ValueError(f"chunk lengths {sorted(set(lengths))} outside 1..{longest}")
+    by_length: dict[int, list[int]] = {}
+    for index, n in enumerate(lengths):
+        by_length.setdefault(n, []).append(index)
+    distinct = sorted(by_length)
+    return by_length, distinct, [len(by_length[n]) for n in distinct]
+
+
 def plan(lengths: Sequence[int], call_frames: Sequence[int], bucket: Callable[[int], int],
          cost: CallCost) -> list[tuple[int, list[int]]]:
     """Split chunks of these `lengths` (each 1 <= length <= max(call_frames)) into calls:
@@ -60,13 +72,7 @@ def plan(lengths: Sequence[int], call_frames: Sequence[int], bucket: Callable[[i
     frames = sorted(set(call_frames))
     if not lengths:
         return []
-    if min(lengths) < 1 or max(lengths) > frames[-1]:
-        raise ValueError(f"chunk lengths {sorted(set(lengths))} outside 1..{frames[-1]}")
-    by_length: dict[int, list[int]] = {}
-    for index, n in enumerate(lengths):
-        by_length.setdefault(n, []).append(index)
-    distinct = sorted(by_length)
-    counts = [len(by_length[n]) for n in distinct]
+    by_length, distinct, counts = _by_length(lengths, frames[-1])
 
     def call_length(longest: int) -> int:
         return next(t for t in frames if t >= longest)
@@ -106,15 +112,9 @@ def plan_pieces(lengths: Sequence[int], call_frames: Sequence[int], bucket: Call
     frames = sorted(set(call_frames))
     if not lengths:
         return []
-    if min(lengths) < 1 or max(lengths) > frames[-1]:
-        raise ValueError(f"chunk lengths {sorted(set(lengths))} outside 1..{frames[-1]}")
     if len(lengths) > max_rows:
         raise ValueError(f"{len(lengths)} chunks exceed {max_rows} rows a call")
-    by_length: dict[int, list[int]] = {}
-    for index, n in enumerate(lengths):
-        by_length.setdefault(n, []).append(index)
-    distinct = sorted(by_length)
-    counts = [len(by_length[n]) for n in distinct]
+    by_length, distinct, counts = _by_length(lengths, frames[-1])
 
     # best[j]: least cost of the first j distinct lengths; choice[j]: (start of its last call, T)
     best = [0.0] + [float("inf")] * len(distinct)
