@@ -100,7 +100,7 @@
 #   bash docs/device_runs.sh c256       # high-concurrency as shipped at C=256, PASSES=3 passes
 #   bash docs/device_runs.sh split      # one C=128-like codec dispatch padded and cut into rows
 #                                       # (codec.split_chunks), then high-concurrency without and
-#                                       # with it (C=128, 64; PASSES=2 measured passes each)
+#                                       # with it (C=128, 64, 256; PASSES=2 measured passes each)
 #   bash docs/device_runs.sh codecprof  # no server: the codec's kernels at the served shapes (24 rows
 #                                       # x 1, 8, 15 frames, ring attention), by time and duration
 #   bash docs/device_runs.sh smshare    # high-concurrency as shipped, with the codec held to 60% and
@@ -667,12 +667,13 @@ codecprof)  # where a served codec call's time goes: the kernel table and the ke
   ;;
 split)  # chunks cut into shorter replays (codec.split_chunks): first one C=128-like dispatch through
   # the runner, padded and cut (no server), then the shipped profile against it, PASSES (2) each
+  # (C=256 too: a shorter codec period brings the ramp's next chunks sooner, where its stalls are)
   checkpoint > "$R/checkpoint.txt" 2>&1 &
   CK=$!
   timeout 150 python3 -m bench.codec --version v2 --size full --batches 16 --iters 5 --ring-attention \
     --dispatch 1x5,2x5,4x5,8x5,15x7 --grid 1,2,4,15 2>&1 | grep -v "^exactness" | tee "$R/codec_dispatch.txt" | tail -12
   wait $CK; cat "$R/checkpoint.txt"
-  PASSES=${PASSES:-2} compare "128 64" shipped "" split "--set codec.split_chunks=true"
+  PASSES=${PASSES:-2} compare "128 64 256" shipped "" split "--set codec.split_chunks=true"
   summaries
   ;;
 r148)  # the ramp 1, 4, 8 (one chunk fewer a request) against the shipped 1, 2, 4, 8, PASSES (2) each
