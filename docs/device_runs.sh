@@ -670,6 +670,7 @@ split)  # chunks cut into shorter replays (codec.split_chunks): first one C=128-
   # (C=256 too: a shorter codec period brings the ramp's next chunks sooner, where its stalls are)
   checkpoint > "$R/checkpoint.txt" 2>&1 &
   CK=$!
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py -k cut 2>&1 | tail -3
   timeout 150 python3 -m bench.codec --version v2 --size full --batches 16 --iters 5 --ring-attention \
     --dispatch 1x5,2x5,4x5,8x5,15x7 --grid 1,2,4,15 2>&1 | grep -v "^exactness" | tee "$R/codec_dispatch.txt" | tail -12
   wait $CK; cat "$R/checkpoint.txt"

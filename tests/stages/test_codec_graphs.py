@@ -148,6 +148,37 @@ def test_chunks_cut_into_rows_give_every_stream_its_own_audio(row_frame_ms):
         assert np.abs(cut[rid] - plain[rid]).max() <= 1e-5 * np.abs(plain[rid]).max(), rid
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("ring_attention", [False, True])
+def test_cuda_graphs_of_cut_chunks_equal_the_plain_runner(ring_attention):
+    """Recorded replays of cut chunks (duplicate slots in one graph: the counters' scatter, the
+    rows' ring writes and attention, in place or copied) give every stream the plain runner's
+    audio, as the eager graph logic does on CPU."""
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        model = tiny_model("cuda")
+        calls = script(seed=4)
+        plain = play(CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK), calls)
+        if ring_attention:
+            model.use_ring_attention()
+        runner = CodecRunner(model, n_vq=N_VQ, max_slots=32, max_chunk_frames=MAX_CHUNK, cuda_graphs=True,
+                             split_chunks=True)
+        runner.call_cost = CallCost(fixed_ms=1e6, row_ms=0.0, row_frame_ms=1.0)
+        made: list = []
+        cut = play(runner, calls, made)
+        model.use_ring_attention(0)
+        assert all(e.graph is not None for e in runner.graphs._entries.values())
+        chunks = [sum(0 < len(c) <= MAX_CHUNK for _, c, _ in items) for items in calls]
+        assert any(m[0][0] > n for m, n in zip(made, chunks) if n)  # some chunks were cut
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+    for rid in plain:
+        scale = max(1.0, float(np.abs(plain[rid]).max()))
+        assert np.abs(cut[rid] - plain[rid]).max() <= 1e-4 * scale, rid
+
+
 def test_split_chunks_refuse_decode_lanes():
     with pytest.raises(ValueError, match="split_chunks"):
         CodecRunner(tiny_model(), n_vq=N_VQ, max_slots=4, graphs_eager=True, decode_lanes=2, split_chunks=True)
