@@ -155,6 +155,10 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             "calls_per_dispatch": statistics.fmean(len(e.get("calls", ())) for e in disp),
             "rows_per_call": statistics.fmean(r for e in disp for r, _ in e.get("calls", ()))
             if any(e.get("calls") for e in disp) else 0.0,
+            # of the row-frames the calls decoded, the share that was padding (chunks padded to
+            # their call's length; a batch bucket's extra rows not counted): what cutting chunks
+            # into shorter calls (`codec.split_chunks`) removes
+            "padding_share": 1 - frames / computed if (computed := sum(r * t for e in disp for r, t in e.get("calls", ()))) else 0.0,
             "decode_ms": _scale(_stats([e["dur"] for e in disp]), 1e3),
             "emit_ms_mean": statistics.fmean(e["emit"] for e in disp) * 1e3,
             "decode_us_per_frame": sum(e["dur"] for e in disp) / max(frames, 1) * 1e6,

@@ -47,6 +47,7 @@ def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_
     # the CPU codec decodes each chunk length of a dispatch in one eager call
     assert codec["calls_per_dispatch"] == pytest.approx(codec["distinct_lengths_per_dispatch"])
     assert 1 <= codec["rows_per_call"] <= len(FRAMES)
+    assert codec["padding_share"] == 0.0  # ... so no chunk was padded to another's length
     assert life["requests_done"] == len(FRAMES)
     # the voice's template and reference rows were computed once: the two later prompts took them
     assert talker["cached_prompt_tokens"] >= 2 * 32 and talker["prefill_tokens"] > 0
@@ -67,3 +68,17 @@ def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_
     assert main([str(timeline_dir), "--gap", "30", "--json", str(tmp_path / "t.json")]) == 0
     assert "cached_prompt_tokens" in capsys.readouterr().out
     assert json.loads((tmp_path / "t.json").read_text())[0]["talker"]["frames"] == sum(FRAMES)
+
+
+def test_padding_share_counts_the_frames_calls_padded():
+    """Two dispatches: a 1-frame and a 15-frame chunk padded into one 15-frame call (14 of 30
+    row-frames padding), then the same chunks cut into 1-frame rows of one call (none)."""
+    def dispatch(t: float, calls: list) -> dict:
+        # chunks: (rid, seq, frames, arrived, final, prime)
+        return {"k": "codec_dispatch", "t": t, "dur": 0.01, "emit": 0.0, "n": 2, "calls": calls,
+                "chunks": [[1, 0, 1, t, False, False], [2, 3, 15, t, False, False]]}
+
+    padded = summarize([dispatch(0.0, [[2, 15]])])["codec"]
+    assert padded["padding_share"] == pytest.approx(14 / 30)
+    cut = summarize([dispatch(0.0, [[16, 1]])])["codec"]
+    assert cut["padding_share"] == 0.0
