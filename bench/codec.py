@@ -180,8 +180,7 @@ def bench_dispatch(model: CodecModel, lengths: list[int], n_vq: int, iters: int,
     # as many slots as frames: a call may hold one row per frame (the server's cap is codec.max_slots)
     runner = CodecRunner(model, n_vq=n_vq, max_slots=max(sum(lengths), 2), max_chunk_frames=max(lengths),
                          cuda_graphs=cuda, graphs_eager=not cuda, split_chunks=split)
-    runner.call_frames = tuple(sorted(set(lengths) | {1 << i for i in range(max(lengths).bit_length())
-                                                      if 1 << i < max(lengths)}))
+    runner.call_frames = tuple(sorted(set(lengths)))  # as the worker's capture sets them: the schedule's
     if cuda:
         runner.calibrate()
     gen = torch.Generator().manual_seed(0)

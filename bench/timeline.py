@@ -146,6 +146,7 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             for c in e["chunks"]:
                 lengths[c[2]] += 1
         frames = sum(c[2] for e in disp for c in e["chunks"])
+        computed = sum(r * t for e in disp for r, t in e.get("calls", ()))  # the calls' row-frames
         starts = [e["t"] for e in disp]
         out["codec"] = {
             "dispatches": len(disp),
@@ -158,7 +159,7 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             # of the row-frames the calls decoded, the share that was padding (chunks padded to
             # their call's length; a batch bucket's extra rows not counted): what cutting chunks
             # into shorter calls (`codec.split_chunks`) removes
-            "padding_share": 1 - frames / computed if (computed := sum(r * t for e in disp for r, t in e.get("calls", ()))) else 0.0,
+            "padding_share": 1 - frames / computed if computed else 0.0,
             "decode_ms": _scale(_stats([e["dur"] for e in disp]), 1e3),
             "emit_ms_mean": statistics.fmean(e["emit"] for e in disp) * 1e3,
             "decode_us_per_frame": sum(e["dur"] for e in disp) / max(frames, 1) * 1e6,

@@ -72,11 +72,21 @@ def buckets(cap: int) -> list[int]:
 @dataclass
 class _Entry:
     codes: torch.Tensor  # [n_vq, B, T] int64 static input: a permuted view of a contiguous [B, T, n_vq]
-    slots: torch.Tensor  # [B] int64 static input; rows past the real requests hold the scratch slot
-    valid: torch.Tensor  # [B] int64 static input: real frames of each row (T for padding rows)
-    offset: torch.Tensor  # [B] int64 static input: frames before the row within its slot's chunk (0 for padding rows)
+    rows: torch.Tensor  # [3, B] int64 static input, one copy a call: `slots`, `valid`, `offset`
     out: torch.Tensor  # [B, channels, T * hop] fp32 static output: a view of the shared output buffer
     graph: torch.cuda.CUDAGraph | None = None
+
+    @property
+    def slots(self) -> torch.Tensor:  # [B]; rows past the real requests hold the scratch slot
+        return self.rows[0]
+
+    @property
+    def valid(self) -> torch.Tensor:  # [B] real frames of each row (T for padding rows)
+        return self.rows[1]
+
+    @property
+    def offset(self) -> torch.Tensor:  # [B] frames before the row within its slot's chunk (0 for padding rows)
+        return self.rows[2]
 
 
 class DecodeGraphs:
@@ -124,17 +134,15 @@ class DecodeGraphs:
                              f"(n_vq {self.n_vq}, batch <= {self.max_batch}, 1 <= T <= {self.max_frames})")
         B = bucket(n, self.max_batch)
         entry = self._entries.get((B, T)) or self._make(B, T)
-        padded = torch.full((3, B), self.scratch_slot, dtype=torch.long)  # [slots | valid | offset, B] host
-        padded[0, :n] = slots.to("cpu", torch.long)
-        padded[1] = T
+        rows = torch.zeros((3, B), dtype=torch.long)  # [slots | valid | offset, B] host
+        rows[0] = self.scratch_slot
+        rows[0, :n] = slots.to("cpu", torch.long)
+        rows[1] = T
         if valid is not None:
-            padded[1, :n] = valid.to("cpu", torch.long)
-        padded[2] = 0
+            rows[1, :n] = valid.to("cpu", torch.long)
         if offset is not None:
-            padded[2, :n] = offset.to("cpu", torch.long)
-        entry.slots.copy_(padded[0], non_blocking=True)
-        entry.valid.copy_(padded[1], non_blocking=True)
-        entry.offset.copy_(padded[2], non_blocking=True)
+            rows[2, :n] = offset.to("cpu", torch.long)
+        entry.rows.copy_(rows, non_blocking=True)
         entry.codes[:, :n].copy_(codes, non_blocking=True)  # padding rows keep earlier valid codes
         if entry.graph is not None:
             entry.graph.replay()
@@ -160,11 +168,10 @@ class DecodeGraphs:
             self._out = torch.zeros(self.max_batch * self.channels * self.max_frames * self.hop,
                                     dtype=torch.float32, device=dev)
         codes = torch.zeros(B, T, self.n_vq, dtype=torch.long, device=dev).permute(2, 0, 1)  # [n_vq, B, T]
-        slots = torch.full((B,), self.scratch_slot, dtype=torch.long, device=dev)
-        valid = torch.full((B,), T, dtype=torch.long, device=dev)
-        offset = torch.zeros(B, dtype=torch.long, device=dev)
+        rows = torch.zeros(3, B, dtype=torch.long, device=dev)
+        rows[0], rows[1] = self.scratch_slot, T
         out = self._out[: B * self.channels * T * self.hop].view(B, self.channels, T * self.hop)
-        entry = _Entry(codes, slots, valid, offset, out)
+        entry = _Entry(codes, rows, out)
         if self.use_cuda_graphs:
             entry.graph = self._record(entry)
         self._entries[(B, T)] = entry

@@ -194,7 +194,7 @@ class CodecRunner:
                 codes[row, :n] = items[indices[m]][1][first: first + n]
             slots = torch.tensor([self._slot_of[items[indices[m]][0]] for m, _, _ in rows])
             valid = torch.tensor([n for _, _, n in rows])
-            offset = torch.tensor([first for _, first, _ in rows]) if self.split_chunks else None
+            offset = torch.tensor([first for _, first, _ in rows])  # all 0 unless chunks were cut
             lane = k % len(self.lanes)
             with self._on_lane(lane):
                 audio = self.lanes[lane].decode(torch.from_numpy(codes).permute(2, 0, 1), slots, valid,
