@@ -91,7 +91,9 @@
 #                                       # PASSES=2 measured passes each)
 #   bash docs/device_runs.sh peer       # high-concurrency as shipped at C=128 and 64, 3 prompts a
 #                                       # client, then 1088 prompts a pass (the peers' protocol:
-#                                       # the whole Seed-TTS EN set, first pass discarded)
+#                                       # the whole Seed-TTS EN set, first pass discarded); FLAGS
+#                                       # (serve options) change the server
+#   bash docs/device_runs.sh gputests   # the GPU-marked tests of TESTS (tests/stages), K: -k filter
 #   bash docs/device_runs.sh coldvoices2  # new voices under load at C=128: encode batches of 8, 2
 #                                       # and 1 (ENCS) while streams are open, each server with an
 #                                       # empty reference cache
@@ -155,7 +157,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -504,7 +506,7 @@ finals)  # the codec alone at the batches it is served (graph replay ms by rows 
 peer)  # the shipped profile at the peers' pass size (NP=1088, the whole Seed-TTS EN set a pass,
   # first pass discarded) beside ours (3 prompts a client), C=128 and 64, PASSES (1) each
   checkpoint
-  start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped
+  start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped ${FLAGS:-}
   pair 8000 shipped "128 64"
   WARM_WINDOW=1 NP=1088 pair 8000 shipped_np1088 "128 64"  # the first 1088 pass meets ~700 new voices
   stop_server shipped
@@ -671,12 +673,17 @@ split)  # chunks cut into shorter replays (codec.split_chunks): first one C=128-
   # (C=256 too: a shorter codec period brings the ramp's next chunks sooner, where its stalls are)
   checkpoint > "$R/checkpoint.txt" 2>&1 &
   CK=$!
-  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py -k cut 2>&1 | tail -3
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_graphs.py -k cut 2>&1 | tail -3 \
+    | tee "$R/gpu_tests_cut.txt"
   timeout 150 python3 -m bench.codec --version v2 --size full --batches 16 --iters 5 --ring-attention \
     --dispatch 1x5,2x5,4x5,8x5,15x7 --grid 1,2,4,15 2>&1 | grep -v "^exactness" | tee "$R/codec_dispatch.txt" | tail -12
   wait $CK; cat "$R/checkpoint.txt"
   PASSES=${PASSES:-2} compare "128 64 256" shipped "" split "--set codec.split_chunks=true"
   summaries
+  ;;
+gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
+  timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS:-tests/stages} \
+    ${K:+-k "$K"} 2>&1 | tail -12 | tee "$R/gpu_tests.txt"
   ;;
 r148)  # the ramp 1, 4, 8 (one chunk fewer a request) against the shipped 1, 2, 4, 8, PASSES (2) each
   checkpoint

@@ -226,7 +226,8 @@ class CodecConfig(_Section):
         "cheaper than padding the short ones to the longest: a C=128 dispatch of ramp and steady "
         "chunks models 16.3 ms as one 2-frame replay of 96 rows against 26.8 ms padded into two "
         "(on an H200, a padded frame costs as much as a real one); the rings hold one frame more. "
-        "Not with decode_lanes > 1; off until measured in the server")] = False
+        "Not with decode_lanes > 1; on in high-concurrency (C=128 served 1.09-1.20x the audio "
+        "seconds a second, the padding 23% -> 6% of the decoded row-frames)")] = False
     fused_ring_writes: Annotated[bool, doc(
         "with ring_attention: each decoder layer rotates q and k and writes its rings in one "
         "Triton kernel, not seven small torch ops (92 layers in the full v2 decoder: a small "
