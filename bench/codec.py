@@ -18,6 +18,7 @@ from stages.models.codec.config import CodecConfig, full_size_v1_config, full_si
 from stages.models.codec.loader import build_codec
 from stages.models.codec.model import CodecModel
 from stages.models.codec.streaming import StreamingDecoder
+from stages.workers.common import attention_without_plans
 
 CONFIGS = {("v2", "full"): full_size_v2_config, ("v2", "tiny"): tiny_v2_config,
            ("v1", "full"): full_size_v1_config, ("v1", "tiny"): tiny_v1_config}
@@ -248,6 +249,7 @@ def main() -> None:
     parser.add_argument("--encode", action="store_true",
                         help="also time reference encoding of 6 s clips at each batch, eager vs encode graphs")
     args = parser.parse_args()
+    attention_without_plans()  # the kernels the codec worker runs
 
     err, rms = check_exact(args.device, args.version)
     print(f"exactness on {args.device}: max |chunked - whole| = {err:.3g}, output RMS {rms:.3g} (tiny, fp32)")

@@ -1,13 +1,15 @@
 """Where the time of one steady-state Local-v1.5 decode step goes (full size, random bf16 weights).
 
     python -m bench.local_v15_profile_step --batch 1 128 [--context 300] [--eager]
-        [--attention padded triton] [--compile]
+        [--attention padded triton] [--compile] [--top 12]
 
 For each batch B: B requests with `--context`-row prompts are prefilled, then decode steps are
 replayed from the runner's CUDA graphs; it prints the median step, the local loop + sampling
 alone (the runner's frame graph on the same hidden states) and, from `torch.profiler` over a few
-replays, the kernels grouped by name: time per step, share, launches per step. The weights are
-random: the figures measure the machinery, not speech.
+replays, the kernels grouped by name (the whole step's, then the frame graph's alone): time per
+step, share, launches per step. Attention kernels are chosen as in the server's workers (no
+cuDNN, `stages.workers.common.attention_without_plans`). The weights are random: the figures
+measure the machinery, not speech.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from speech.sampling import SamplingParams
 from stages.models.local_v15.config import full_size_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
+from stages.workers.common import attention_without_plans
 
 
 def _median_ms(fn, iters: int) -> float:
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 128])
     ap.add_argument("--context", type=int, default=300, help="prompt rows per request")
     ap.add_argument("--steps", type=int, default=3, help="graph replays profiled")
+    ap.add_argument("--top", type=int, default=12, help="kernel names listed per table")
     ap.add_argument("--eager", action="store_true", help="also time the eager (no graphs) step")
     ap.add_argument("--attention", nargs="+", default=["padded", "triton"],
                     help="attention backends to compare (stages.runtime.attention.backends.make_attention names)")
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="prompts of --prefill rows each that a probe step prefills at once")
     ap.add_argument("--prefill-graphs", action="store_true", help="prefill chunks replay PrefillGraphs")
     args = ap.parse_args(argv)
+    attention_without_plans()  # as the server's workers
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = build_talker_module(full_size_config()).to(torch.bfloat16).eval()
@@ -119,7 +124,9 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
         r.frame_graphs.run(h, slots, frames)
         local_ms = _median_ms(lambda: r.frame_graphs.run(h, slots, frames), 10)
         print(f"{tag} local loop + sampling alone (frame graph) {local_ms:7.2f} ms", flush=True)
-        print(kernel_table(r.step, args.steps, top=12), flush=True)
+        print(kernel_table(r.step, args.steps, top=args.top), flush=True)
+        print(f"{tag} the frame graph's kernels (local loop + sampling):", flush=True)
+        print(kernel_table(lambda: r.frame_graphs.run(h, slots, frames), args.steps, top=args.top), flush=True)
     for P in args.prefill:
         print(prefill_probe(r, P, tag, rng, args.prefill_seqs), flush=True)
     r = None  # frees the runner's KV pool and graphs before the next variant

@@ -681,6 +681,11 @@ split)  # chunks cut into shorter replays (codec.split_chunks): first one C=128-
   PASSES=${PASSES:-2} compare "128 64 256" shipped "" split "--set codec.split_chunks=true"
   summaries
   ;;
+flags)  # the shipped profile against it with FLAGS (serve options), at CS (128 64), PASSES (2) each
+  checkpoint
+  PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped "" alt "${FLAGS:?serve options}"
+  summaries
+  ;;
 gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
   timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS:-tests/stages} \
     ${K:+-k "$K"} 2>&1 | tail -12 | tee "$R/gpu_tests.txt"

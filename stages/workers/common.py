@@ -73,11 +73,25 @@ def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Variant:
 
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
+    attention_without_plans()
     if str(spec.device).startswith("cuda:"):
         # the current device is what streams, graph captures and pools default to: a replica
         # on cuda:1 capturing on cuda:0's stream fails ("operation not permitted when capturing")
         torch.cuda.set_device(torch.device(spec.device))
     return spec.variant(spec.model_dir, spec.profile)
+
+
+def attention_without_plans() -> None:
+    """Leave cuDNN out of `scaled_dot_product_attention`'s kernel choices in this process.
+
+    cuDNN builds an execution plan for every input shape it has not met, hundreds of milliseconds
+    each on an H200; graph replays never meet a new shape, but an eager step does (the first
+    frames of a prefill step with a new batch, a reference encode of a new length), and such a
+    plan build stalls every stream for that step. The flash and memory-efficient kernels need no
+    plan. No effect on CPU."""
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from stages.runtime.tensor_parallel import MULTICAST_OFF, TPGroup, destroy_tp, free_port, init_tp
-from stages.workers.common import die_with_parent
+from stages.workers.common import attention_without_plans, die_with_parent
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +116,7 @@ def follower_main(spec: TPSpec, rank: int) -> int:
     die_with_parent(spec.parent_pid)
     if spec.torch_threads is not None:
         torch.set_num_threads(spec.torch_threads)
+    attention_without_plans()  # the leader's kernels, step for step
     module, function = spec.follower.split(":")
     follow = getattr(importlib.import_module(module), function)
     tp = init_tp(spec.size, rank, spec.address, spec.devices[rank])
