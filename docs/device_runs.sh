@@ -94,6 +94,8 @@
 #                                       # the whole Seed-TTS EN set, first pass discarded); FLAGS
 #                                       # (serve options) change the server
 #   bash docs/device_runs.sh gputests   # the GPU-marked tests of TESTS (tests/stages), K: -k filter
+#   bash docs/device_runs.sh flags      # high-concurrency as shipped against it with FLAGS (and
+#                                       # FLAGS2, FLAGS3: one server each), C=128 and 64, PASSES (2)
 #   bash docs/device_runs.sh coldvoices2  # new voices under load at C=128: encode batches of 8, 2
 #                                       # and 1 (ENCS) while streams are open, each server with an
 #                                       # empty reference cache
@@ -157,7 +159,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -681,9 +683,11 @@ split)  # chunks cut into shorter replays (codec.split_chunks): first one C=128-
   PASSES=${PASSES:-2} compare "128 64 256" shipped "" split "--set codec.split_chunks=true"
   summaries
   ;;
-flags)  # the shipped profile against it with FLAGS (serve options), at CS (128 64), PASSES (2) each
+flags)  # the shipped profile against it with FLAGS (serve options), then with FLAGS2 and FLAGS3
+  # when set (servers alt, alt2, alt3), at CS (128 64), PASSES (2) each
   checkpoint
-  PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped "" alt "${FLAGS:?serve options}"
+  PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped "" alt "${FLAGS:?serve options}" \
+    ${FLAGS2:+alt2 "$FLAGS2"} ${FLAGS3:+alt3 "$FLAGS3"}
   summaries
   ;;
 gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
