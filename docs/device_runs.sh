@@ -94,6 +94,9 @@
 #                                       # the whole Seed-TTS EN set, first pass discarded); FLAGS
 #                                       # (serve options) change the server
 #   bash docs/device_runs.sh gputests   # the GPU-marked tests of TESTS (tests/stages), K: -k filter
+#   bash docs/device_runs.sh kernels    # the codec's replays at the served shapes (plain, fused
+#                                       # ring writes, + compiled layers), the talker step at 88
+#                                       # rows and a served-size codec call, kernel by kernel
 #   bash docs/device_runs.sh flags      # high-concurrency as shipped against it with FLAGS (and
 #                                       # FLAGS2, FLAGS3: one server each), C=128 and 64, PASSES (2)
 #   bash docs/device_runs.sh coldvoices2  # new voices under load at C=128: encode batches of 8, 2
@@ -159,7 +162,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -660,6 +663,21 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   done
   summaries
   cp -r /tmp/tl_* "$R/"
+  ;;
+kernels)  # the served shapes kernel by kernel, no server: the codec's replays at ROWS (80) rows of
+  # 1, 2, 3 and 15 frames as served (ring attention), with fused ring writes, and with them and
+  # compiled layers; then the talker step at 88 rows (compiled, its frame graph's table too);
+  # then one served-size codec call's kernel table (ROWS x 2 frames)
+  for v in "" "--fused-writes" "--fused-writes --compile"; do
+    [ "$(left)" -lt 100 ] && { el "kernels: no time left for codec $v"; break; }
+    timeout 200 python3 -m bench.codec --version v2 --size full --batches "${ROWS:-80}" --grid 1,2,3,15 \
+      --iters 5 --ring-attention $v 2>&1 | grep -v "^exactness" | tee -a "$R/codec_variants.txt" | tail -4
+  done
+  [ "$(left)" -gt 140 ] && timeout $(( $(left) - 30 )) python3 -m bench.local_v15_profile_step --batch 88 \
+    --attention triton --compile --top 25 2>&1 | grep -v -i warn | tee "$R/talker_profile.txt" | tail -60
+  [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full \
+    --batches "${ROWS:-80}" --chunk 2 --iters 3 --ring-attention --profile 2>&1 | grep -v "^exactness" \
+    | tee "$R/codec_prof_${ROWS:-80}x2.txt" | tail -40
   ;;
 codecprof)  # where a served codec call's time goes: the kernel table and the kernels by duration of
   # the shapes a C=128 dispatch has (ROWS (24) rows x FRAMES (1 8 15)), ring attention in place as served

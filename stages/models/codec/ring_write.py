@@ -7,8 +7,9 @@ product, the cast back, a copy of the strided keys and of the values, two `index
 at a few rows is seven launches of nearly nothing: in a small replay of the full v2 decoder (92
 layers) the fixed cost of such launches is most of the replay. Here one kernel a layer: a
 program takes a tile of rows of one head, reads their packed q, k, v straight from the input
-projection `[B, T, 3, H, Dh]`, rotates q and k by each row's (cos, sin) table and stores q
-(contiguous, for the attention kernel) and k, v at each row's ring row. Values and rows are read
+projection `[B, T, 3, H, Dh]` as whole head rows (coalesced; the pairs are split in registers),
+rotates q and k by each row's (cos, sin) table and stores q (contiguous, for the attention
+kernel) and k, v at each row's ring row. Values and rows are read
 from device tensors, so the kernel runs inside CUDA graphs; on CPU it runs in Triton's
 interpreter (the tests).
 """
@@ -24,33 +25,28 @@ import triton.language as tl
 def _rope_ring_write_kernel(
     qkv_ptr, table_ptr, rows_ptr, q_ptr, k_ptr, v_ptr, N,
     stride_xr, stride_xp, stride_xh, stride_tr, stride_qr, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """Program (tile of BLOCK_R rows r = b * T + t, head h): rotate q and k of those rows' head h,
-    store q, write k and v to the rows' ring rows."""
+    store q, write k and v to the rows' ring rows. Every load and store is a whole head row
+    (contiguous); the pairs (2i, 2i+1) are split and joined again in registers."""
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]  # [BLOCK_R, 1]
     h = tl.program_id(1)
-    i = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF] pair index
-    ok = (r < N) & (i < HALF)
-    cos = tl.load(table_ptr + r * stride_tr + 2 * i, mask=ok, other=0.0)
-    sin = tl.load(table_ptr + r * stride_tr + 2 * i + 1, mask=ok, other=0.0)
-    x = qkv_ptr + r * stride_xr + h * stride_xh
-    qa = tl.load(x + 2 * i, mask=ok, other=0.0).to(tl.float32)
-    qb = tl.load(x + 2 * i + 1, mask=ok, other=0.0).to(tl.float32)
-    ka = tl.load(x + stride_xp + 2 * i, mask=ok, other=0.0).to(tl.float32)
-    kb = tl.load(x + stride_xp + 2 * i + 1, mask=ok, other=0.0).to(tl.float32)
-    va = tl.load(x + 2 * stride_xp + 2 * i, mask=ok, other=0.0)
-    vb = tl.load(x + 2 * stride_xp + 2 * i + 1, mask=ok, other=0.0)
-    q = q_ptr + r * stride_qr + h * stride_qh
-    tl.store(q + 2 * i, (qa * cos - qb * sin).to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(q + 2 * i + 1, (qa * sin + qb * cos).to(q_ptr.dtype.element_ty), mask=ok)
+    d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D] element of the head row
+    ok = (r < N) & (d < HEAD_DIM)
+    table = tl.load(table_ptr + r * stride_tr + d, mask=ok, other=0.0)  # (cos, sin) pairs
+    cos, sin = tl.split(tl.reshape(table, (BLOCK_R, BLOCK_D // 2, 2)))  # [BLOCK_R, BLOCK_D / 2] each
+    x = qkv_ptr + r * stride_xr + h * stride_xh + d
+    qa, qb = tl.split(tl.reshape(tl.load(x, mask=ok, other=0.0).to(tl.float32), (BLOCK_R, BLOCK_D // 2, 2)))
+    ka, kb = tl.split(tl.reshape(tl.load(x + stride_xp, mask=ok, other=0.0).to(tl.float32),
+                                 (BLOCK_R, BLOCK_D // 2, 2)))
+    v = tl.load(x + 2 * stride_xp, mask=ok, other=0.0)
+    q = tl.reshape(tl.join(qa * cos - qb * sin, qa * sin + qb * cos), (BLOCK_R, BLOCK_D))
+    k = tl.reshape(tl.join(ka * cos - kb * sin, ka * sin + kb * cos), (BLOCK_R, BLOCK_D))
+    tl.store(q_ptr + r * stride_qr + h * stride_qh + d, q.to(q_ptr.dtype.element_ty), mask=ok)
     ring = tl.load(rows_ptr + r, mask=r < N, other=0).to(tl.int64)  # slot * capacity + ring index
-    k = k_ptr + ring * stride_kr + h * stride_kh
-    tl.store(k + 2 * i, (ka * cos - kb * sin).to(k_ptr.dtype.element_ty), mask=ok)
-    tl.store(k + 2 * i + 1, (ka * sin + kb * cos).to(k_ptr.dtype.element_ty), mask=ok)
-    v = v_ptr + ring * stride_vr + h * stride_vh
-    tl.store(v + 2 * i, va, mask=ok)
-    tl.store(v + 2 * i + 1, vb, mask=ok)
+    tl.store(k_ptr + ring * stride_kr + h * stride_kh + d, k.to(k_ptr.dtype.element_ty), mask=ok)
+    tl.store(v_ptr + ring * stride_vr + h * stride_vh + d, v, mask=ok)
 
 
 def rope_table(rotor: torch.Tensor) -> torch.Tensor:
@@ -73,12 +69,12 @@ def rope_ring_write(qkv: torch.Tensor, table: torch.Tensor, k_ring: torch.Tensor
         raise ValueError("qkv's batch and time dimensions must flatten into rows")
     q = torch.empty(B, T, H, D, dtype=qkv.dtype, device=qkv.device)
     k_rows, v_rows = k_ring.view(-1, H, D), v_ring.view(-1, H, D)  # [S * C, H, Dh]
-    block_r = 128 if qkv.device.type == "cpu" else 16  # the interpreter runs each program in numpy: few, large
+    block_r = 128 if qkv.device.type == "cpu" else 32  # the interpreter runs each program in numpy: few, large
     _rope_ring_write_kernel[(triton.cdiv(B * T, block_r), H)](
         qkv, table, rows, q, k_rows, v_rows, B * T,
         qkv.stride(1), qkv.stride(2), qkv.stride(3), table.stride(0), q.stride(1), q.stride(2),
         k_rows.stride(0), k_rows.stride(1), v_rows.stride(0), v_rows.stride(1),
-        HALF=D // 2, BLOCK_HALF=max(16, triton.next_power_of_2(D // 2)), BLOCK_R=block_r,
-        num_warps=2,  # a program: one head of 16 rows, a few hundred elements
+        HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_R=block_r,
+        num_warps=4,  # a program: one head of 32 rows, three 32 x 64 tiles in, three out
     )
     return q
