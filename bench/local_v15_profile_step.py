@@ -1,7 +1,7 @@
 """Where the time of one steady-state Local-v1.5 decode step goes (full size, random bf16 weights).
 
     python -m bench.local_v15_profile_step --batch 1 128 [--context 300] [--eager]
-        [--attention padded triton] [--compile] [--top 12]
+        [--attention padded triton] [--compile] [--top 12] [--prefill 40 --prefill-seqs 6 --mixed 256]
 
 For each batch B: B requests with `--context`-row prompts are prefilled, then decode steps are
 replayed from the runner's CUDA graphs; it prints the median step, the local loop + sampling
@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-seqs", type=int, default=1,
                     help="prompts of --prefill rows each that a probe step prefills at once")
     ap.add_argument("--prefill-graphs", action="store_true", help="prefill chunks replay PrefillGraphs")
+    ap.add_argument("--mixed", type=int, default=0, metavar="TOKENS",
+                    help="a step's decode rows and up to this many prompt tokens replay one mixed graph "
+                         "(talker.mixed_step_tokens; the probes of --prefill take that path when they fit)")
     args = ap.parse_args(argv)
     attention_without_plans()  # as the server's workers
     torch.manual_seed(0)
@@ -102,7 +105,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     r = LocalV15Runner(model, max_running=B + args.prefill_seqs, num_kv_blocks=B * (args.context // 16 + 8) + spare,
                        prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
                        cuda_graphs=graphs, attention=make_attention(attention, "cuda"),
-                       prefill_graphs=graphs and args.prefill_graphs)
+                       prefill_graphs=graphs and args.prefill_graphs, mixed_step_tokens=args.mixed)
     for i in range(B):
         p = np.full((args.context, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
         p[:, 0] = rng.integers(0, 150000, args.context)

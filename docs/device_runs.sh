@@ -666,15 +666,17 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   ;;
 kernels)  # the served shapes kernel by kernel, no server: the codec's replays at ROWS (80) rows of
   # 1, 2, 3 and 15 frames as served (ring attention), with fused ring writes, and with them and
-  # compiled layers; then the talker step at 88 rows (compiled, its frame graph's table too);
-  # then one served-size codec call's kernel table (ROWS x 2 frames)
+  # compiled layers; then the talker step at 88 rows (compiled, its frame graph's table too, and
+  # a mixed step taking 6 new 40-row prompts beside them, as served); then one served-size codec
+  # call's kernel table (ROWS x 2 frames)
   for v in "" "--fused-writes" "--fused-writes --compile"; do
     [ "$(left)" -lt 100 ] && { el "kernels: no time left for codec $v"; break; }
     timeout 200 python3 -m bench.codec --version v2 --size full --batches "${ROWS:-80}" --grid 1,2,3,15 \
       --iters 5 --ring-attention $v 2>&1 | grep -v "^exactness" | tee -a "$R/codec_variants.txt" | tail -4
   done
   [ "$(left)" -gt 140 ] && timeout $(( $(left) - 30 )) python3 -m bench.local_v15_profile_step --batch 88 \
-    --attention triton --compile --top 25 2>&1 | grep -v -i warn | tee "$R/talker_profile.txt" | tail -60
+    --attention triton --compile --top 25 --prefill 40 --prefill-seqs 6 --mixed 256 --prefill-graphs 2>&1 \
+    | grep -v -i warn | tee "$R/talker_profile.txt" | grep -E "^B=|kernel time|step with" 
   [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full \
     --batches "${ROWS:-80}" --chunk 2 --iters 3 --ring-attention --profile 2>&1 | grep -v "^exactness" \
     | tee "$R/codec_prof_${ROWS:-80}x2.txt" | tail -40
