@@ -665,11 +665,11 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   cp -r /tmp/tl_* "$R/"
   ;;
 kernels)  # the served shapes kernel by kernel, no server: the codec's replays at ROWS (80) rows of
-  # 1, 2, 3 and 15 frames as served (ring attention), with fused ring writes, and with them and
-  # compiled layers; then the talker step at 88 rows (compiled, its frame graph's table too, and
+  # 1, 2, 3 and 15 frames as served (ring attention), with fused ring writes, with them and fused
+  # residual norms, and with them and compiled layers; then the talker step at 88 rows (compiled, its frame graph's table too, and
   # a mixed step taking 6 new 40-row prompts beside them, as served); then one served-size codec
   # call's kernel table (ROWS x 2 frames)
-  for v in "" "--fused-writes" "--fused-writes --compile"; do
+  for v in "" "--fused-writes" "--fused-writes --fused-norms" "--fused-writes --compile"; do
     [ "$(left)" -lt 100 ] && { el "kernels: no time left for codec $v"; break; }
     timeout 200 python3 -m bench.codec --version v2 --size full --batches "${ROWS:-80}" --grid 1,2,3,15 \
       --iters 5 --ring-attention $v 2>&1 | grep -v "^exactness" | tee -a "$R/codec_variants.txt" | tail -4

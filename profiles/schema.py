@@ -230,8 +230,13 @@ class CodecConfig(_Section):
         "seconds a second, the padding 23% -> 6% of the decoded row-frames)")] = False
     fused_ring_writes: Annotated[bool, doc(
         "with ring_attention: each decoder layer rotates q and k and writes its rings in one "
-        "Triton kernel, not seven small torch ops (92 layers in the full v2 decoder: a small "
+        "Triton kernel, not five small torch ops (92 layers in the full v2 decoder: a small "
         "replay is mostly such launches); off until measured")] = False
+    fused_norms: Annotated[bool, doc(
+        "with fused_ring_writes: each decoder layer's residual adds and the LayerNorms that read "
+        "them run as one Triton kernel a pair (the FFN half's add with the next layer's first "
+        "LayerNorm): nine kernels a layer instead of eleven, the residual stream read and "
+        "written once a pair; off until measured")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_batch_streaming: Annotated[PositiveInt | None, doc(
@@ -534,6 +539,9 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
     if t.batch_invariant and t.tensor_parallel > 1:
         out.append(("talker.batch_invariant needs talker.tensor_parallel 1 (an all-reduce may pick its "
                      "algorithm by message size)", ("talker.batch_invariant", "talker.tensor_parallel")))
+    if p.codec.fused_norms and not (p.codec.fused_ring_writes and p.codec.ring_attention):
+        out.append(("codec.fused_norms needs codec.fused_ring_writes and codec.ring_attention (the "
+                    "layers' fused path)", ("codec.fused_norms", "codec.fused_ring_writes")))
     if p.codec.split_chunks and p.codec.decode_lanes > 1:
         out.append(("codec.split_chunks needs codec.decode_lanes 1 (a cut chunk's rows share its slot; "
                     "two lanes would decode them at once)", ("codec.split_chunks", "codec.decode_lanes")))

@@ -35,6 +35,7 @@ def test_every_field_has_a_description():
     (["talker.batch_invariant=true", "talker.tensor_parallel=2"], ("talker.batch_invariant",
                                                                    "talker.tensor_parallel")),
     (["codec.split_chunks=true", "codec.decode_lanes=2"], ("codec.split_chunks", "codec.decode_lanes")),
+    (["codec.fused_norms=true"], ("codec.fused_norms", "codec.fused_ring_writes")),
 ])
 def test_cross_field_checks_name_both_fields(overrides, paths):
     with pytest.raises(ProfileError) as info:

@@ -129,6 +129,54 @@ def test_fused_ring_writes_decode_the_same_audio(monkeypatch):
     assert (got - plain).abs().max().item() <= 1e-5 * want.abs().max().item()
 
 
+def test_residual_add_and_layer_norm_in_one_kernel_equal_the_torch_ops():
+    """`residual_norm`: the sum `addcmul` makes and the LayerNorm of that sum as stored, for fp32
+    and bf16 rows, widths a power of two or not (masked), rows not a multiple of a tile."""
+    from torch import nn
+
+    from stages.models.codec.residual_norm import residual_norm
+
+    g = torch.Generator().manual_seed(6)
+    for dtype, D, rows in ((torch.float32, 32, 7), (torch.bfloat16, 32, 130), (torch.float32, 48, 5)):
+        x, y = (torch.randn(rows, D, generator=g).to(DEVICE, dtype) for _ in range(2))
+        gain = (0.1 * torch.randn(D, generator=g)).to(DEVICE, dtype)
+        norm = nn.LayerNorm(D, eps=1e-5).to(DEVICE, dtype)
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.1 * torch.randn(D, generator=g))
+            norm.bias.copy_(0.1 * torch.randn(D, generator=g))
+            want_sum = torch.addcmul(x, gain, y)
+            want_norm = norm(want_sum)
+            got_sum, got_norm = residual_norm(x, y, gain, norm)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got_sum, want_sum, atol=tol, rtol=tol)
+        torch.testing.assert_close(got_norm, want_norm, atol=tol, rtol=tol)
+
+
+def test_fused_norms_decode_the_same_audio(monkeypatch):
+    """Streaming decode with the residual adds and LayerNorms fused (on top of the fused ring
+    writes) equals the copy-and-mask path, padded chunks included, every layer of every chunk on
+    the fused path; the model refuses fused norms without fused writes."""
+    import stages.models.codec.residual_norm as residual_norm
+
+    calls = []
+    fused = residual_norm.residual_norm
+    monkeypatch.setattr(residual_norm, "residual_norm", lambda *a: calls.append(1) or fused(*a))
+    cfg = CodecConfig.from_json(tiny_v2_config())
+    model = random_codec(cfg, DEVICE, torch.float32, seed=9)
+    with pytest.raises(ValueError, match="fused_writes"):
+        model.use_ring_attention(fused_norms=True)
+    codes = torch.randint(0, 1024, (12, 2, 20), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    sizes = [1, 15, 4]
+    want = decode(model, codes, sizes)
+    model.use_ring_attention(fused_writes=True, fused_norms=True)
+    got = decode(model, codes, sizes, valid_pad=3)
+    model.use_ring_attention(0)
+    layers = sum(stage.num_layers for stage in model.decoder_stages())
+    assert len(calls) == len(sizes) * (2 * layers - len(model.decoder_stages()))  # 2 a layer, 1 in a stage's last
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 def test_a_chunk_cut_into_rows_of_its_slot_decodes_as_one(in_place):
     """One call of 4-frame rows: slot 3's 15-frame chunk as four rows (offsets 0, 4, 8, 12, the

@@ -73,6 +73,7 @@ class CodecModel(nn.Module):
         self.decoder = nn.ModuleList(_stage_module(s, down=False) for s in cfg.decoder)
         self.ring_attention_frames = 0  # chunks up to this many frames attend in place (`use_ring_attention`)
         self.fused_ring_writes = False  # ... and rotate and write their rings in one kernel a layer
+        self.fused_norms = False  # ... and add each residual and normalise it in one kernel
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -89,14 +90,20 @@ class CodecModel(nn.Module):
             if isinstance(module, ProjectedTransformer):
                 module.transformer.parts = parts
 
-    def use_ring_attention(self, max_frames: int | None = None, fused_writes: bool = False) -> None:
+    def use_ring_attention(self, max_frames: int | None = None, fused_writes: bool = False,
+                           fused_norms: bool = False) -> None:
         """Streaming decode of chunks of at most `max_frames` frames (None: every length; 0: none)
         attends over the slots' rings in place (`ring_attention`, a Triton kernel: CUDA, or
         Triton's CPU interpreter) instead of copying each row's rings out and masking. The choice
         is per chunk length, so a CUDA graph of one length records one of the two. `fused_writes`:
-        those chunks rotate q and k and write their rings in one kernel a layer (`ring_write`)."""
+        those chunks rotate q and k and write their rings in one kernel a layer (`ring_write`);
+        `fused_norms` (with `fused_writes`): and add each residual and normalise it in one kernel
+        (`residual_norm`)."""
+        if fused_norms and not fused_writes:
+            raise ValueError("fused_norms needs fused_writes (the layers' fused path)")
         self.ring_attention_frames = sys.maxsize if max_frames is None else max_frames
         self.fused_ring_writes = fused_writes
+        self.fused_norms = fused_norms
 
     def decoder_stages(self) -> list[TransformerStage]:
         return [m.stage for m in self.decoder if isinstance(m, ProjectedTransformer)]
@@ -142,8 +149,9 @@ class CodecModel(nn.Module):
             else:
                 start = stream.start * module.stage.tokens_per_frame  # [B] first position of this chunk
                 in_place = T <= self.ring_attention_frames
-                x = module.forward_streaming(x, start, stream.caches[stage_index], stream.slots,
-                                             in_place=in_place, fused=in_place and self.fused_ring_writes)
+                fused = in_place and self.fused_ring_writes
+                x = module.forward_streaming(x, start, stream.caches[stage_index], stream.slots, in_place=in_place,
+                                             fused=fused, fused_norms=fused and self.fused_norms)
                 stage_index += 1
         # x: [B, T * stream_hop, 1] -> [B, channels, T * downsample_rate]
         return x.reshape(B, -1, self.cfg.channels).transpose(1, 2).float()

@@ -2,9 +2,9 @@
 
 Before attending over its rings in place (`ring_attention`), each layer of a streaming chunk
 rotates its queries and keys (interleaved RoPE, fp32 math) and writes the keys and values into
-the slots' rings. Done with torch ops that is seven kernels a layer (a cast to fp32, the complex
-product, the cast back, a copy of the strided keys and of the values, two `index_copy_`), which
-at a few rows is seven launches of nearly nothing: in a small replay of the full v2 decoder (92
+the slots' rings. Done with torch ops that is five kernels a layer (a cast to fp32, the complex
+product, the cast back, two `index_copy_`), which at a few rows is five launches of nearly
+nothing, and at many rows the fp32 copies' traffic: in a small replay of the full v2 decoder (92
 layers) the fixed cost of such launches is most of the replay. Here one kernel a layer: a
 program takes a tile of rows of one head, reads their packed q, k, v straight from the input
 projection `[B, T, 3, H, Dh]` as whole head rows (coalesced; the pairs are split in registers),

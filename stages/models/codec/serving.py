@@ -47,7 +47,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     in pieces), CUDA graphs (`codec.cuda_graphs` for decode, `codec.encode_graphs` for reference
     encoding), replays side by side (`codec.decode_lanes`), chunks cut into shorter replays
     (`codec.split_chunks`), compiled layers (`codec.compile`) and attention over the rings in place
-    (`codec.ring_attention`, up to `codec.ring_attention_max_frames`; `codec.fused_ring_writes`),
+    (`codec.ring_attention`, up to `codec.ring_attention_max_frames`; `codec.fused_ring_writes`,
+    `codec.fused_norms`),
     CUDA devices only, from the profile.
     dtype: None = `model.dtype` resolved for the device."""
     from stages.models.codec.loader import load_codec
@@ -60,7 +61,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
         model.compile_layers()
     if profile.codec.ring_attention and str(device).startswith("cuda"):
         model.use_ring_attention(profile.codec.ring_attention_max_frames,
-                                 fused_writes=profile.codec.fused_ring_writes)
+                                 fused_writes=profile.codec.fused_ring_writes,
+                                 fused_norms=profile.codec.fused_norms)
     return CodecRunner(model, n_vq=n_vq,
                        max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),

@@ -276,16 +276,48 @@ class ProjectedTransformer(nn.Module):
         return self.output_proj(x)
 
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
-                          slots: torch.Tensor, *, in_place: bool = False, fused: bool = False) -> torch.Tensor:
+                          slots: torch.Tensor, *, in_place: bool = False, fused: bool = False,
+                          fused_norms: bool = False) -> torch.Tensor:
         """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer.
         `in_place`: attend over the rings in place (`ring_attention`) rather than copy and mask;
-        `fused` (with it): RoPE and the ring writes in one kernel per layer (`ring_write`)."""
+        `fused` (with it): RoPE and the ring writes in one kernel per layer (`ring_write`);
+        `fused_norms` (with both): each residual add and the LayerNorm after it in one kernel
+        (`residual_norm`)."""
         plan = WindowPlan.chunk(slots, start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype,
                                 in_place=in_place, fused=fused)
         x = self.input_proj(x)
+        if fused_norms and plan.table is not None:
+            return self.output_proj(fused_norm_layers(self.transformer.layers, x, plan, caches, slots))
         for layer, cache in zip(self.transformer.layers, caches, strict=True):
             x = layer(x, plan, cache, slots, self.transformer.parts)
         return self.output_proj(x)
+
+
+def fused_norm_layers(layers: nn.ModuleList, x: torch.Tensor, plan: WindowPlan, caches: list[LayerCache],
+                      slots: torch.Tensor) -> torch.Tensor:
+    """A streaming chunk through `layers` with RoPE and the ring writes fused (`plan.table`) and
+    every residual add fused with the LayerNorm that reads it (`residual_norm`): the attention
+    half's add with the layer's second LayerNorm, the FFN half's with the next layer's first.
+    x [B, T, D] -> [B, T, D]; the same layers as `TransformerLayer.forward`, nine kernels a layer
+    rather than eleven."""
+    from stages.models.codec.residual_norm import residual_norm
+    from stages.models.codec.ring_attention import ring_attention
+    from stages.models.codec.ring_write import rope_ring_write
+
+    B, T, D = x.shape
+    normed = layers[0].norm1(x)
+    for i, (layer, cache) in enumerate(zip(layers, caches, strict=True)):
+        attn = layer.self_attn
+        qkv = attn.in_projs[0](normed).view(B, T, 3, attn.num_heads, attn.head_dim)
+        q = rope_ring_write(qkv, plan.table, cache.k, cache.v, plan.rows)  # [B, T, H, Dh]
+        o = ring_attention(q, cache.k, cache.v, slots, plan.start, plan.context)  # [B, T, H, Dh]
+        x, normed = residual_norm(x, attn.out_projs[0](o.reshape(B, T, D)), layer.layer_scale_1.scale, layer.norm2)
+        ffn = layer.linear2(F.gelu(layer.linear1(normed)))
+        if i + 1 < len(layers):
+            x, normed = residual_norm(x, ffn, layer.layer_scale_2.scale, layers[i + 1].norm1)
+        else:
+            x = torch.addcmul(x, layer.layer_scale_2.scale, ffn)
+    return x
 
 
 def patch_down(x: torch.Tensor, patch: int) -> torch.Tensor:
