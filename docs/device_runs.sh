@@ -669,6 +669,8 @@ kernels)  # the served shapes kernel by kernel, no server: the codec's replays a
   # residual norms, and with them and compiled layers; then the talker step at 88 rows (compiled, its frame graph's table too, and
   # a mixed step taking 6 new 40-row prompts beside them, as served); then one served-size codec
   # call's kernel table (ROWS x 2 frames)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/stages/test_codec_ring_attention.py 2>&1 | tail -3 \
+    | tee "$R/tests_ring_attention.txt"  # on the GPU: the fused kernels against the torch ops
   for v in "" "--fused-writes" "--fused-writes --fused-norms" "--fused-writes --compile"; do
     [ "$(left)" -lt 100 ] && { el "kernels: no time left for codec $v"; break; }
     timeout 200 python3 -m bench.codec --version v2 --size full --batches "${ROWS:-80}" --grid 1,2,3,15 \
