@@ -303,6 +303,7 @@ for part in ("requests", "requests_first_wave", "requests_later"):
           "| final chunk to client", ms(r.get("final_chunk_to_client_ms", {})))
 PY
   done < "$R/windows.txt"
+  python3 -m bench.passes "$R" | tee "$R/passes.md"  # the measured passes, server against server
 }
 checkpoint() {
   [ -f /tmp/l15/config.json ] || mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
