@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-seqs", type=int, default=1,
                     help="prompts of --prefill rows each that a probe step prefills at once")
     ap.add_argument("--prefill-graphs", action="store_true", help="prefill chunks replay PrefillGraphs")
+    ap.add_argument("--fused-sampling", action="store_true",
+                    help="each head samples in one Triton kernel (talker.fused_sampling)")
     ap.add_argument("--mixed", type=int, default=0, metavar="TOKENS",
                     help="a step's decode rows and up to this many prompt tokens replay one mixed graph "
                          "(talker.mixed_step_tokens; the probes of --prefill take that path when they fit)")
@@ -105,7 +107,8 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     r = LocalV15Runner(model, max_running=B + args.prefill_seqs, num_kv_blocks=B * (args.context // 16 + 8) + spare,
                        prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
                        cuda_graphs=graphs, attention=make_attention(attention, "cuda"),
-                       prefill_graphs=graphs and args.prefill_graphs, mixed_step_tokens=args.mixed)
+                       prefill_graphs=graphs and args.prefill_graphs, mixed_step_tokens=args.mixed,
+                       fused_sampling=args.fused_sampling)
     for i in range(B):
         p = np.full((args.context, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
         p[:, 0] = rng.integers(0, 150000, args.context)
@@ -119,6 +122,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
         r.step()  # capture
     step_ms = _median_ms(r.step, 10)
     tag = f"B={B:4d} attention={attention:7s} compile={compiled!s:5} graphs={graphs!s:5}"
+    tag += " fused-sampling" if args.fused_sampling else ""
     print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "
           f"{B * 0.08 / step_ms * 1e3:7.1f} audio-s/s", flush=True)
     if graphs and r.frame_graphs is not None:

@@ -665,13 +665,14 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   summaries
   cp -r /tmp/tl_* "$R/"
   ;;
-kernels)  # the served shapes kernel by kernel, no server: the codec's replays at ROWS (80) rows of
-  # 1, 2, 3 and 15 frames as served (ring attention), with fused ring writes, with them and fused
-  # residual norms, and with them and compiled layers; then the talker step at 88 rows (compiled, its frame graph's table too, and
-  # a mixed step taking 6 new 40-row prompts beside them, as served); then one served-size codec
-  # call's kernel table (ROWS x 2 frames)
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/stages/test_codec_ring_attention.py 2>&1 | tail -3 \
-    | tee "$R/tests_ring_attention.txt"  # on the GPU: the fused kernels against the torch ops
+kernels)  # the served shapes kernel by kernel, no server: the fused kernels' tests on the GPU; the
+  # codec's replays at ROWS (80) rows of 1, 2, 3 and 15 frames as served (ring attention), with
+  # fused ring writes, with them and fused residual norms, and with them and compiled layers; the
+  # talker step at 88 rows (compiled, its frame graph's table too, and a mixed step taking 6 new
+  # 40-row prompts beside them, as served), then with each head sampling in one kernel; one
+  # served-size codec call's kernel table (ROWS x 2 frames)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/stages/test_codec_ring_attention.py \
+    tests/stages/test_sampling_kernel.py 2>&1 | tail -4 | tee "$R/tests_kernels.txt"  # against the torch ops
   for v in "" "--fused-writes" "--fused-writes --fused-norms" "--fused-writes --compile"; do
     [ "$(left)" -lt 100 ] && { el "kernels: no time left for codec $v"; break; }
     timeout 200 python3 -m bench.codec --version v2 --size full --batches "${ROWS:-80}" --grid 1,2,3,15 \
@@ -679,7 +680,10 @@ kernels)  # the served shapes kernel by kernel, no server: the codec's replays a
   done
   [ "$(left)" -gt 140 ] && timeout $(( $(left) - 30 )) python3 -m bench.local_v15_profile_step --batch 88 \
     --attention triton --compile --top 25 --prefill 40 --prefill-seqs 6 --mixed 256 --prefill-graphs 2>&1 \
-    | grep -v -i warn | tee "$R/talker_profile.txt" | grep -E "^B=|kernel time|step with" 
+    | grep -v -i warn | tee "$R/talker_profile.txt" | grep -E "^B=|kernel time|step with"
+  [ "$(left)" -gt 100 ] && timeout $(( $(left) - 20 )) python3 -m bench.local_v15_profile_step --batch 88 \
+    --attention triton --compile --top 25 --fused-sampling 2>&1 | grep -v -i warn \
+    | tee "$R/talker_profile_fused_sampling.txt" | grep -E "^B=|kernel time" 
   [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full \
     --batches "${ROWS:-80}" --chunk 2 --iters 3 --ring-attention --profile 2>&1 | grep -v "^exactness" \
     | tee "$R/codec_prof_${ROWS:-80}x2.txt" | tail -40

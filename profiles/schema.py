@@ -160,6 +160,12 @@ class TalkerConfig(_Section):
         "Local-v1.5 talker: plan and launch each step before reading back the one before, so the "
         "host's work of a step runs while the GPU computes (a frame whose stop head fires is "
         "computed once more and dropped); off until measured")] = False
+    fused_sampling: Annotated[bool, doc(
+        "Local-v1.5 talker: each of a frame's 13 heads samples in one Triton kernel (penalty, "
+        "ranking, temperature, top-k, top-p and the seeded draw in registers per row) instead of "
+        "the torch sampler's chain of small kernels; the same tokens but where float rounding "
+        "decides, each still a function of its own row (CUDA, or Triton's CPU interpreter); off "
+        "until measured")] = False
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "

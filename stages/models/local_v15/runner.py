@@ -108,6 +108,11 @@ class _SlotSampler:
 
     def __init__(self, runner: LocalV15Runner, slots: torch.Tensor, frames: torch.Tensor, mode: SamplerMode) -> None:
         self.slots, self.frames, self.n_vq, self.mode = slots, frames, runner.n_vq, mode
+        self.fused = runner.fused_sampling
+        if self.fused:  # imports Triton: only when asked (its CPU interpreter must be chosen first)
+            from stages.runtime.sampling_kernel import sample_tokens_fused
+
+            self._fused = sample_tokens_fused
         self.seen = runner.seen
         self.audio = runner.sampling.rows(slots)
         self.text = runner.sampling.rows(slots, text=True)  # same seed as audio
@@ -115,13 +120,17 @@ class _SlotSampler:
         self.keys = noise_key(self.audio.seed, frames, streams)  # [B, n_vq + 1]: every head's noise key
 
     def stop(self, logits: torch.Tensor) -> torch.Tensor:  # [B, 2] -> [B] bool
-        return sample_tokens(logits, self.text, self.frames, stream=self.n_vq, candidates=True,
-                             key=self.keys[:, self.n_vq]) == 1
+        key = self.keys[:, self.n_vq]
+        if self.fused:
+            return self._fused(logits, self.text, key, width=K_CAP) == 1
+        return sample_tokens(logits, self.text, self.frames, stream=self.n_vq, candidates=True, key=key) == 1
 
     def code(self, codebook: int, logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
         seen = self.seen[self.slots, codebook] if self.mode.penalty else None  # [B, V] bool
-        return sample_tokens(logits, self.audio, self.frames, codebook, seen, candidates=self.mode.candidates,
-                             key=self.keys[:, codebook])
+        key = self.keys[:, codebook]
+        if self.fused:
+            return self._fused(logits, self.audio, key, seen, width=K_CAP if self.mode.candidates else None)
+        return sample_tokens(logits, self.audio, self.frames, codebook, seen, candidates=self.mode.candidates, key=key)
 
 
 class LocalV15Runner(ScheduledRunner):
@@ -129,7 +138,8 @@ class LocalV15Runner(ScheduledRunner):
 
     def __init__(self, model: LocalV15Talker, *, cuda_graphs: bool = False, graph_path: str | None = None,
                  attention: AttentionBackend | None = None, prefill_graphs: bool = False,
-                 overlap_steps: bool = False, mixed_step_tokens: int = 0, **capacity) -> None:
+                 overlap_steps: bool = False, mixed_step_tokens: int = 0, fused_sampling: bool = False,
+                 **capacity) -> None:
         """`graph_path`: "off" | "eager" | "cuda" (module docstring); None = "cuda" with
         `cuda_graphs` on a CUDA device, else "off". `prefill_graphs`: with a graph path, prefill
         chunks replay `PrefillGraphs` too (else one eager call). `overlap_steps`: with a graph path
@@ -137,7 +147,10 @@ class LocalV15Runner(ScheduledRunner):
         events of the one before (`_step_ahead`). `mixed_step_tokens`: with a graph path and one
         block-table width (the Triton attention; any backend on the eager path), a step with at
         least `MIXED_MIN_DECODE` decode rows and at most `MIXED_MAX_CHUNKS` prompt chunks of this
-        many tokens in all replays one mixed graph (module docstring); 0: off. `capacity`:
+        many tokens in all replays one mixed graph (module docstring); 0: off. `fused_sampling`:
+        each head samples in one Triton kernel (`sampling_kernel.sample_tokens_fused`: the torch
+        sampler's tokens but where rounding decides) instead of the torch sampler's chain of
+        kernels. `capacity`:
         `ScheduledRunner`'s KV and batching settings (`prefill_interval` among them)."""
         cfg = model.config
         on_cuda = next(model.parameters()).device.type == "cuda"
@@ -166,6 +179,7 @@ class LocalV15Runner(ScheduledRunner):
             self._pool = torch.cuda.graph_pool_handle() if self._capture else None
         self._codebooks = torch.arange(cfg.n_vq, device=self.device)  # [n_vq]
         self.overlap_steps = overlap_steps and use_graphs  # decode rows must come from `next_row`
+        self.fused_sampling = fused_sampling
         self._pending: _PendingStep | None = None  # the step launched and not read back yet
         self._ending: dict[int, _Request] = {}  # left at launch (forced length, cap), last events pending
         self._result_buffers: list[torch.Tensor] = []  # pinned, made on first use
@@ -619,4 +633,5 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
     return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps,
-                          mixed_step_tokens=profile.talker.mixed_step_tokens, **talker_runner_options(profile, device))
+                          mixed_step_tokens=profile.talker.mixed_step_tokens,
+                          fused_sampling=profile.talker.fused_sampling, **talker_runner_options(profile, device))
