@@ -11,13 +11,13 @@ from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
 
 
-def _codes(model) -> dict[int, list[np.ndarray]]:
+def _codes(model, *, fused_sampling: bool = False, greedy: bool = False) -> dict[int, list[np.ndarray]]:
     runner = LocalV15Runner(model, max_running=3, num_kv_blocks=32, prefill_chunk_tokens=8,
-                            max_prefill_tokens_per_step=16)
+                            max_prefill_tokens_per_step=16, fused_sampling=fused_sampling)
     for rid in range(3):
         prompt = np.full((6 + 5 * rid, 13), 1024, np.int64)
         prompt[:, 0] = (np.arange(len(prompt)) * 7 + rid) % 600
-        runner.add(rid, prompt, SamplingParams(seed=rid, greedy=rid == 0, forced_frames=3))
+        runner.add(rid, prompt, SamplingParams(seed=rid, greedy=greedy or rid == 0, forced_frames=3))
     codes: dict[int, list[np.ndarray]] = {rid: [] for rid in range(3)}
     while runner.num_running():
         for ev in runner.step():
@@ -56,3 +56,21 @@ def test_inductor_compiled_talker_matches_eager_on_cuda():
         stop_e, codes_e = eager.decode_frame(h, GreedyFrameSampler())
         stop_c, codes_c = compiled.decode_frame(h, GreedyFrameSampler())
     assert torch.equal(stop_e, stop_c) and torch.equal(codes_e, codes_c)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_compiled_talker_with_fused_sampling_matches_eager_on_cuda():
+    """The sampling kernel inside the compiled local loop (a Triton kernel of ours that dynamo
+    traces into the compiled graph): greedy requests emit the eager runner's codes, fp32, TF32 off."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    eager = build_talker_module(tiny_config()).eval().cuda()
+    compiled = build_talker_module(tiny_config()).eval().cuda()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile_hot_paths()
+    want = _codes(eager, fused_sampling=True, greedy=True)
+    got = _codes(compiled, fused_sampling=True, greedy=True)
+    assert all(len(want[r]) == 3 for r in want)
+    for rid in want:
+        np.testing.assert_array_equal(np.array(got[rid]), np.array(want[rid]))
