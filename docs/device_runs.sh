@@ -667,14 +667,14 @@ delayprime)  # the 8B as shipped (no reference prime in high-concurrency) and wi
   ;;
 kernels)  # the served shapes kernel by kernel, no server: the fused kernels' tests on the GPU; the
   # codec's replays at ROWS (80) rows of 1, 2, 3 and 15 frames as served (ring attention), with
-  # fused ring writes, with them and fused residual norms, and with them and compiled layers; the
+  # fused ring writes and residual norms, and with fused ring writes and compiled layers; the
   # talker step at 88 rows (compiled, its frame graph's table too, and a mixed step taking 6 new
   # 40-row prompts beside them, as served), then with each head sampling in one kernel; one
   # served-size codec call's kernel table (ROWS x 2 frames)
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/stages/test_codec_ring_attention.py \
     tests/stages/test_sampling_kernel.py tests/stages/test_talker_compile.py 2>&1 | tail -4 \
     | tee "$R/tests_kernels.txt"  # against the torch ops; the sampling kernel compiled into the local loop
-  for v in "" "--fused-writes" "--fused-writes --fused-norms" "--fused-writes --compile"; do
+  for v in "" "--fused-writes --fused-norms" "--fused-writes --compile"; do
     [ "$(left)" -lt 100 ] && { el "kernels: no time left for codec $v"; break; }
     timeout 200 python3 -m bench.codec --version v2 --size full --batches "${ROWS:-80}" --grid 1,2,3,15 \
       --iters 5 --ring-attention $v 2>&1 | grep -v "^exactness" | tee -a "$R/codec_variants.txt" | tail -4
