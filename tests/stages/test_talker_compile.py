@@ -39,17 +39,23 @@ def test_compiled_talker_emits_the_eager_codes():
         np.testing.assert_array_equal(np.array(got[rid]), np.array(want[rid]))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_inductor_compiled_talker_matches_eager_on_cuda():
-    """The real compiler (inductor, Triton kernels) on CUDA: fp32 with TF32 off, greedy requests
-    emit the eager codes (the tiny model's logits are far apart next to fp32 reassociation)."""
+def _cuda_pair():
+    """(eager, compiled by inductor) tiny talkers with the same weights on CUDA, fp32, TF32 off."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     eager = build_talker_module(tiny_config()).eval().cuda()
     compiled = build_talker_module(tiny_config()).eval().cuda()
     compiled.load_state_dict(eager.state_dict())
     compiled.compile_hot_paths()
+    return eager, compiled
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_compiled_talker_matches_eager_on_cuda():
+    """The real compiler (inductor, Triton kernels) on CUDA: fp32 with TF32 off, greedy requests
+    emit the eager codes (the tiny model's logits are far apart next to fp32 reassociation)."""
+    eager, compiled = _cuda_pair()
     h = torch.randn(4, eager.config.hidden_size, device="cuda")
     with torch.inference_mode():
         from stages.models.local_v15.model import GreedyFrameSampler
@@ -63,12 +69,7 @@ def test_inductor_compiled_talker_matches_eager_on_cuda():
 def test_inductor_compiled_talker_with_fused_sampling_matches_eager_on_cuda():
     """The sampling kernel inside the compiled local loop (a Triton kernel of ours that dynamo
     traces into the compiled graph): greedy requests emit the eager runner's codes, fp32, TF32 off."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.manual_seed(0)
-    eager = build_talker_module(tiny_config()).eval().cuda()
-    compiled = build_talker_module(tiny_config()).eval().cuda()
-    compiled.load_state_dict(eager.state_dict())
-    compiled.compile_hot_paths()
+    eager, compiled = _cuda_pair()
     want = _codes(eager, fused_sampling=True, greedy=True)
     got = _codes(compiled, fused_sampling=True, greedy=True)
     assert all(len(want[r]) == 3 for r in want)
