@@ -80,6 +80,11 @@ class FollowerRanks:
                                            env=env)
                           for rank in range(1, spec.size)]
 
+    def gone(self) -> list[str]:
+        """The followers that have exited, "rank R (pid P, exit code C)" each (a poll, no wait)."""
+        return [f"rank {rank} (pid {proc.pid}, exit code {proc.returncode})"
+                for rank, proc in enumerate(self.processes, start=1) if proc.poll() is not None]
+
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[int]:
         """Wait for every child (kill one still running after `timeout`); their exit codes."""
         codes = []

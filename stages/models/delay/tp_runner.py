@@ -142,12 +142,25 @@ class LaunchedTPDelayRunner(TPDelayRunner):
         self.ranks = ranks
         self.exit_codes: list[int] | None = None
 
+    def _pack(self, scheduled) -> ScheduledBatch:
+        """A step with a follower gone fails before it sends: the group cannot compute it, and a
+        send to a dead peer may wait out the transport's timeout (minutes) rather than fail."""
+        gone = self.ranks.gone()
+        if gone:
+            raise RuntimeError(f"tensor-parallel {', '.join(gone)} exited: the group is broken")
+        return super()._pack(scheduled)
+
     def close(self) -> None:
         if self.exit_codes is not None:
             return
         try:
-            super().close()
-        except RuntimeError as exc:  # a follower is already gone (gloo: connection closed by peer)
+            gone = self.ranks.gone()
+            if gone:  # the others cannot finish a collective call with it: stop() reaps them
+                self._closed = True
+                log.warning("tensor-parallel ranks not told to stop: %s exited", ", ".join(gone))
+            else:
+                super().close()
+        except RuntimeError as exc:  # a follower went while being told (gloo: connection closed by peer)
             log.warning("tensor-parallel ranks could not be told to stop: %s", exc)
         finally:
             self.exit_codes = self.ranks.stop()
