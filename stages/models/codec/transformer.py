@@ -206,14 +206,19 @@ class TransformerLayer(nn.Module):
         codec is compiled, `CodecModel.compile_layers`), default `layer_inputs`, `layer_outputs`."""
         before, after = parts or (layer_inputs, layer_outputs)
         if plan.table is not None and cache is not None:  # RoPE and the ring writes in one kernel
-            from stages.models.codec.ring_attention import ring_attention
-            from stages.models.codec.ring_write import rope_ring_write
-
-            q = rope_ring_write(layer_qkv(self, x), plan.table, cache.k, cache.v, plan.rows)  # [B, T, H, Dh]
-            o = ring_attention(q, cache.k, cache.v, slots, plan.start, plan.context)  # [B, T, H, Dh]
-            return after(self, x, o.transpose(1, 2))
+            return after(self, x, fused_ring_attention(layer_qkv(self, x), plan, cache, slots).transpose(1, 2))
         q, k, v = before(self, x, plan.rotor)
         return after(self, x, self.self_attn.attend(q, k, v, plan, cache, slots))
+
+
+def fused_ring_attention(qkv: torch.Tensor, plan: WindowPlan, cache: LayerCache, slots: torch.Tensor) -> torch.Tensor:
+    """A streaming layer's attention with RoPE and the ring writes in one kernel (`plan.table`):
+    qkv [B, T, 3, H, Dh] (the input projection) -> [B, T, H, Dh], the rings written."""
+    from stages.models.codec.ring_attention import ring_attention
+    from stages.models.codec.ring_write import rope_ring_write
+
+    q = rope_ring_write(qkv, plan.table, cache.k, cache.v, plan.rows)  # [B, T, H, Dh]
+    return ring_attention(q, cache.k, cache.v, slots, plan.start, plan.context)
 
 
 def layer_qkv(layer: TransformerLayer, x: torch.Tensor) -> torch.Tensor:
@@ -301,16 +306,13 @@ def fused_norm_layers(layers: nn.ModuleList, x: torch.Tensor, plan: WindowPlan, 
     x [B, T, D] -> [B, T, D]; the same layers as `TransformerLayer.forward`, nine kernels a layer
     rather than eleven."""
     from stages.models.codec.residual_norm import residual_norm
-    from stages.models.codec.ring_attention import ring_attention
-    from stages.models.codec.ring_write import rope_ring_write
 
     B, T, D = x.shape
     normed = layers[0].norm1(x)
     for i, (layer, cache) in enumerate(zip(layers, caches, strict=True)):
         attn = layer.self_attn
         qkv = attn.in_projs[0](normed).view(B, T, 3, attn.num_heads, attn.head_dim)
-        q = rope_ring_write(qkv, plan.table, cache.k, cache.v, plan.rows)  # [B, T, H, Dh]
-        o = ring_attention(q, cache.k, cache.v, slots, plan.start, plan.context)  # [B, T, H, Dh]
+        o = fused_ring_attention(qkv, plan, cache, slots)  # [B, T, H, Dh]
         x, normed = residual_norm(x, attn.out_projs[0](o.reshape(B, T, D)), layer.layer_scale_1.scale, layer.norm2)
         ffn = layer.linear2(F.gelu(layer.linear1(normed)))
         if i + 1 < len(layers):

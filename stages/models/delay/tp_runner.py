@@ -156,7 +156,6 @@ class LaunchedTPDelayRunner(TPDelayRunner):
         try:
             gone = self.ranks.gone()
             if gone:  # the others cannot finish a collective call with it: stop() reaps them
-                self._closed = True
                 log.warning("tensor-parallel ranks not told to stop: %s exited", ", ".join(gone))
             else:
                 super().close()

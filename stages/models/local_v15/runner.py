@@ -108,8 +108,8 @@ class _SlotSampler:
 
     def __init__(self, runner: LocalV15Runner, slots: torch.Tensor, frames: torch.Tensor, mode: SamplerMode) -> None:
         self.slots, self.frames, self.n_vq, self.mode = slots, frames, runner.n_vq, mode
-        self.fused = runner.fused_sampling
-        if self.fused:  # imports Triton: only when asked (its CPU interpreter must be chosen first)
+        self._fused = None  # `sample_tokens_fused` with `fused_sampling`
+        if runner.fused_sampling:  # imports Triton: only when asked (its CPU interpreter must be chosen first)
             from stages.runtime.sampling_kernel import sample_tokens_fused
 
             self._fused = sample_tokens_fused
@@ -121,14 +121,14 @@ class _SlotSampler:
 
     def stop(self, logits: torch.Tensor) -> torch.Tensor:  # [B, 2] -> [B] bool
         key = self.keys[:, self.n_vq]
-        if self.fused:
+        if self._fused is not None:
             return self._fused(logits, self.text, key, width=K_CAP) == 1
         return sample_tokens(logits, self.text, self.frames, stream=self.n_vq, candidates=True, key=key) == 1
 
     def code(self, codebook: int, logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
         seen = self.seen[self.slots, codebook] if self.mode.penalty else None  # [B, V] bool
         key = self.keys[:, codebook]
-        if self.fused:
+        if self._fused is not None:
             return self._fused(logits, self.audio, key, seen, width=K_CAP if self.mode.candidates else None)
         return sample_tokens(logits, self.audio, self.frames, codebook, seen, candidates=self.mode.candidates, key=key)
 
