@@ -195,14 +195,17 @@ class SamplingSlots:
         self.seed = i64()
 
     def write(self, slot: int, p: SamplingParams) -> None:
+        """Slot `slot` takes `p`'s settings: one fill kernel a value, with the value as its argument
+        (a Python value assigned through indexing is a host-to-device copy that waits for every
+        kernel already queued: with `overlap_steps`, for the step in flight)."""
         for table, values in (
             (self.audio, (p.temperature, p.top_k, p.top_p, p.repetition_penalty)),
             (self.text, (p.text_temperature, p.text_top_k, p.text_top_p, 1.0)),
         ):
             for name, value in zip(("temperature", "top_k", "top_p", "repetition_penalty"), values):
-                table[name][slot] = value
-        self.greedy[slot] = p.greedy
-        self.seed[slot] = p.seed
+                table[name][slot].fill_(value)
+        self.greedy[slot].fill_(p.greedy)
+        self.seed[slot].fill_(p.seed)
 
     def rows(self, slots: torch.Tensor, *, text: bool = False) -> RowSampling:
         """The settings of `slots [B]` for the audio heads (or the stop/text head)."""

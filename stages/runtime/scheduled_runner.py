@@ -127,6 +127,9 @@ class ScheduledRunner:
                                       prefill_interval=prefill_interval,
                                       max_step_s=None if max_step_ms is None else max_step_ms / 1e3)
         self._requests: dict[int, Any] = {}
+        # [] the value of the runners' index writes: a Python value written through indexing is a
+        # blocking host-to-device copy, which waits for every kernel already queued (the step in flight)
+        self._true = torch.ones((), dtype=torch.bool, device=self.device)
         self._hidden_size = backbone.hidden_size
         self._backbone_graphs: BackboneGraphs | None = None  # made on the first graph decode
         self._want_prefill_graphs = prefill_graphs and backbone_graphs != "off"

@@ -107,7 +107,7 @@ def test_a_talker_with_fused_sampling_makes_the_torch_samplers_frames(graph_path
     cfg = tiny_config()
     cfg["audio_vocab_size"], cfg["audio_codebook_sizes"] = 64, [64] * 12
     torch.manual_seed(0)
-    model = build_talker_module(cfg).eval()
+    model = build_talker_module(cfg).eval().to(DEVICE)  # the kernel runs where the runner's tensors are
     rng = np.random.default_rng(0)
     arrivals = {}
     for rid, settings in enumerate((dict(temperature=1.7, top_p=0.8, top_k=25), dict(repetition_penalty=1.3))):

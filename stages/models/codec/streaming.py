@@ -71,7 +71,7 @@ class StreamingDecoder:
         window mask hides negative positions (`WindowPlan.chunk`); every query sees its own key,
         so no row is fully masked. (Zeroing every layer's rings was two index writes per layer,
         twice per request, on the codec's critical path.)"""
-        self.frames[slots.to(self.frames.device)] = 0
+        self.frames.index_fill_(0, slots.to(self.frames.device, non_blocking=True), 0)  # no wait for the GPU
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor | None = None,

@@ -82,6 +82,7 @@ class DelayRunner(ScheduledRunner):
         self._text_bans = torch.stack([outside, inside]).to(dev)  # [2, V]: banned ids per mode
         self._inside_ids = torch.tensor(sorted((cfg.gen_slot, cfg.delay_slot)), device=dev)  # the 2 ids allowed in audio
         self._codebooks = torch.arange(cfg.n_vq, device=dev)
+        self._history_rows = torch.arange(2, device=dev)  # [2] the rows of `seen`, as index tensors
         self._requests: dict[int, _Delay] = {}
 
     @classmethod
@@ -105,10 +106,11 @@ class DelayRunner(ScheduledRunner):
                 dedelay.push(row)
             skip = dedelay.rows_fed
         self._requests[rid] = _Delay(sched, params, state, dedelay, skip)
-        codes = torch.from_numpy(prompt[:, 1:]).to(self.device)
-        self.seen[sched.slot] = False
-        self.seen[sched.slot, 0, codes[:, 0]] = True
-        self.seen[sched.slot, 1, codes[:, 1:].flatten()] = True
+        codes = torch.from_numpy(prompt[:, 1:]).to(self.device, non_blocking=True)
+        seen = self.seen[sched.slot]  # [2, audio_rows]; no write waits for the step in flight:
+        seen.zero_()  # fills and device values, no host-to-device copy of a Python value
+        seen[0].index_put_((codes[:, 0],), self._true)
+        seen[1].index_put_((codes[:, 1:].flatten(),), self._true)
 
     # ---- one step (`ScheduledRunner.step`) ------------------------------------------------------
 
@@ -162,8 +164,8 @@ class DelayRunner(ScheduledRunner):
         k = self._codebooks[None, :]
         sampled = (k >= per_row(lo, torch.long)[:, None]) & (k < per_row(hi, torch.long)[:, None])
         codes = torch.where(sampled, codes, torch.full_like(codes, cfg.audio_pad_code))  # [B, n_vq]
-        self.seen[slots, 0, codes[:, 0]] = True
-        self.seen[slots[:, None], 1, codes[:, 1:]] = True
+        self.seen.index_put_((slots, self._history_rows[:1], codes[:, 0]), self._true)
+        self.seen.index_put_((slots[:, None], self._history_rows[1:], codes[:, 1:]), self._true)
         return torch.cat([text[:, None], codes], dim=1)
 
     def _sample_text(self, h: torch.Tensor, p: list[SamplingParams], rules: list[TextRule],

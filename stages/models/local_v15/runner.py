@@ -216,8 +216,8 @@ class LocalV15Runner(ScheduledRunner):
         sched = self.scheduler.add(rid, prompt)
         self._requests[rid] = _Request(sched, params)
         self.sampling.write(sched.slot, params)
-        self.seen[sched.slot] = False
-        self.next_row[sched.slot, 0] = self.model.config.gen_slot
+        self.seen[sched.slot].zero_()  # fills: no host-to-device copy that would wait for the step in flight
+        self.next_row[sched.slot, 0].fill_(self.model.config.gen_slot)
 
     @in_kernel_mode
     def capture_ahead(self, budget_s: float) -> int:
@@ -578,7 +578,7 @@ class LocalV15Runner(ScheduledRunner):
         forced_stop = forced_stop.to(dev, non_blocking=True)  # [B] (a blocking copy would wait for the step)
         with torch.inference_mode():
             stop = torch.where(model_decides, stop, forced_stop)
-            self.seen[slots[:, None], self._codebooks[None, :], codes] = True
+            self.seen.index_put_((slots[:, None], self._codebooks[None, :], codes), self._true)
             self.next_row[slots, 1:] = codes
             return torch.cat([stop[:, None].long(), codes], dim=1)
 

@@ -108,8 +108,8 @@ class RealtimeRunner(ScheduledRunner):
         sched = self.scheduler.add(rid, prefill)
         self._requests[rid] = _Realtime(sched, params, text, forced=params.forced_frames)
         self.sampling.write(sched.slot, params)
-        self.history[sched.slot] = self.config.audio_vocab_size
-        self.forced_bans[sched.slot] = params.forced_frames is not None
+        self.history[sched.slot].fill_(self.config.audio_vocab_size)  # fills: no copy that waits for the GPU
+        self.forced_bans[sched.slot].fill_(params.forced_frames is not None)
 
     def open_input(self, rid: int) -> None:
         """More text comes later (`feed`): pause when it runs out instead of padding."""
