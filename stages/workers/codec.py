@@ -35,11 +35,14 @@ from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, Codes, Decode
                           StageError)
 from stages.models.codec.serving import chunk_lengths
 from stages.runtime.coalescer import Coalescer
-from stages.workers.common import WorkerSpec, attach_codec, drain, payload_array, prepare_process
+from stages.workers.common import (WorkerSpec, attach_codec, drain, payload_array, prepare_process,
+                                  triton_kernel_counter)
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
+
+SLOW_DISPATCH_S = 0.25  # a dispatch this long is logged with what it did (a busy one takes ~15-60 ms)
 
 
 class UnknownMessage(RuntimeError):
@@ -67,10 +70,11 @@ class CodecLoop:
                  timeline: Timeline | None = None, express_first_chunks: bool = False,
                  express_joins_dispatch: bool = False, patient_wait_s: float = 0.0,
                  buffer_margin_s: float = 0.2, final_wait_s: float | None = None,
-                 encode_batch_streaming: int | None = None) -> None:
+                 encode_batch_streaming: int | None = None, kernels: Any = None) -> None:
         """`encode_batch`: reference-encode jobs run together at most; `encode_batch_streaming`:
         at most while any stream is open (an encode batch delays every open stream's next chunk
-        by its duration), None = `encode_batch`."""
+        by its duration), None = `encode_batch`; `kernels`: `triton_kernel_counter`'s function (a
+        dispatch over `SLOW_DISPATCH_S` says how many Triton kernels it specialised)."""
         self.client_stall_s = client_stall_s
         self.patient_wait_s, self.buffer_margin_s = patient_wait_s, buffer_margin_s
         self.final_wait_s = final_wait_s
@@ -91,6 +95,7 @@ class CodecLoop:
         self.shutdown: Shutdown | None = None
         self._ended: set[Any] = set()  # inboxes whose writer closed or died
         self._slots_reported = -1
+        self._kernels = kernels or (lambda: 0)
 
     def run(self) -> None:
         while self.step():
@@ -239,9 +244,12 @@ class CodecLoop:
         if not rids:
             return
         waited = now - min(h[2] for h in heads)  # the oldest chunk's wait
-        t0 = time.monotonic()
+        t0, kernels = time.monotonic(), self._kernels()
         pcms = self._decode_items([(rid, head[1]) for rid, head in zip(rids, heads)])
         decode_s = time.monotonic() - t0
+        if decode_s > SLOW_DISPATCH_S:
+            log.warning("codec: a %.0f ms dispatch of %d chunks (%d frames); it specialised %d Triton kernel(s)",
+                        decode_s * 1e3, len(rids), sum(len(h[1]) for h in heads), self._kernels() - kernels)
         emit_s = 0.0  # ring writes only (the record transposes and sends)
         for rid, (chunk, codes, arrived), pcm in zip(rids, heads, pcms):
             stream = self.streams[rid]
@@ -470,7 +478,8 @@ def main(spec: WorkerSpec) -> None:
                   express_joins_dispatch=c.express_joins_dispatch, patient_wait_s=c.patient_wait_ms / 1000.0,
                   buffer_margin_s=c.buffer_margin_ms / 1000.0,
                   final_wait_s=None if c.final_wait_ms is None else c.final_wait_ms / 1000.0,
-                  encode_batch_streaming=spec.profile.codec.encode_batch_streaming).run()
+                  encode_batch_streaming=spec.profile.codec.encode_batch_streaming,
+                  kernels=triton_kernel_counter(spec.device)).run()
     except Exception as exc:
         log.exception("codec worker failed")
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))

@@ -17,7 +17,7 @@ import ctypes
 import logging
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -92,6 +92,32 @@ def attention_without_plans() -> None:
     import torch
 
     torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def triton_kernel_counter(device: str) -> Callable[[], int] | None:
+    """On CUDA, a function returning how many Triton kernels this process has specialised since
+    the call (compiled, or loaded from the disk cache, for argument types or constants not met
+    before): one met first while serving holds up the step or dispatch that meets it, up to
+    hundreds of milliseconds. None elsewhere, or with a triton that has no compile hook: triton is
+    imported on CUDA only, since its CPU interpreter must be chosen before the import."""
+    if not str(device).startswith("cuda"):
+        return None
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+        return None
+    made = [0]
+    before = runtime.jit_post_compile_hook  # another's hook, still called
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made[0] += 1
+        return before(*args, **kwargs) if before is not None else None
+
+    runtime.jit_post_compile_hook = counted
+    return lambda: made[0]
 
 
 def die_with_parent(parent_pid: int) -> None:

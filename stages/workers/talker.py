@@ -34,7 +34,7 @@ from stages.variant import AdapterError, TalkerRequest, Variant
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
-                                  schedule_from)
+                                  schedule_from, triton_kernel_counter)
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,11 @@ class TalkerLoop:
     def __init__(self, runner: Any, inbox: Any, to_codec: Any, to_coord: Any,
                  schedule: ChunkSchedule, n_vq: int, timeline: Timeline | None = None,
                  allocator: Callable[[], tuple[int, int]] | None = None,
-                 gc_pauses: GcPauses | None = None) -> None:
+                 gc_pauses: GcPauses | None = None, kernels: Callable[[], int] | None = None) -> None:
         """`allocator`: `allocator_counter`'s function, read when a step is slow (and around every
         step while a timeline records, which then holds each step's new device allocations);
-        `gc_pauses`: this process's collection timer (a step's share goes to the timeline)."""
+        `gc_pauses`: this process's collection timer (a step's share goes to the timeline);
+        `kernels`: `triton_kernel_counter`'s function (a step's new Triton kernels, same places)."""
         self.runner = runner
         self.timeline = timeline
         self.inbox, self.to_codec, self.to_coord = inbox, to_codec, to_coord
@@ -108,6 +109,7 @@ class TalkerLoop:
         self._rows_sent = (0, 0)  # the scheduler's (prompt, cached) row counters when last sent
         self._graphs_made = getattr(runner, "graphs_made", lambda: 0)
         self._compiles = compile_counter() or (lambda: 0)
+        self._kernels = kernels or (lambda: 0)
         self._allocator = allocator
         self._gc = gc_pauses
         self._allocs_seen = allocator() if allocator is not None else (0, 0)
@@ -132,13 +134,14 @@ class TalkerLoop:
         t_drained = time.monotonic()
         admitted = self._admit()
         if self.streams:
-            graphs, compiles = self._graphs_made(), self._compiles()
+            graphs, compiles, kernels = self._graphs_made(), self._compiles(), self._kernels()
             gc_s = self._gc.seconds if self._gc is not None else 0.0
             allocs = self._step_allocs()
             batch, t0 = self.runner.num_running(), time.monotonic()
             events = self.runner.step()
             t1 = time.monotonic()
             graphs, compiles = self._graphs_made() - graphs, self._compiles() - compiles
+            kernels = self._kernels() - kernels
             gc_s = self._gc.seconds - gc_s if self._gc is not None else 0.0
             allocs = self._step_allocs() - allocs
             self._count_step(batch, t1 - t0)
@@ -150,13 +153,13 @@ class TalkerLoop:
             decode, prefill = getattr(sched, "last_batch", (0, 0))
             if t1 - t0 > SLOW_STEP_S:
                 self._log_slow_step(t1 - t0, batch, decode, prefill, getattr(sched, "last_cached", 0),
-                                    graphs, compiles, gc_s)
+                                    graphs, compiles, kernels, gc_s)
             if self.timeline is not None:
                 self.timeline.add("talker_step", t0, dur=t1 - t0, emit=time.monotonic() - t1,
                                   drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
                                   frames=len(events), decode=decode, prefill=prefill,
                                   cached=getattr(sched, "last_cached", 0), admitted=admitted,
-                                  graphs=graphs, compiles=compiles, gc=gc_s, allocs=allocs)
+                                  graphs=graphs, compiles=compiles, kernels=kernels, gc=gc_s, allocs=allocs)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
 
@@ -168,7 +171,7 @@ class TalkerLoop:
         return self._allocator()[0]
 
     def _log_slow_step(self, seconds: float, batch: int, decode: int, prefill: int, cached: int,
-                       graphs: int, compiles: int, gc_s: float) -> None:
+                       graphs: int, compiles: int, kernels: int, gc_s: float) -> None:
         """A step over `SLOW_STEP_S`, with what might have stalled it."""
         allocator = ""
         if self._allocator is not None:
@@ -177,8 +180,9 @@ class TalkerLoop:
                          f"{self._allocs_seen[0] - seen[0]} device allocation(s) and "
                          f"{self._allocs_seen[1] - seen[1]} retry(ies)")
         log.warning("talker: a %.0f ms step: %d running, %d decode rows, %d prompt tokens (%d from the "
-                    "prefix cache); it recorded %d graph(s), compiled %d and collected garbage for %.0f ms%s",
-                    seconds * 1e3, batch, decode, prefill, cached, graphs, compiles, gc_s * 1e3, allocator)
+                    "prefix cache); it recorded %d graph(s), compiled %d, specialised %d Triton kernel(s) and "
+                    "collected garbage for %.0f ms%s",
+                    seconds * 1e3, batch, decode, prefill, cached, graphs, compiles, kernels, gc_s * 1e3, allocator)
 
     # ---- inbox ---------------------------------------------------------------------------------
 
@@ -467,7 +471,8 @@ def main(spec: WorkerSpec) -> None:
         to_coord.send(Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
                             max_prompt_rows=runner.max_prompt_rows()))
         TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
-                   variant.n_vq, timeline, allocator_counter(spec.device), gc_pauses).run()
+                   variant.n_vq, timeline, allocator_counter(spec.device), gc_pauses,
+                   triton_kernel_counter(spec.device)).run()
     except Exception as exc:
         log.exception("talker worker failed")
         to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))

@@ -313,3 +313,26 @@ def test_no_free_decode_slot_fails_the_request_not_the_worker(demo_model_dir) ->
         assert failed[0] not in rig.loop.streams
     finally:
         rig.close()
+
+
+def test_a_slow_dispatch_is_logged_with_the_triton_kernels_it_specialised(demo_model_dir, monkeypatch,
+                                                                          caplog) -> None:
+    """A dispatch over `SLOW_DISPATCH_S` goes to the log with its chunks, frames and the Triton
+    kernels specialised inside it (a stand-in counter: one more at each read), and the stream
+    still gets its audio; a quick dispatch logs nothing."""
+    reads = iter(range(10**6))
+    r = Rig(demo_model_dir, kernels=lambda: 3 * next(reads))  # each dispatch: reads 0, 3 -> 3 kernels
+    try:
+        r.chunk(1, 0, 0, 2)
+        with caplog.at_level("WARNING", logger="stages.workers.codec"):
+            r.loop.step()
+            assert not [rec for rec in caplog.records if "dispatch" in rec.getMessage()]
+            monkeypatch.setattr("stages.workers.codec.SLOW_DISPATCH_S", 0.0)
+            r.chunk(1, 0, 1, 3, final=True, reason="stop")
+            r.loop.step()
+        slow = [rec.getMessage() for rec in caplog.records if "dispatch" in rec.getMessage()]
+        assert len(slow) == 1 and "dispatch of 1 chunks (3 frames); it specialised 3 Triton kernel(s)" in slow[0]
+        done = [m for m in r.drain_events() if isinstance(m, ChunkDone)]
+        assert [(m.seq, m.final) for m in done] == [(0, False), (1, True)]
+    finally:
+        r.close()

@@ -226,7 +226,7 @@ def test_sampling_defaults_overrides_and_caps(checkpoints, profile, name, expect
 class LoopRig:
     """The talker worker's loop over real rings: the test plays coordinator and codec."""
 
-    def __init__(self, runner, variant, profile, allocator=None, timeline=None) -> None:
+    def __init__(self, runner, variant, profile, allocator=None, timeline=None, kernels=None) -> None:
         instance = new_instance_id()
         make = lambda name, t, role: Channel.create(name, msg_type=t, capacity=1 << 20, role=role,  # noqa: E731
                                                     instance=instance)
@@ -235,7 +235,7 @@ class LoopRig:
         self.coord = make("coord", CoordinatorInbox, "reader")
         self.ends = [self.inbox.spec().open(), self.codes.spec().open(), self.coord.spec().open()]
         self.loop = TalkerLoop(runner, *self.ends, schedule_from(profile), variant.n_vq, timeline=timeline,
-                               allocator=allocator)
+                               allocator=allocator, kernels=kernels)
         self.runner, self.n_vq = runner, variant.n_vq
 
     def close(self) -> None:
@@ -297,12 +297,15 @@ def test_a_slow_step_is_logged_with_what_it_did(checkpoints, profile, monkeypatc
     """A step over `SLOW_STEP_S` goes to the log with its batch and whether it recorded a graph or
     compiled a kernel (the stalls a server under load must not have), and what the CUDA allocator
     did since the last such line (counted here by a stand-in: the CPU has no CUDA allocator):
-    every step counts here."""
+    every step counts here), and how many Triton kernels it specialised (a stand-in that counts
+    one more at every read but the first two: the steps after the first each specialise one)."""
     monkeypatch.setattr("stages.workers.talker.SLOW_STEP_S", 0.0)
     variant = variant_of(checkpoints, "delay", profile)
     reads = iter(range(10**6))  # one device allocation between two reads, a retry every third
     allocator = lambda: (n := next(reads), n // 3)  # noqa: E731
-    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile, allocator)
+    kernel_reads = iter(range(10**6))
+    kernels = lambda: max(0, next(kernel_reads) - 1)  # noqa: E731  (reads 0, 0, 1, 2, ...)
+    rig = LoopRig(variant.make_talker_runner("cpu"), variant, profile, allocator, kernels=kernels)
     try:
         request = variant.build_request(speech_job(**ACCEPTED["delay"], forced_frames=3))
         with caplog.at_level("WARNING", logger="stages.workers.talker"):
@@ -313,7 +316,8 @@ def test_a_slow_step_is_logged_with_what_it_did(checkpoints, profile, monkeypatc
     assert len(slow) == chunks[-1][0]  # one line per step
     assert f"{len(request.prompt)} prompt tokens" in slow[0] and "1 running" in slow[0]
     # CPU: no graph, no kernel compiled; no collection timer given, so no time in collections
-    assert all("recorded 0 graph(s), compiled 0 and collected garbage for 0 ms;" in line for line in slow)
+    assert "recorded 0 graph(s), compiled 0, specialised 0 Triton kernel(s) and collected garbage for 0 ms;" in slow[0]
+    assert all("compiled 0, specialised 1 Triton kernel(s) and collected garbage for 0 ms;" in line for line in slow[1:])
     assert all("allocator made 1 device allocation(s)" in line for line in slow)
     assert [line.endswith("and 1 retry(ies)") for line in slow[:3]] == [False, False, True]
 
