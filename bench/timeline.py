@@ -132,6 +132,7 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             # a graph recorded or a kernel compiled while serving stalls every stream for it
             "graphs_recorded": sum(e.get("graphs", 0) for e in steps),
             "compiles": sum(e.get("compiles", 0) for e in steps),
+            "triton_kernels": sum(e.get("kernels", 0) for e in steps),  # specialised on first use
             "steps_over_100ms": sum(e["dur"] > 0.1 for e in steps),
             "gc_ms": sum(e.get("gc", 0.0) for e in steps) * 1e3,  # garbage collection inside steps
             # steps in which the CUDA caching allocator had to ask the device for memory, and the

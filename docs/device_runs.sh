@@ -291,7 +291,7 @@ print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "m
       round(k.get("decode_us_per_frame", 0)),
       "us/frame | busy", round(g["talker_busy"], 2), round(g["codec_busy"], 2),
       "| steps over 100 ms", t.get("steps_over_100ms"), "graphs recorded", t.get("graphs_recorded"),
-      "compiles", t.get("compiles"), "gc ms", round(t.get("gc_ms", 0.0), 1),
+      "compiles", t.get("compiles"), "triton kernels", t.get("triton_kernels"), "gc ms", round(t.get("gc_ms", 0.0), 1),
       "allocating steps", t.get("allocating_steps"), "longest", round(t.get("allocating_step_max_ms", 0.0), 1))
 for part in ("requests", "requests_first_wave", "requests_later"):
     r = d.get(part, {})
