@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-graphs", action="store_true", help="prefill chunks replay PrefillGraphs")
     ap.add_argument("--fused-sampling", action="store_true",
                     help="each head samples in one Triton kernel (talker.fused_sampling)")
+    ap.add_argument("--local-attention", choices=["sdpa", "plain"], default="sdpa",
+                    help="how the local steps attend (talker.local_attention)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="each step launched before the one before is read back (talker.overlap_steps): "
+                         "a step's time is then the longer of its host and GPU parts")
     ap.add_argument("--mixed", type=int, default=0, metavar="TOKENS",
                     help="a step's decode rows and up to this many prompt tokens replay one mixed graph "
                          "(talker.mixed_step_tokens; the probes of --prefill take that path when they fit)")
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = build_talker_module(full_size_config()).to(torch.bfloat16).eval()
+    model.local_transformer.attend_plainly(args.local_attention == "plain")
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
     variants = [(name, False) for name in args.attention] + ([(args.attention[-1], True)] if args.compile else [])
@@ -108,7 +114,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
                        prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
                        cuda_graphs=graphs, attention=make_attention(attention, "cuda"),
                        prefill_graphs=graphs and args.prefill_graphs, mixed_step_tokens=args.mixed,
-                       fused_sampling=args.fused_sampling)
+                       fused_sampling=args.fused_sampling, overlap_steps=args.overlap)
     for i in range(B):
         p = np.full((args.context, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
         p[:, 0] = rng.integers(0, 150000, args.context)
@@ -123,6 +129,8 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     step_ms = _median_ms(r.step, 10)
     tag = f"B={B:4d} attention={attention:7s} compile={compiled!s:5} graphs={graphs!s:5}"
     tag += " fused-sampling" if args.fused_sampling else ""
+    tag += " plain-local" if args.local_attention == "plain" else ""
+    tag += " overlap" if args.overlap else ""
     print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "
           f"{B * 0.08 / step_ms * 1e3:7.1f} audio-s/s", flush=True)
     if graphs and r.frame_graphs is not None:

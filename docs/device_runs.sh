@@ -97,6 +97,8 @@
 #   bash docs/device_runs.sh kernels    # the codec's replays at the served shapes (plain, fused
 #                                       # ring writes, + compiled layers), the talker step at 88
 #                                       # rows and a served-size codec call, kernel by kernel
+#   bash docs/device_runs.sh talkerstep # the talker step at 88 rows as shipped, with plain local
+#                                       # attention, one step ahead, and both (no server)
 #   bash docs/device_runs.sh flags      # high-concurrency as shipped against it with FLAGS (and
 #                                       # FLAGS2, FLAGS3: one server each), C=128 and 64, PASSES (2)
 #   bash docs/device_runs.sh coldvoices2  # new voices under load at C=128: encode batches of 8, 2
@@ -162,7 +164,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -688,6 +690,19 @@ kernels)  # the served shapes kernel by kernel, no server: the fused kernels' te
   [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full \
     --batches "${ROWS:-80}" --chunk 2 --iters 3 --ring-attention --profile 2>&1 | grep -v "^exactness" \
     | tee "$R/codec_prof_${ROWS:-80}x2.txt" | tail -40
+  ;;
+talkerstep)  # the talker's step at 88 rows, compiled, no server: first the GPU tests of a runner one
+  # step ahead that never waits for the GPU and of the Triton kernel counter; then the step as
+  # shipped, with the local steps attending plainly, one step ahead, and both (each line: the
+  # step, its frame graph's kernels)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_overlap_steps.py \
+    tests/stages/test_triton_kernel_counter.py tests/stages/test_talker_compile.py 2>&1 | tail -6 \
+    | tee "$R/tests_talkerstep.txt"
+  for v in "" "--local-attention plain" "--overlap" "--local-attention plain --overlap"; do
+    [ "$(left)" -lt 130 ] && { el "talkerstep: no time left for '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
+      --compile --top 12 $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
+  done
   ;;
 codecprof)  # where a served codec call's time goes: the kernel table and the kernels by duration of
   # the shapes a C=128 dispatch has (ROWS (24) rows x FRAMES (1 8 15)), ring attention in place as served

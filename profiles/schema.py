@@ -166,6 +166,12 @@ class TalkerConfig(_Section):
         "the torch sampler's chain of small kernels; the same tokens but where float rounding "
         "decides, each still a function of its own row (CUDA, or Triton's CPU interpreter); off "
         "until measured")] = False
+    local_attention: Annotated[Literal["sdpa", "plain"], doc(
+        "Local-v1.5 talker: how a frame's local steps attend (one query over at most 12 keys): "
+        "\"sdpa\" (scaled_dot_product_attention: on CUDA a flash kernel a position, 0.68 of the "
+        "2.17 ms of an H200's compiled local loop at 88 rows) or \"plain\" (elementwise products "
+        "and sums in float32, which torch.compile fuses into a few small kernels; not with "
+        "batch_invariant); sdpa until measured")] = "sdpa"
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "

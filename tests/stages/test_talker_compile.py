@@ -75,3 +75,18 @@ def test_inductor_compiled_talker_with_fused_sampling_matches_eager_on_cuda():
     assert all(len(want[r]) == 3 for r in want)
     for rid in want:
         np.testing.assert_array_equal(np.array(got[rid]), np.array(want[rid]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_compiled_plain_local_attention_matches_eager_sdpa_on_cuda():
+    """The local steps attending plainly (`talker.local_attention: plain`), compiled: the same
+    stop decisions and codes as the eager talker's SDPA, greedy, fp32 with TF32 off."""
+    eager, compiled = _cuda_pair()
+    compiled.local_transformer.attend_plainly()
+    h = torch.randn(6, eager.config.hidden_size, device="cuda")
+    with torch.inference_mode():
+        from stages.models.local_v15.model import GreedyFrameSampler
+        stop_e, codes_e = eager.decode_frame(h, GreedyFrameSampler())
+        stop_c, codes_c = compiled.decode_frame(h, GreedyFrameSampler())
+    assert torch.equal(stop_e, stop_c) and torch.equal(codes_e, codes_c)

@@ -50,6 +50,7 @@ class LocalAttention(nn.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.c_attn = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # q | k | v
         self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.plain_step = False  # `step` attends by products and sums, not SDPA (`LocalTransformer.attend_plainly`)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)
@@ -64,9 +65,13 @@ class LocalAttention(nn.Module):
         q, k, v = self._qkv(x, rope[0][pos], rope[1][pos])  # [B, heads, D]
         keys[:, pos] = k
         values[:, pos] = v
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys[:, : pos + 1].transpose(1, 2), values[:, : pos + 1].transpose(1, 2)
-        )  # [B, heads, 1, D]
+        if self.plain_step:  # one query over at most n_vq keys, in float32: [B, P, heads] -> [B, heads, D]
+            scores = (q.float().unsqueeze(1) * keys[:, : pos + 1].float()).sum(-1) * self.head_dim**-0.5
+            o = (scores.softmax(dim=1).unsqueeze(-1) * values[:, : pos + 1].float()).sum(1).to(x.dtype)
+        else:
+            o = F.scaled_dot_product_attention(
+                q.unsqueeze(2), keys[:, : pos + 1].transpose(1, 2), values[:, : pos + 1].transpose(1, 2)
+            )  # [B, heads, 1, D]
         return self.c_proj(o.reshape(x.shape))
 
     def forward_dense(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -109,6 +114,14 @@ class LocalTransformer(nn.Module):
         """Static per-frame KV: per block, keys and values [B, length, heads, D]."""
         shape = (batch, length, self.config.num_heads, self.config.head_dim)
         return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.h]
+
+    def attend_plainly(self, on: bool = True) -> None:
+        """A frame's local steps attend by elementwise products and sums (float32) instead of
+        `F.scaled_dot_product_attention`: under torch.compile they fuse into a few small kernels,
+        where SDPA runs a flash kernel sized for long sequences once a position (one query, at most
+        n_vq keys). Not batch-invariant (`talker.batch_invariant` routes SDPA to its own kernel)."""
+        for block in self.h:
+            block.attn.plain_step = on
 
     def rope_tables(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [length, D] for positions 0..length-1 (computed on the device, no host copy)."""

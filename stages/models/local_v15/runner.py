@@ -628,8 +628,13 @@ def _host_finish(r: _Request) -> str | None:
 def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> LocalV15Runner:
     """The `LocalV15Runner` a profile asks for: `talker.*` capacity, attention kernel, graphs and
     torch.compile (CUDA only; not with `talker.batch_invariant`: a compiled graph picks its own
-    reduction kernels and is specialised for a batch of one), `model.dtype`."""
+    reduction kernels and is specialised for a batch of one), `model.dtype`, the local steps'
+    attention (`talker.local_attention`)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
+    if profile.talker.local_attention == "plain":
+        if profile.talker.batch_invariant:
+            raise ValueError("talker.local_attention: plain is not batch-invariant; use sdpa with talker.batch_invariant")
+        model.local_transformer.attend_plainly()
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
     return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps,
