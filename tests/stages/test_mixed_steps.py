@@ -35,20 +35,21 @@ def serve(runner, first, later, join_at=3):
         if step == join_at:
             for rid, (prompt, params) in later.items():
                 runner.add(rid, prompt, params)
-        for ev in runner.step():
+        events = runner.step()
+        for ev in events:
             if ev.codes is not None:
                 frames[ev.rid].append(ev.codes)
-        if step > join_at and runner.num_running() == 0:
-            break
+        if step > join_at and runner.num_running() == 0 and not events:
+            break  # (one step ahead, the last events come in the call after the last request left)
     assert runner.num_running() == 0
     return {rid: np.array(f, dtype=np.int64).reshape(-1, 12) for rid, f in frames.items()}
 
 
-def make(model, graph_path, mixed):
+def make(model, graph_path, mixed, overlap_steps=False):
     """The first requests are prefilled in one step; the later ones' prompts fit one mixed step."""
     return LocalV15Runner(model, max_running=24, kv_block_size=8, num_kv_blocks=24 * 16, prefill_chunk_tokens=512,
                           max_prefill_tokens_per_step=2048, attention=PaddedBatchAttention(), graph_path=graph_path,
-                          prefill_graphs=graph_path != "off", mixed_step_tokens=mixed)
+                          prefill_graphs=graph_path != "off", mixed_step_tokens=mixed, overlap_steps=overlap_steps)
 
 
 def test_mixed_steps_give_every_request_its_own_frames(local_v15_model, local_v15_dir):
@@ -66,6 +67,26 @@ def test_mixed_steps_give_every_request_its_own_frames(local_v15_model, local_v1
         np.testing.assert_array_equal(got[rid], want[rid], err_msg=str(rid))
         np.testing.assert_array_equal(got[rid], one_call[rid], err_msg=str(rid))
     assert mixed.cache.num_used_blocks == 1  # only the padding rows' scratch block stays
+
+
+def test_mixed_steps_one_step_ahead_give_the_same_frames(local_v15_model, local_v15_dir):
+    """One step ahead (`overlap_steps`, as a server would measure it beside mixed steps): the
+    newcomers join in mixed replays planned before the previous step's results are read, and
+    every request gets the frames of the step-by-step runner."""
+    reqs = requests(local_v15_dir, MIXED_MIN_DECODE + 3)
+    first = {rid: reqs[rid] for rid in range(MIXED_MIN_DECODE)}
+    later = {rid: reqs[rid] for rid in range(MIXED_MIN_DECODE, MIXED_MIN_DECODE + 3)}
+    ahead = make(local_v15_model, "eager", 256, overlap_steps=True)
+    mixed = []
+    launch = ahead._mixed_part
+    ahead._mixed_part = lambda *a: mixed.append(1) or launch(*a)
+    got = serve(ahead, first, later)
+    assert ahead.overlap_steps and mixed
+    want = serve(make(local_v15_model, "eager", 256), first, later)
+    for rid in reqs:
+        assert len(got[rid]) == reqs[rid][1].forced_frames
+        np.testing.assert_array_equal(got[rid], want[rid], err_msg=str(rid))
+    assert ahead._pending is None and ahead.cache.num_used_blocks == 1
 
 
 def test_small_decode_batches_keep_the_two_replays_and_no_graphs_means_off(local_v15_model, local_v15_dir):

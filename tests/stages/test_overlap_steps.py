@@ -139,12 +139,14 @@ def test_the_talker_loop_one_step_ahead_sends_the_same_chunks(local_v15_model, l
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("mixed_step_tokens", [0, 64])
+@pytest.mark.parametrize("mixed_step_tokens", [0, 128])
 def test_a_step_one_ahead_never_waits_for_the_gpu(mixed_step_tokens):
     """Once its graphs are made, a runner one step ahead makes no call that waits for the GPU
     while requests arrive, run and finish (a Python value written into a device tensor, a
     blocking copy, `.item()` would wait for the step in flight and undo the overlap): torch's
-    sync check set to raise finds none; the one wait is on the previous step's event."""
+    sync check set to raise finds none; the one wait is on the previous step's event. Twenty
+    requests decode to their forced lengths while three more join (one left to its stop head):
+    with `mixed_step_tokens` those join in a mixed step."""
     from stages.models.local_v15.config import tiny_config
     from stages.models.local_v15.loader import build_talker_module
 
@@ -153,23 +155,27 @@ def test_a_step_one_ahead_never_waits_for_the_gpu(mixed_step_tokens):
     rng = np.random.default_rng(0)
 
     def arrivals(first_rid: int) -> dict:
-        """Six requests of the same lengths and steps each time, fresh random prompts."""
+        """The same lengths and steps each time, fresh random prompts (no prefix is shared)."""
         out = {}
-        for i in range(6):
-            p = np.full((20 + 9 * i, 13), 1024, np.int64)
+        for i in range(23):
+            p = np.full((20 + 3 * (i % 7), 13), 1024, np.int64)
             p[:, 0] = rng.integers(0, 600, len(p))
-            params = SamplingParams(seed=i, forced_frames=None if i % 3 == 0 else 6 + 2 * i, max_new_frames=12,
+            params = SamplingParams(seed=i, forced_frames=None if i == 21 else 8 + i % 5, max_new_frames=14,
                                     temperature=0.9, top_k=30, repetition_penalty=1.1 if i % 2 else 1.0)
-            out.setdefault(2 * (i // 2), []).append((first_rid + i, p, params))
+            out.setdefault(0 if i < 20 else 4, []).append((first_rid + i, p, params))
         return out
 
-    runner = LocalV15Runner(model, overlap_steps=True, max_running=8, num_kv_blocks=64, kv_block_size=8,
-                            prefill_chunk_tokens=16, max_prefill_tokens_per_step=32, cuda_graphs=True,
+    runner = LocalV15Runner(model, overlap_steps=True, max_running=24, num_kv_blocks=160, kv_block_size=8,
+                            prefill_chunk_tokens=512, max_prefill_tokens_per_step=2048, cuda_graphs=True,
                             prefill_graphs=True, mixed_step_tokens=mixed_step_tokens)
     run(runner, arrivals(0))  # makes every graph these arrivals meet
+    mixed = []
+    launch = runner._mixed_part
+    runner._mixed_part = lambda *a: mixed.append(1) or launch(*a)
     torch.cuda.set_sync_debug_mode("error")
     try:
         got = run(runner, arrivals(100))
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert sorted(got) == list(range(100, 106)) and all(evs[-1][1] for evs in got.values())
+    assert sorted(got) == list(range(100, 123)) and all(evs[-1][1] for evs in got.values())
+    assert bool(mixed) == bool(mixed_step_tokens)
