@@ -22,6 +22,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +71,8 @@ class CodecLoop:
                  timeline: Timeline | None = None, express_first_chunks: bool = False,
                  express_joins_dispatch: bool = False, patient_wait_s: float = 0.0,
                  buffer_margin_s: float = 0.2, final_wait_s: float | None = None,
-                 encode_batch_streaming: int | None = None, kernels: Any = None) -> None:
+                 encode_batch_streaming: int | None = None,
+                 kernels: Callable[[], int] | None = None) -> None:
         """`encode_batch`: reference-encode jobs run together at most; `encode_batch_streaming`:
         at most while any stream is open (an encode batch delays every open stream's next chunk
         by its duration), None = `encode_batch`; `kernels`: `triton_kernel_counter`'s function (a
