@@ -8,9 +8,10 @@ import torch
 
 from profiles import load_profile
 from speech.sampling import SamplingParams
-from stages.models.local_v15.runner import LocalV15Runner, load_talker_runner
+from stages.models.local_v15.runner import MIXED_MIN_DECODE, LocalV15Runner, load_talker_runner
 from tests.conftest import golden_dir
 from tests.stages.test_local_v15_runner import mixed_requests
+from tests.stages.test_mixed_steps import requests
 
 
 def run(runner, arrivals, aborts=(), max_steps=400):
@@ -179,3 +180,51 @@ def test_a_step_one_ahead_never_waits_for_the_gpu(mixed_step_tokens):
         torch.cuda.set_sync_debug_mode("default")
     assert sorted(got) == list(range(100, 123)) and all(evs[-1][1] for evs in got.values())
     assert bool(mixed) == bool(mixed_step_tokens)
+
+
+def test_steps_one_ahead_hold_no_op_that_would_wait_for_the_gpu(local_v15_model, local_v15_dir):
+    """The CPU twin of the GPU check above: while a one-ahead runner admits, steps (decode,
+    prefill and mixed) and finishes requests, no op outside the graphs' bodies reads a device value
+    on the host (`.item()`, `nonzero`) or writes a host scalar into a tensor (a blocking copy on
+    CUDA, which waits for the step in flight); index writes take the runner's device-held value."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import stages.runtime.graph_capture as graph_capture
+
+    runner = LocalV15Runner(local_v15_model, overlap_steps=True, max_running=24, kv_block_size=8,
+                            num_kv_blocks=24 * 16, prefill_chunk_tokens=512, max_prefill_tokens_per_step=2048,
+                            graph_path="eager", prefill_graphs=True, mixed_step_tokens=256)
+    reqs = requests(local_v15_dir, MIXED_MIN_DECODE + 3)  # forced lengths, several sampler settings
+    arrivals = {0: [(rid, *reqs[rid]) for rid in range(MIXED_MIN_DECODE)],
+                3: [(rid, *reqs[rid]) for rid in range(MIXED_MIN_DECODE, MIXED_MIN_DECODE + 3)]}
+    inside, waits = [0], []
+    replay = graph_capture.run_eager
+
+    def body(*a):  # a graph's body: recorded on CUDA, so nothing in it runs on the host
+        inside[0] += 1
+        try:
+            return replay(*a)
+        finally:
+            inside[0] -= 1
+
+    class Waits(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket)
+            value = args[1] if name == "aten.copy_" else args[2] if name.startswith("aten.index_put") else None
+            if not inside[0] and (name in ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select")
+                                  or (isinstance(value, torch.Tensor) and value.dim() == 0
+                                      and value is not runner._true)):
+                waits.append(name)
+            return func(*args, **(kwargs or {}))
+
+    mixed = []
+    launch = runner._mixed_part
+    runner._mixed_part = lambda *a: mixed.append(1) or launch(*a)
+    graph_capture.run_eager = body
+    try:
+        with Waits():
+            got = run(runner, arrivals)
+    finally:
+        graph_capture.run_eager = replay
+    assert len(got) == MIXED_MIN_DECODE + 3 and all(evs[-1][1] for evs in got.values()) and mixed
+    assert waits == []
