@@ -249,7 +249,7 @@ class CodecConfig(_Section):
         "them run as one Triton kernel a pair (the FFN half's add with the next layer's first "
         "LayerNorm): nine kernels a layer instead of eleven, the residual stream read and "
         "written once a pair (with fused_ring_writes, an H200's replays at 80 rows took 0.72x the "
-        "time at 1, 2 and 15 frames; served, 0.82x the codec's time a frame, 1.02-1.04x the audio "
+        "time at 1, 2 and 15 frames; served, 0.79-0.83x the codec's time a frame, 1.02-1.04x the audio "
         "seconds a second over four passes each at C=128 and 64); on in high-concurrency")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
