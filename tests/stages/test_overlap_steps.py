@@ -150,6 +150,7 @@ def test_a_step_one_ahead_never_waits_for_the_gpu(mixed_step_tokens):
     with `mixed_step_tokens` those join in a mixed step."""
     from stages.models.local_v15.config import tiny_config
     from stages.models.local_v15.loader import build_talker_module
+    from stages.runtime.attention.triton_paged import TritonPagedAttention
 
     torch.manual_seed(0)
     model = build_talker_module(tiny_config()).cuda().eval()
@@ -166,9 +167,12 @@ def test_a_step_one_ahead_never_waits_for_the_gpu(mixed_step_tokens):
             out.setdefault(0 if i < 20 else 4, []).append((first_rid + i, p, params))
         return out
 
+    # the server's attention on CUDA: one block-table width, which mixed steps need
     runner = LocalV15Runner(model, overlap_steps=True, max_running=24, num_kv_blocks=160, kv_block_size=8,
                             prefill_chunk_tokens=512, max_prefill_tokens_per_step=2048, cuda_graphs=True,
-                            prefill_graphs=True, mixed_step_tokens=mixed_step_tokens)
+                            prefill_graphs=True, mixed_step_tokens=mixed_step_tokens,
+                            attention=TritonPagedAttention())
+    assert runner.mixed_step_tokens == mixed_step_tokens
     run(runner, arrivals(0))  # makes every graph these arrivals meet
     mixed = []
     launch = runner._mixed_part
