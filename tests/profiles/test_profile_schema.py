@@ -36,6 +36,9 @@ def test_every_field_has_a_description():
                                                                    "talker.tensor_parallel")),
     (["codec.split_chunks=true", "codec.decode_lanes=2"], ("codec.split_chunks", "codec.decode_lanes")),
     (["codec.fused_norms=true"], ("codec.fused_norms", "codec.fused_ring_writes")),
+    (["talker.batch_invariant=true", "talker.local_attention=plain"], ("talker.batch_invariant",
+                                                                       "talker.local_attention")),
+    (["talker.overlap_steps=true", "talker.max_step_ms=20"], ("talker.max_step_ms", "talker.overlap_steps")),
 ])
 def test_cross_field_checks_name_both_fields(overrides, paths):
     with pytest.raises(ProfileError) as info:

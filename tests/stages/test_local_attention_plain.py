@@ -2,7 +2,6 @@
 SDPA, with SDPA's results (up to float32 rounding) and, through a served runner, the same frames."""
 
 import numpy as np
-import pytest
 import torch
 
 from profiles import load_profile
@@ -41,8 +40,3 @@ def test_a_runner_with_plain_local_attention_makes_the_same_frames(local_v15_dir
     for rid in reqs:
         np.testing.assert_array_equal(frames["plain"][rid], frames["sdpa"][rid], err_msg=str(rid))
 
-
-def test_plain_local_attention_is_refused_with_the_batch_invariant_talker(local_v15_dir):
-    profile = load_profile("cpu", ["talker.local_attention=plain", "talker.batch_invariant=true"])
-    with pytest.raises(ValueError, match="not batch-invariant"):
-        load_talker_runner(local_v15_dir, profile, "cpu")

@@ -631,9 +631,7 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     reduction kernels and is specialised for a batch of one), `model.dtype`, the local steps'
     attention (`talker.local_attention`)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
-    if profile.talker.local_attention == "plain":
-        if profile.talker.batch_invariant:
-            raise ValueError("talker.local_attention: plain is not batch-invariant; use sdpa with talker.batch_invariant")
+    if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
         model.local_transformer.attend_plainly()
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
