@@ -248,14 +248,14 @@ pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured
 # high-concurrency as shipped before 2026-12-02 (no mixed steps; codec window 16 streams / 10 ms,
 # first chunks dispatched alone): the baseline of the phases that measured the change
 BEFORE="--set talker.mixed_step_tokens=0 --set coalescing.min_batch=16 --set coalescing.max_wait_ms=10 --set coalescing.express_joins_dispatch=false"
-compare() {  # compare "CS" NAME "FLAGS" [NAME "FLAGS"]...: a high-concurrency server per NAME in
-  # turn (with its timeline), each through `pair` at the levels CS, while the budget allows one
+compare() {  # compare "CS" NAME "FLAGS" [NAME "FLAGS"]...: a server of PROFILE (high-concurrency) per
+  # NAME in turn (with its timeline), each through `pair` at the levels CS, while the budget allows one
   local -; set -f  # flags such as chunking.ramp=[4,8] stay words, never file patterns
   local cs=$1; shift
   while [ $# -ge 2 ]; do
     local name=$1 flags=$2; shift 2
     [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
-    start_server 8000 "$name" --profile high-concurrency --set engine.timeline_dir=/tmp/tl_$name $flags
+    start_server 8000 "$name" --profile "${PROFILE:-high-concurrency}" --set engine.timeline_dir=/tmp/tl_$name $flags
     pair 8000 "$name" "$cs"
     stop_server "$name"
   done
@@ -726,8 +726,8 @@ split)  # chunks cut into shorter replays (codec.split_chunks): first one C=128-
   PASSES=${PASSES:-2} compare "128 64 256" shipped "" split "--set codec.split_chunks=true"
   summaries
   ;;
-flags)  # the shipped profile against it with FLAGS (serve options), then with FLAGS2 and FLAGS3
-  # when set (servers alt, alt2, alt3), at CS (128 64), PASSES (2) each
+flags)  # the shipped profile (PROFILE, high-concurrency) against it with FLAGS (serve options), then
+  # with FLAGS2 and FLAGS3 when set (servers alt, alt2, alt3), at CS (128 64), PASSES (2) each
   checkpoint
   PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped "" alt "${FLAGS:?serve options}" \
     ${FLAGS2:+alt2 "$FLAGS2"} ${FLAGS3:+alt3 "$FLAGS3"}
