@@ -25,6 +25,7 @@ from speech.sampling import SamplingParams
 from stages.models.local_v15.config import full_size_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
+from stages.models.qwen3 import fuse_projections
 from stages.workers.common import attention_without_plans
 
 
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="each head samples in one Triton kernel (talker.fused_sampling)")
     ap.add_argument("--local-attention", choices=["sdpa", "plain"], default="sdpa",
                     help="how the local steps attend (talker.local_attention)")
+    ap.add_argument("--fused-projections", action="store_true",
+                    help="each backbone layer's q/k/v and gate/up as one matmul each (talker.fused_projections)")
     ap.add_argument("--overlap", action="store_true",
                     help="each step launched before the one before is read back (talker.overlap_steps): "
                          "a step's time is then the longer of its host and GPU parts")
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     with torch.device("cuda"):
         model = build_talker_module(full_size_config()).to(torch.bfloat16).eval()
     model.local_transformer.attend_plainly(args.local_attention == "plain")
+    if args.fused_projections:
+        fuse_projections(model.transformer)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
     variants = [(name, False) for name in args.attention] + ([(args.attention[-1], True)] if args.compile else [])
@@ -131,6 +136,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " fused-sampling" if args.fused_sampling else ""
     tag += " plain-local" if args.local_attention == "plain" else ""
     tag += " overlap" if args.overlap else ""
+    tag += " fused-projections" if args.fused_projections else ""
     print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "
           f"{B * 0.08 / step_ms * 1e3:7.1f} audio-s/s", flush=True)
     if graphs and r.frame_graphs is not None:

@@ -99,6 +99,8 @@
 #                                       # rows and a served-size codec call, kernel by kernel
 #   bash docs/device_runs.sh talkerstep # the talker step at 88 rows as shipped, with plain local
 #                                       # attention, one step ahead, and both (no server)
+#   bash docs/device_runs.sh projstep   # the talker step at 88 rows as shipped and with the
+#                                       # backbone's projections fused (no server)
 #   bash docs/device_runs.sh flags      # high-concurrency as shipped against it with FLAGS (and
 #                                       # FLAGS2, FLAGS3: one server each), C=128 and 64, PASSES (2)
 #   bash docs/device_runs.sh coldvoices2  # new voices under load at C=128: encode batches of 8, 2
@@ -164,7 +166,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|projstep|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -702,6 +704,18 @@ talkerstep)  # the talker's step at 88 rows, compiled, no server: first the GPU 
     [ "$(left)" -lt 130 ] && { el "talkerstep: no time left for '$v'"; break; }
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
       --compile --top 12 $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
+  done
+  ;;
+projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plain local attention, one
+  # step ahead) and with the backbone's projections fused (talker.fused_projections): first their GPU
+  # test (compiled and fused against eager), then each line: the step, its frame graph's kernels
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_talker_compile.py \
+    -k fused_projections 2>&1 | tail -4 | tee "$R/tests_projstep.txt"
+  for v in "" "--fused-projections"; do
+    [ "$(left)" -lt 130 ] && { el "projstep: no time left for '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
+      --compile --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
+      | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
   done
   ;;
 codecprof)  # where a served codec call's time goes: the kernel table and the kernels by duration of

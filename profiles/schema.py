@@ -174,6 +174,11 @@ class TalkerConfig(_Section):
         "and sums in float32, which torch.compile fuses into a few small kernels; not with "
         "batch_invariant); plain in high-concurrency (an H200 at 88 rows: the compiled local loop "
         "1.57 against 2.11 ms of kernels; served one step ahead, 1.20-1.26x audio-s/s at C=128)")] = "sdpa"
+    fused_projections: Annotated[bool, doc(
+        "Local-v1.5 talker: each backbone layer's q, k and v projections run as one matmul and "
+        "the MLP's gate and up as another (weights stacked after loading): three kernels fewer a "
+        "layer, each wider; the same products, summed in the order the wider kernel picks; off "
+        "until measured")] = False
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "

@@ -18,6 +18,11 @@ Nothing variant-specific lives here: inputs are embeddings, outputs final-norm h
 Tensor parallelism: built with `tp=TPGroup`, q/k/v and gate/up are column-parallel and o_proj /
 down_proj row-parallel (`stages.runtime.tensor_parallel`): each rank holds `rank_config`'s heads, KV heads
 (its KV cache too) and FFN channels, and each layer all-reduces twice. `tp=None` is one device.
+
+Fused projections (`fuse_projections`, after loading): each layer's q, k and v projections become
+one matmul (`qkv_proj`, their weights stacked along the outputs) and the MLP's gate and up another
+(`gate_up_proj`): three kernels fewer a layer, each wider. The same products, summed in the
+order the wider matmul's kernel picks; the checkpoint's names stay those above.
 """
 
 from __future__ import annotations
@@ -128,6 +133,20 @@ class Qwen3Attention(nn.Module):
         self.o_proj = row_linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qkv_proj: nn.Linear | None = None  # q | k | v in one matmul (`fuse_projections`)
+        self.qkv_sizes = (self.num_heads * self.head_dim,) + (self.num_kv_heads * self.head_dim,) * 2
+
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h [..., H] -> q [..., Hq * D], k, v [..., Hkv * D] (this rank's heads)."""
+        if self.qkv_proj is not None:
+            return self.qkv_proj(h).split(self.qkv_sizes, dim=-1)
+        return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+
+    def fuse_projections(self) -> None:
+        """q, k and v in one matmul from now on (`qkv_proj`; the three weights stacked, then freed)."""
+        if self.qkv_proj is None:
+            self.qkv_proj = stacked_linear(self.q_proj, self.k_proj, self.v_proj)
+            del self.q_proj, self.k_proj, self.v_proj
 
 
 class Qwen3MLP(nn.Module):
@@ -136,9 +155,39 @@ class Qwen3MLP(nn.Module):
         self.gate_proj = column_linear(cfg.hidden_size, cfg.intermediate_size, tp)
         self.up_proj = column_linear(cfg.hidden_size, cfg.intermediate_size, tp)
         self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, tp)
+        self.gate_up_proj: nn.Linear | None = None  # gate | up in one matmul (`fuse_projections`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+    def fuse_projections(self) -> None:
+        """gate and up in one matmul from now on (`gate_up_proj`; both weights stacked, then freed)."""
+        if self.gate_up_proj is None:
+            self.gate_up_proj = stacked_linear(self.gate_proj, self.up_proj)
+            del self.gate_proj, self.up_proj
+
+
+def stacked_linear(*parts: nn.Module) -> nn.Linear:
+    """One bias-free linear computing every part's outputs, in order, from their `[out, in]`
+    weights (plain or column-parallel: a rank's slices stack as they are)."""
+    weight = torch.cat([p.weight.detach() for p in parts], dim=0)  # [sum of outs, in]
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    return fused
+
+
+def fuse_projections(module: nn.Module) -> int:
+    """Fuse the projections of every Qwen3 attention and MLP inside `module` (module docstring);
+    returns how many layers' parts were fused. Serving only: after it the module's state dict no
+    longer has the checkpoint's q/k/v and gate/up names."""
+    parts = [m for m in module.modules() if isinstance(m, (Qwen3Attention, Qwen3MLP))]
+    for m in parts:
+        m.fuse_projections()
+    return len(parts)
 
 
 def attention_inputs(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -146,9 +195,10 @@ def attention_inputs(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torch.Tenso
     attn = layer.self_attn
     h = layer.input_layernorm(x)
     lead = h.shape[:-1]  # [N] or [B, S]
-    q = attn.q_norm(attn.q_proj(h).view(*lead, attn.num_heads, attn.head_dim))
-    k = attn.k_norm(attn.k_proj(h).view(*lead, attn.num_kv_heads, attn.head_dim))
-    v = attn.v_proj(h).view(*lead, attn.num_kv_heads, attn.head_dim)
+    q, k, v = attn.project(h)
+    q = attn.q_norm(q.reshape(*lead, attn.num_heads, attn.head_dim))
+    k = attn.k_norm(k.reshape(*lead, attn.num_kv_heads, attn.head_dim))
+    v = v.reshape(*lead, attn.num_kv_heads, attn.head_dim)
     return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin), v
 
 

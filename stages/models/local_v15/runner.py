@@ -50,6 +50,7 @@ from speech.sampling import SamplingParams
 from stages.models.local_v15.graphs import DecodeGraphs, FrameGraphs
 from stages.models.local_v15.loader import load_talker
 from stages.models.local_v15.model import LocalV15Talker
+from stages.models.qwen3 import fuse_projections
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.graph_capture import (GRAPH_AHEAD_TOKENS, batch_bucket, batch_buckets, powers_up_to,
@@ -629,10 +630,12 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     """The `LocalV15Runner` a profile asks for: `talker.*` capacity, attention kernel, graphs and
     torch.compile (CUDA only; not with `talker.batch_invariant`: a compiled graph picks its own
     reduction kernels and is specialised for a batch of one), `model.dtype`, the local steps'
-    attention (`talker.local_attention`)."""
+    attention (`talker.local_attention`), the backbone's fused projections (`talker.fused_projections`)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
         model.local_transformer.attend_plainly()
+    if profile.talker.fused_projections:
+        fuse_projections(model.transformer)
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
     return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps,
