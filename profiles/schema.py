@@ -179,6 +179,10 @@ class TalkerConfig(_Section):
         "the MLP's gate and up as another (weights stacked after loading): three kernels fewer a "
         "layer, each wider; the same products, summed in the order the wider kernel picks; off "
         "until measured")] = False
+    fused_kv_writes: Annotated[bool, doc(
+        "Local-v1.5 talker: each backbone layer's new keys and values are stored in the paged cache "
+        "by the compiled kernels that compute them (the layer's first half) instead of two copies "
+        "after it: two kernels fewer a layer; the same values in the same slots; off until measured")] = False
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "

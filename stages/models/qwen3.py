@@ -38,7 +38,7 @@ from torch import nn
 from stages.runtime.attention.backends import ReferenceAttention
 from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
 from stages.runtime.batch_invariant import rms_norm
-from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
+from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache, store_kv
 from stages.runtime.tensor_parallel import TPGroup, column_linear, row_linear
 
 
@@ -202,6 +202,16 @@ def attention_inputs(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torch.Tenso
     return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin), v
 
 
+def attention_inputs_stored(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """`attention_inputs`, storing k and v at flat `slot_mapping [N]` of the layer's paged cache
+    `keys`, `values` `[blocks, block_size, Hkv, D]` (compiled: by the kernels that compute them,
+    no copies after): x [N, H] -> q [N, Hq, D]."""
+    q, k, v = attention_inputs(layer, x, cos, sin)
+    store_kv(keys, values, slot_mapping, k, v)
+    return q
+
+
 def attention_outputs(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """The layer after attention: residual x [..., H], attention output o [..., Hq, D] -> [..., H]."""
     x = x + layer.self_attn.o_proj(o.reshape(*x.shape[:-1], -1))
@@ -216,11 +226,10 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn,
-                parts=(attention_inputs, attention_outputs)) -> torch.Tensor:
-        """`parts`: the two halves around `attend` (compiled versions when the model is compiled)."""
-        before, after = parts
-        return after(self, x, attend(*before(self, x, cos, sin)))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """The layer around `attend` (whole sequences, depth loops; the paged serving path runs the
+        halves itself, `Qwen3Model.forward`)."""
+        return attention_outputs(self, x, attend(*attention_inputs(self, x, cos, sin)))
 
 
 class Qwen3Model(nn.Module):
@@ -233,14 +242,22 @@ class Qwen3Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self._parts = (attention_inputs, attention_outputs)  # the serving path's layer halves
+        # the serving path's layer halves: before attention (without and with the KV stores), after
+        self._parts = (attention_inputs, attention_inputs_stored, attention_outputs)
+        self.kv_stores_in_layers = False  # `store_kv_in_layers`
 
     def compile_layers(self, backend: str = "inductor") -> None:
         """Serve through `torch.compile`d layer halves (one compilation shared by every layer,
-        dynamic in the token count); attention and the KV-cache write stay outside, so any
-        `AttentionBackend` works. `forward_dense` is unchanged."""
-        self._parts = tuple(torch.compile(f, dynamic=True, backend=backend)
-                            for f in (attention_inputs, attention_outputs))
+        dynamic in the token count); attention stays outside, so any `AttentionBackend` works.
+        `forward_dense` is unchanged."""
+        self._parts = tuple(torch.compile(f, dynamic=True, backend=backend) for f in
+                            (attention_inputs, attention_inputs_stored, attention_outputs))
+
+    def store_kv_in_layers(self, on: bool = True) -> None:
+        """Store each layer's new keys and values in the paged cache inside the layer's first half
+        (`attention_inputs_stored`: compiled, the kernels computing k and v write them) instead of
+        two copies after it. The same values in the same slots either way."""
+        self.kv_stores_in_layers = on
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
@@ -255,14 +272,16 @@ class Qwen3Model(nn.Module):
         """Serving path: write this step's K/V into the paged cache, attend over each sequence."""
         backend = backend or ReferenceAttention()
         cos, sin = self._rope(meta.positions, embeds.dtype)  # [N, D]
+        before, before_stored, after = self._parts
         x = embeds
         for i, layer in enumerate(self.layers):
-
-            def attend(q, k, v, i=i, scale=layer.self_attn.scale):
+            keys, values = cache.keys[i], cache.values[i]
+            if self.kv_stores_in_layers:
+                q = before_stored(layer, x, cos, sin, keys, values, meta.slot_mapping)
+            else:
+                q, k, v = before(layer, x, cos, sin)
                 cache.write(i, meta.slot_mapping, k, v)
-                return backend(q, cache.keys[i], cache.values[i], meta, scale)
-
-            x = layer(x, cos, sin, attend, self._parts)
+            x = after(layer, x, backend(q, keys, values, meta, layer.self_attn.scale))
         return self.norm(x)
 
     def forward_dense(

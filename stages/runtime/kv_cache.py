@@ -190,6 +190,14 @@ class PagedKVCache:
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new keys/values `[N, n_kv, head_dim]` at flat slots `slot_mapping [N]`."""
-        flat_shape = (-1, self.spec.num_kv_heads, self.spec.head_dim)
-        self.keys[layer].view(flat_shape).index_copy_(0, slot_mapping, k.to(self.dtype))
-        self.values[layer].view(flat_shape).index_copy_(0, slot_mapping, v.to(self.dtype))
+        store_kv(self.keys[layer], self.values[layer], slot_mapping, k, v)
+
+
+def store_kv(keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """One layer's new keys/values `[N, n_kv, head_dim]` into its cache `keys`, `values`
+    `[blocks, block_size, n_kv, head_dim]` at flat slots `slot_mapping [N]` (traceable: a compiled
+    caller writes them from the kernels that compute them)."""
+    flat_shape = (-1, *keys.shape[2:])
+    keys.view(flat_shape).index_copy_(0, slot_mapping, k.to(keys.dtype))
+    values.view(flat_shape).index_copy_(0, slot_mapping, v.to(values.dtype))

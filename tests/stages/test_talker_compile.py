@@ -94,15 +94,18 @@ def test_inductor_compiled_plain_local_attention_matches_eager_sdpa_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_inductor_compiled_talker_with_fused_projections_matches_eager_on_cuda():
-    """The backbone's q/k/v and gate/up as one matmul each (`talker.fused_projections`), compiled:
-    greedy requests through a runner emit the eager unfused talker's codes, fp32, TF32 off."""
+@pytest.mark.parametrize("fused", [("projections",), ("kv_writes",), ("projections", "kv_writes")])
+def test_inductor_compiled_talker_with_fused_backbone_parts_matches_eager_on_cuda(fused):
+    """The backbone's q/k/v and gate/up as one matmul each (`talker.fused_projections`) and its KV
+    stores inside the compiled layer half (`talker.fused_kv_writes`), compiled: greedy requests
+    through a runner emit the eager unfused talker's codes, fp32, TF32 off."""
     from stages.models.qwen3 import fuse_projections
 
     eager, compiled = _cuda_pair()
-    fuse_projections(compiled.transformer)
+    if "projections" in fused:
+        fuse_projections(compiled.transformer)
+    compiled.transformer.store_kv_in_layers("kv_writes" in fused)
     want, got = _codes(eager, greedy=True), _codes(compiled, greedy=True)
-    assert compiled.transformer.layers[0].self_attn.qkv_proj is not None
     assert all(len(want[r]) == 3 for r in want)
     for rid in want:
         np.testing.assert_array_equal(np.array(got[rid]), np.array(want[rid]))

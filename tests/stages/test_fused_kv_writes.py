@@ -1,0 +1,59 @@
+"""`talker.fused_kv_writes`: each backbone layer stores its new keys and values in the paged cache
+inside its first half (compiled: from the kernels that compute them), the same values in the same
+slots as the two copies after it; through a served runner, the same frames."""
+
+import numpy as np
+import pytest
+import torch
+
+from profiles import load_profile
+from stages.models.local_v15.runner import load_talker_runner
+from stages.runtime.attention.metadata import build_attention_metadata
+from stages.runtime.kv_cache import PagedKVCache
+from tests.stages.test_local_v15_runner import mixed_requests, run
+from tests.stages.test_qwen3 import CFG, make_model
+
+
+@torch.no_grad()
+def _serve(model) -> tuple[list[torch.Tensor], PagedKVCache]:
+    """Three sequences prefilled in chunks, then decoded token by token beside a late joiner."""
+    torch.manual_seed(1)
+    cache = PagedKVCache(CFG.kv_cache_spec(num_blocks=24, block_size=4), dtype=torch.float32, device="cpu")
+    outs = []
+    for batch in ([(0, 7), (1, 5)], [(0, 1), (1, 1), (2, 9)], [(0, 1), (1, 1), (2, 1)], [(2, 1)]):
+        meta = build_attention_metadata(cache, batch, "cpu")
+        outs.append(model(torch.randn(sum(n for _, n in batch), CFG.hidden_size), meta, cache))
+    return outs, cache
+
+
+@pytest.mark.parametrize("compiler", [None, "eager", "inductor"])
+def test_stores_in_the_layers_leave_the_cache_and_outputs_as_the_copies_after_them(compiler):
+    """Eager, traced by dynamo, and compiled by inductor (C++ on the CPU): every output and every
+    cache block as with the copies after each layer's first half (inductor: up to rounding)."""
+    want, want_cache = _serve(make_model())
+    model = make_model()
+    if compiler:
+        model.compile_layers(compiler)
+    model.store_kv_in_layers()
+    got, cache = _serve(model)
+    exact = compiler != "inductor"
+    tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tol)
+    for layer in range(CFG.num_layers):
+        torch.testing.assert_close(cache.keys[layer], want_cache.keys[layer], **tol)
+        torch.testing.assert_close(cache.values[layer], want_cache.values[layer], **tol)
+    assert cache.keys[0].abs().sum() > 0 and cache.values[-1].abs().sum() > 0  # written at all
+
+
+def test_a_runner_with_fused_kv_writes_makes_the_same_frames(local_v15_dir):
+    """Eight requests of mixed settings through runners built from the profile both ways."""
+    reqs = mixed_requests(local_v15_dir)
+    frames, finish = {}, {}
+    for fused in (False, True):
+        runner = load_talker_runner(local_v15_dir, load_profile("cpu", [f"talker.fused_kv_writes={fused}"]), "cpu")
+        assert runner.model.transformer.kv_stores_in_layers == fused
+        frames[fused], finish[fused] = run(runner, reqs)
+    assert finish[True] == finish[False] and len(finish[False]) == len(reqs)
+    for rid in reqs:
+        np.testing.assert_array_equal(frames[True][rid], frames[False][rid], err_msg=str(rid))
