@@ -24,7 +24,7 @@ from speech.sampling import SamplingParams
 from stages.models.delay.model import DelayModel
 from stages.models.delay.runner import DelayRunner
 from stages.models.delay.tp_runner import LaunchedTPDelayRunner, from_step_wire, start_delay_tp, step_wire
-from stages.models.qwen3 import Qwen3Config
+from stages.models.qwen3 import Qwen3Config, fuse_projections
 from stages.registry import load_variant
 from stages.runtime.attention.metadata import build_attention_metadata
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
@@ -104,10 +104,14 @@ def _linears(tp: TPGroup, x, w_col, w_row):
         return y, row(y), os.environ.get("NCCL_NVLS_ENABLE")  # [B, hidden] after the all-reduce
 
 
-def _model_outputs(tp: TPGroup | None, model_dir, ids, mask):
-    """Dense hidden + heads, then the paged path: a 5-row prefill and one decode row per sequence."""
+def _model_outputs(tp: TPGroup | None, model_dir, ids, mask, fused: bool = False):
+    """Dense hidden + heads, then the paged path: a 5-row prefill and one decode row per sequence
+    (`fused`: with the backbone's projections fused and its KV stores in the layers)."""
     torch.manual_seed(0)
     model = DelayModel.from_dir(model_dir, tp=tp)
+    if fused:
+        fuse_projections(model)
+        model.language_model.store_kv_in_layers()
     with torch.inference_mode():
         hidden = model.forward_dense(ids, mask)  # [B, S, H]
         out = {"hidden": hidden, "text": model.text_logits(hidden), "audio": model.audio_logits(hidden)}
@@ -123,8 +127,8 @@ def _model_outputs(tp: TPGroup | None, model_dir, ids, mask):
 
 
 def _both(tp: TPGroup, linear_args, model_args):
-    """One spawn for both checks (starting ranks is most of the cost)."""
-    return _linears(tp, *linear_args), _model_outputs(tp, *model_args)
+    """One spawn for every check (starting ranks is most of the cost)."""
+    return _linears(tp, *linear_args), _model_outputs(tp, *model_args), _model_outputs(tp, *model_args, fused=True)
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +139,7 @@ def two_ranks(linear_inputs, model_inputs):
 
 def test_column_then_row_parallel_equals_full_matmuls(two_ranks, linear_inputs):
     x, w_col, w_row = linear_inputs
-    ranks = [linears for linears, _ in two_ranks]
+    ranks = [linears for linears, *_ in two_ranks]
     full = x @ w_col.T  # [3, 8]
     torch.testing.assert_close(torch.cat([y for y, _, _ in ranks], dim=-1), full, atol=ATOL, rtol=0)
     for _, z, nvls in ranks:  # every rank holds the whole all-reduced output
@@ -145,10 +149,19 @@ def test_column_then_row_parallel_equals_full_matmuls(two_ranks, linear_inputs):
 
 def test_tp2_model_equals_tp1_hidden_and_logits(two_ranks, model_inputs):
     want = _model_outputs(None, *model_inputs)
-    for _, got in two_ranks:
+    for _, got, _ in two_ranks:
         for key in ("hidden", "text", "audio", "paged"):
             torch.testing.assert_close(got[key], want[key], atol=ATOL, rtol=0, msg=key)
         assert got["kv_heads"] == want["kv_heads"] // 2  # the KV cache is split by KV heads
+
+
+def test_tp2_fused_projections_stack_each_rank_slices(two_ranks, model_inputs):
+    """Each rank's q/k/v and gate/up slices stacked into one matmul (and its KV stores in the
+    layers): the unsplit, unfused model's outputs."""
+    want = _model_outputs(None, *model_inputs)
+    for _, _, got in two_ranks:
+        for key in ("hidden", "text", "audio", "paged"):
+            torch.testing.assert_close(got[key], want[key], atol=ATOL, rtol=0, msg=key)
 
 
 def test_step_inputs_survive_the_wire():
