@@ -22,7 +22,10 @@ down_proj row-parallel (`stages.runtime.tensor_parallel`): each rank holds `rank
 Fused projections (`fuse_projections`, after loading): each layer's q, k and v projections become
 one matmul (`qkv_proj`, their weights stacked along the outputs) and the MLP's gate and up another
 (`gate_up_proj`): three kernels fewer a layer, each wider. The same products, summed in the
-order the wider matmul's kernel picks; the checkpoint's names stay those above.
+order the wider matmul's kernel picks; the checkpoint's names stay those above. KV stores in the
+layers (`Qwen3Model.store_kv_in_layers`): the serving path stores each layer's new keys and values
+inside its first half (`attention_inputs_stored`), which a compiled model fuses into the kernels
+that compute them.
 """
 
 from __future__ import annotations
