@@ -99,8 +99,8 @@
 #                                       # rows and a served-size codec call, kernel by kernel
 #   bash docs/device_runs.sh talkerstep # the talker step at 88 rows as shipped, with plain local
 #                                       # attention, one step ahead, and both (no server)
-#   bash docs/device_runs.sh projstep   # the talker step at 88 rows as shipped, with the backbone's
-#                                       # projections fused, its KV stores in the layers, both
+#   bash docs/device_runs.sh projstep   # the talker step at 88 rows as shipped and with the
+#                                       # backbone's projections fused and KV stores in its layers
 #   bash docs/device_runs.sh flags      # high-concurrency as shipped against it with FLAGS (and
 #                                       # FLAGS2, FLAGS3: one server each), C=128 and 64, PASSES (2)
 #   bash docs/device_runs.sh coldvoices2  # new voices under load at C=128: encode batches of 8, 2
@@ -707,12 +707,14 @@ talkerstep)  # the talker's step at 88 rows, compiled, no server: first the GPU 
   done
   ;;
 projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plain local attention, one
-  # step ahead), with the backbone's projections fused (talker.fused_projections), its KV stores in
-  # the layers (talker.fused_kv_writes), and both: first their GPU tests (compiled and fused against
-  # eager), then each line: the step, its frame graph's kernels
+  # step ahead) and with the backbone's projections fused and its KV stores in the layers
+  # (talker.fused_projections, talker.fused_kv_writes; each alone too with EACH=1): first their GPU
+  # tests (compiled and fused against eager), then each line: the step, its frame graph's kernels
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_talker_compile.py \
     -k fused_backbone 2>&1 | tail -4 | tee "$R/tests_projstep.txt"
-  for v in "" "--fused-projections" "--fused-kv-writes" "--fused-projections --fused-kv-writes"; do
+  variants=("" "--fused-projections --fused-kv-writes")
+  [ -n "${EACH:-}" ] && variants+=("--fused-projections" "--fused-kv-writes")
+  for v in "${variants[@]}"; do
     [ "$(left)" -lt 130 ] && { el "projstep: no time left for '$v'"; break; }
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
       --compile --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
