@@ -240,6 +240,8 @@ def main() -> None:
                         help="with --ring-attention: RoPE and the ring writes in one kernel a layer")
     parser.add_argument("--fused-norms", action="store_true",
                         help="with --fused-writes: each residual add and the LayerNorm after it in one kernel")
+    parser.add_argument("--fused-attention", action="store_true",
+                        help="with --fused-writes: the ring attention in the ring writes' kernel")
     parser.add_argument("--ring-attention-max-frames", type=int, default=None, metavar="N",
                         help="with --ring-attention: only chunks of at most N frames attend in place")
     parser.add_argument("--grid", default="",
@@ -261,12 +263,13 @@ def main() -> None:
         model.compile_layers()
     if args.ring_attention:
         model.use_ring_attention(args.ring_attention_max_frames, fused_writes=args.fused_writes,
-                                 fused_norms=args.fused_norms)
+                                 fused_norms=args.fused_norms, fused_attention=args.fused_attention)
     params = sum(p.numel() for p in model.parameters())
     print(f"{args.version} {args.size} codec, {params / 1e9:.3f} B parameters, {args.dtype}, random weights"
           f"{', compiled layers' if args.compile else ''}{', ring attention in place' if args.ring_attention else ''}"
           f"{', fused ring writes' if args.ring_attention and args.fused_writes else ''}"
           f"{', fused residual norms' if args.ring_attention and args.fused_norms else ''}"
+          f"{', attention in the ring writes' kernel' if args.ring_attention and args.fused_attention else ''}"
           f"{f' (chunks up to {args.ring_attention_max_frames} frames)' if args.ring_attention and args.ring_attention_max_frames else ''}")
     frame_s = cfg.downsample_rate / cfg.sampling_rate
     for batch in (int(b) for b in args.batches.split(",")):

@@ -166,7 +166,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|projstep|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -692,6 +692,19 @@ kernels)  # the served shapes kernel by kernel, no server: the fused kernels' te
   [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full \
     --batches "${ROWS:-80}" --chunk 2 --iters 3 --ring-attention --profile 2>&1 | grep -v "^exactness" \
     | tee "$R/codec_prof_${ROWS:-80}x2.txt" | tail -40
+  ;;
+codecone)  # the codec's ring attention in the ring writes' kernel (codec.fused_attention): its GPU tests
+  # (the kernels against the torch ops and each other, cut chunks under recorded graphs), then the
+  # replays at ROWS (80) rows of 1, 2, 3 and 15 frames as shipped and with it
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/stages/test_codec_ring_attention.py \
+    "tests/stages/test_codec_graphs.py::test_cuda_graphs_of_cut_chunks_equal_the_plain_runner" 2>&1 | tail -4 \
+    | tee "$R/tests_codecone.txt"
+  for v in "" "--fused-attention"; do
+    [ "$(left)" -lt 100 ] && { el "codecone: no time left for codec $v"; break; }
+    timeout 200 python3 -m bench.codec --version v2 --size full --batches "${ROWS:-80}" --grid 1,2,3,15 \
+      --iters 5 --ring-attention --fused-writes --fused-norms $v 2>&1 | grep -v "^exactness" \
+      | tee -a "$R/codec_variants.txt" | tail -4
+  done
   ;;
 talkerstep)  # the talker's step at 88 rows, compiled, no server: first the GPU tests of a runner one
   # step ahead that never waits for the GPU and of the Triton kernel counter; then the step as

@@ -262,6 +262,11 @@ class CodecConfig(_Section):
         "written once a pair (with fused_ring_writes, an H200's replays at 80 rows took 0.72x the "
         "time at 1, 2 and 15 frames; served, 0.79-0.83x the codec's time a frame, 1.02-1.04x the audio "
         "seconds a second over four passes each at C=128 and 64); on in high-concurrency")] = False
+    fused_attention: Annotated[bool, doc(
+        "with fused_ring_writes: each decoder layer's ring attention runs in the kernel that "
+        "rotates and writes the rings (one program a row and head writes its chunk, then attends; "
+        "a cut chunk's pieces in order in one program): eight kernels a layer instead of nine, "
+        "the same keys and results; off until measured")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_batch_streaming: Annotated[PositiveInt | None, doc(
@@ -570,9 +575,10 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
     if t.overlap_steps and t.max_step_ms is not None:
         out.append(("talker.max_step_ms needs talker.overlap_steps off (its step-cost model is measured "
                     "step by step)", ("talker.max_step_ms", "talker.overlap_steps")))
-    if p.codec.fused_norms and not (p.codec.fused_ring_writes and p.codec.ring_attention):
-        out.append(("codec.fused_norms needs codec.fused_ring_writes and codec.ring_attention (the "
-                    "layers' fused path)", ("codec.fused_norms", "codec.fused_ring_writes")))
+    for key, on in (("codec.fused_norms", p.codec.fused_norms), ("codec.fused_attention", p.codec.fused_attention)):
+        if on and not (p.codec.fused_ring_writes and p.codec.ring_attention):
+            out.append((f"{key} needs codec.fused_ring_writes and codec.ring_attention (the layers' "
+                        "fused path)", (key, "codec.fused_ring_writes")))
     if p.codec.split_chunks and p.codec.decode_lanes > 1:
         out.append(("codec.split_chunks needs codec.decode_lanes 1 (a cut chunk's rows share its slot; "
                     "two lanes would decode them at once)", ("codec.split_chunks", "codec.decode_lanes")))

@@ -36,6 +36,7 @@ def test_every_field_has_a_description():
                                                                    "talker.tensor_parallel")),
     (["codec.split_chunks=true", "codec.decode_lanes=2"], ("codec.split_chunks", "codec.decode_lanes")),
     (["codec.fused_norms=true"], ("codec.fused_norms", "codec.fused_ring_writes")),
+    (["codec.fused_attention=true"], ("codec.fused_attention", "codec.fused_ring_writes")),
     (["talker.batch_invariant=true", "talker.local_attention=plain"], ("talker.batch_invariant",
                                                                        "talker.local_attention")),
     (["talker.overlap_steps=true", "talker.max_step_ms=20"], ("talker.max_step_ms", "talker.overlap_steps")),

@@ -150,12 +150,13 @@ def test_chunks_cut_into_rows_give_every_stream_its_own_audio(row_frame_ms):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("ring_attention", [False, True, "fused"])
+@pytest.mark.parametrize("ring_attention", [False, True, "fused", "one_kernel"])
 def test_cuda_graphs_of_cut_chunks_equal_the_plain_runner(ring_attention):
     """Recorded replays of cut chunks (duplicate slots in one graph: the counters' scatter, the
     rows' ring writes and attention, in place or copied; "fused": in place with RoPE and the ring
-    writes in one kernel and the residual adds with their LayerNorms) give every stream the plain
-    runner's audio, as the eager graph logic does on CPU."""
+    writes in one kernel and the residual adds with their LayerNorms; "one_kernel": and the
+    attention in the ring writes' kernel, a cut chunk's pieces in one program) give every stream
+    the plain runner's audio, as the eager graph logic does on CPU."""
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
@@ -163,8 +164,9 @@ def test_cuda_graphs_of_cut_chunks_equal_the_plain_runner(ring_attention):
         calls = script(seed=4)
         plain = play(CodecRunner(model, n_vq=N_VQ, max_slots=MAX_SLOTS, max_chunk_frames=MAX_CHUNK), calls)
         if ring_attention:
-            fused = ring_attention == "fused"
-            model.use_ring_attention(fused_writes=fused, fused_norms=fused)
+            fused = ring_attention in ("fused", "one_kernel")
+            model.use_ring_attention(fused_writes=fused, fused_norms=fused,
+                                     fused_attention=ring_attention == "one_kernel")
         runner = CodecRunner(model, n_vq=N_VQ, max_slots=32, max_chunk_frames=MAX_CHUNK, cuda_graphs=True,
                              split_chunks=True)
         runner.call_cost = CallCost(fixed_ms=1e6, row_ms=0.0, row_frame_ms=1.0)

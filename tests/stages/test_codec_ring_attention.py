@@ -107,6 +107,43 @@ def test_rope_and_ring_writes_in_one_kernel_equal_the_torch_ops():
         torch.testing.assert_close(v_ring, want_v, atol=0, rtol=0)  # values copied as they are
 
 
+@pytest.mark.parametrize("T, block_m", [(1, 64), (5, 64), (40, 16)])
+def test_rope_writes_and_attention_in_one_kernel_equal_the_two_kernels(T, block_m):
+    """`rope_write_attend`: the same output and rings as `rope_ring_write` then `ring_attention`,
+    one query tile or several (40 positions in tiles of 16: later tiles attend over keys an
+    earlier tile of the same program wrote), rows whose chunks wrap around the ring, a chunk cut
+    into three rows of its slot (given out of order and apart: each piece attends over the keys
+    of the ones before it), fp32 and bf16, a head row narrower than the kernel's tile."""
+    from stages.models.codec.ring_attention import ring_attention
+    from stages.models.codec.ring_write import rope_ring_write, rope_table
+    from stages.models.codec.ring_write_attention import rope_write_attend
+    from stages.models.codec.transformer import rope_rotor
+
+    g = torch.Generator().manual_seed(6)
+    H, S, context = 2, 5, 24
+    C = context + 3 * T + 7
+    cut = 2 * C + 3  # slot 1's chunk: pieces at cut, cut + T, cut + 2T
+    start = torch.tensor([0, cut + 2 * T, C - 2, cut, 3 * C + 5, cut + T], device=DEVICE)  # rows 2, 4 wrap
+    slots = torch.tensor([4, 1, 0, 1, 2, 1], device=DEVICE)
+    B = len(slots)
+    for dtype, D in ((torch.float32, 16), (torch.bfloat16, 16), (torch.float32, 24)):
+        qkv = torch.randn(B, T, 3, H, D, generator=g).to(DEVICE, dtype)
+        pos = start[:, None] + torch.arange(T, device=DEVICE)
+        table = rope_table(rope_rotor(pos, D, 10000.0))
+        rows = (slots[:, None] * C + pos % C).reshape(-1)
+        k_ring, v_ring = (torch.randn(S, C, H, D, generator=g).to(DEVICE, dtype) for _ in range(2))
+        want_k, want_v = k_ring.clone(), v_ring.clone()
+        q = rope_ring_write(qkv, table, want_k, want_v, rows)
+        want = ring_attention(q, want_k, want_v, slots, start, context, block_m=block_m)
+        got = rope_write_attend(qkv, table, k_ring, v_ring, slots, start, context, block_m=block_m)
+        tol = 1e-6 if dtype == torch.float32 else 1e-2
+        assert got.shape == want.shape == (B, T, H, D)
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        torch.testing.assert_close(k_ring, want_k, atol=0, rtol=0)
+        torch.testing.assert_close(v_ring, want_v, atol=0, rtol=0)
+        assert not torch.equal(got[0], got[1])  # rows differ: a real check
+
+
 def test_fused_ring_writes_decode_the_same_audio(monkeypatch):
     """Streaming decode with RoPE and the ring writes fused equals the in-place path without them
     and the copy-and-mask path, padded chunks included."""
@@ -181,13 +218,38 @@ def test_fused_norms_decode_the_same_audio(monkeypatch):
     assert (got - want).abs().max().item() <= AUDIO_TOL * want.abs().max().item()
 
 
-@pytest.mark.parametrize("in_place", [False, True])
+def test_one_kernel_attention_decodes_the_same_audio(monkeypatch):
+    """Streaming decode with the ring writes and the attention in one kernel a layer (on top of
+    the fused norms, as it would be served) equals the copy-and-mask path, padded chunks
+    included, every layer of every chunk in the one kernel."""
+    import stages.models.codec.ring_write_attention as one_kernel
+
+    calls = []
+    kernel = one_kernel.rope_write_attend
+    monkeypatch.setattr(one_kernel, "rope_write_attend", lambda *a: calls.append(1) or kernel(*a))
+    cfg = CodecConfig.from_json(tiny_v2_config())
+    model = random_codec(cfg, DEVICE, torch.float32, seed=9)
+    with pytest.raises(ValueError, match="fused_writes"):
+        model.use_ring_attention(fused_attention=True)
+    codes = torch.randint(0, 1024, (12, 2, 20), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    sizes = [1, 15, 4]
+    want = decode(model, codes, sizes)
+    model.use_ring_attention(fused_writes=True, fused_norms=True, fused_attention=True)
+    got = decode(model, codes, sizes, valid_pad=3)
+    model.use_ring_attention(0)
+    layers = sum(stage.num_layers for stage in model.decoder_stages())
+    assert len(calls) == len(sizes) * layers
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= AUDIO_TOL * want.abs().max().item()
+
+
+@pytest.mark.parametrize("in_place", [False, True, "one_kernel"])
 def test_a_chunk_cut_into_rows_of_its_slot_decodes_as_one(in_place):
     """One call of 4-frame rows: slot 3's 15-frame chunk as four rows (offsets 0, 4, 8, 12, the
     last with 3 valid frames) beside slot 0's 2-frame chunk padded to 4; then a 1-frame chunk
     each. Every piece's queries see the earlier pieces' keys, written in the same call, and the
     counters end after the real frames: both streams' audio equals decoding them whole, with the
-    rings copied out or read in place."""
+    rings copied out, read in place, or written and read in one kernel a layer."""
     cfg = CodecConfig.from_json(tiny_v2_config())
     model = random_codec(cfg, DEVICE, torch.float32, seed=9)
     codes = torch.randint(0, 1024, (12, 2, 16), generator=torch.Generator().manual_seed(5)).to(DEVICE)
@@ -195,7 +257,8 @@ def test_a_chunk_cut_into_rows_of_its_slot_decodes_as_one(in_place):
     want_a = model.decode(a[:, None, :16])[0]
     want_b = model.decode(b[:, None, :3])[0]
     if in_place:
-        model.use_ring_attention()
+        one = in_place == "one_kernel"
+        model.use_ring_attention(fused_writes=one, fused_attention=one)
     decoder = StreamingDecoder(model, num_slots=4, max_chunk_frames=15)
     rows = torch.zeros(12, 5, 4, dtype=torch.long, device=DEVICE)  # [nq, rows, T]
     for r, first in enumerate((0, 4, 8, 12)):

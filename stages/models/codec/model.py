@@ -74,6 +74,7 @@ class CodecModel(nn.Module):
         self.ring_attention_frames = 0  # chunks up to this many frames attend in place (`use_ring_attention`)
         self.fused_ring_writes = False  # ... and rotate and write their rings in one kernel a layer
         self.fused_norms = False  # ... and add each residual and normalise it in one kernel
+        self.fused_attention = False  # ... and attend in the kernel that writes the rings
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -91,19 +92,21 @@ class CodecModel(nn.Module):
                 module.transformer.parts = parts
 
     def use_ring_attention(self, max_frames: int | None = None, fused_writes: bool = False,
-                           fused_norms: bool = False) -> None:
+                           fused_norms: bool = False, fused_attention: bool = False) -> None:
         """Streaming decode of chunks of at most `max_frames` frames (None: every length; 0: none)
         attends over the slots' rings in place (`ring_attention`, a Triton kernel: CUDA, or
         Triton's CPU interpreter) instead of copying each row's rings out and masking. The choice
         is per chunk length, so a CUDA graph of one length records one of the two. `fused_writes`:
         those chunks rotate q and k and write their rings in one kernel a layer (`ring_write`);
         `fused_norms` (with `fused_writes`): and add each residual and normalise it in one kernel
-        (`residual_norm`)."""
-        if fused_norms and not fused_writes:
-            raise ValueError("fused_norms needs fused_writes (the layers' fused path)")
+        (`residual_norm`); `fused_attention` (with `fused_writes`): and attend in the kernel that
+        writes the rings (`ring_write_attention`)."""
+        if (fused_norms or fused_attention) and not fused_writes:
+            raise ValueError("fused_norms and fused_attention need fused_writes (the layers' fused path)")
         self.ring_attention_frames = sys.maxsize if max_frames is None else max_frames
         self.fused_ring_writes = fused_writes
         self.fused_norms = fused_norms
+        self.fused_attention = fused_attention
 
     def decoder_stages(self) -> list[TransformerStage]:
         return [m.stage for m in self.decoder if isinstance(m, ProjectedTransformer)]
@@ -151,7 +154,8 @@ class CodecModel(nn.Module):
                 in_place = T <= self.ring_attention_frames
                 fused = in_place and self.fused_ring_writes
                 x = module.forward_streaming(x, start, stream.caches[stage_index], stream.slots, in_place=in_place,
-                                             fused=fused, fused_norms=fused and self.fused_norms)
+                                             fused=fused, fused_norms=fused and self.fused_norms,
+                                             one_kernel=fused and self.fused_attention)
                 stage_index += 1
         # x: [B, T * stream_hop, 1] -> [B, channels, T * downsample_rate]
         return x.reshape(B, -1, self.cfg.channels).transpose(1, 2).float()

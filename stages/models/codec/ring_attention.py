@@ -24,6 +24,43 @@ import triton.language as tl
 
 
 @triton.jit
+def attend_tile(q, q_pos, q_first, q_last, slot, h, k_ptr, v_ptr, qk_scale, C, context,
+                stride_ks, stride_kc, stride_kh, stride_vs, stride_vc, stride_vh,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, CACHE: tl.constexpr):
+    """One tile of queries q [BLOCK_M, BLOCK_D] at positions q_pos [BLOCK_M] (the tile's first
+    q_first, its last real one q_last) of ring `slot`, head h, over the keys they can see ->
+    out [BLOCK_M, BLOCK_D] fp32. `CACHE`: the ring loads' cache modifier ("" or ".cg": past L1,
+    for rings this program wrote itself)."""
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    k_first = tl.maximum(q_first - context + 1, 0)  # the oldest key a query of the tile can see
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for p0 in range(k_first, q_last + 1, BLOCK_N):
+        pos_k = p0 + tl.arange(0, BLOCK_N)  # key positions
+        k_ok = pos_k <= q_last
+        n = pos_k % C  # their ring indices
+        k_t = tl.load(k_ptr + slot * stride_ks + n[None, :] * stride_kc + h * stride_kh + d[:, None],
+                      mask=k_ok[None, :] & d_ok[:, None], other=0.0, cache_modifier=CACHE)  # [BLOCK_D, BLOCK_N]
+        s = tl.dot(q, k_t.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2
+        delta = q_pos[:, None] - pos_k[None, :]
+        allowed = k_ok[None, :] & (delta >= 0) & (delta < context)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: no NaN
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + slot * stride_vs + n[:, None] * stride_vc + h * stride_vh + d[None, :],
+                    mask=k_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=CACHE)  # [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+
+
+@triton.jit
 def _ring_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, start_ptr,
     qk_scale,  # softmax scale * log2(e)
@@ -48,34 +85,11 @@ def _ring_attention_kernel(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
-    q_pos = start + j  # [BLOCK_M]
     q_first = start + tile * BLOCK_M
     q_last = tl.minimum(q_first + BLOCK_M - 1, start + T - 1)  # the tile's last real query
-    k_first = tl.maximum(q_first - context + 1, 0)  # the oldest key a query of the tile can see
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for p0 in range(k_first, q_last + 1, BLOCK_N):
-        pos_k = p0 + tl.arange(0, BLOCK_N)  # key positions
-        k_ok = pos_k <= q_last
-        n = pos_k % C  # their ring indices
-        k_t = tl.load(k_ptr + slot * stride_ks + n[None, :] * stride_kc + h * stride_kh + d[:, None],
-                      mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        s = tl.dot(q, k_t.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], log2
-        delta = q_pos[:, None] - pos_k[None, :]
-        allowed = k_ok[None, :] & (delta >= 0) & (delta < context)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: no NaN
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + slot * stride_vs + n[:, None] * stride_vc + h * stride_vh + d[None, :],
-                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-        m_i = m_new
-    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o = attend_tile(q, start + j, q_first, q_last, slot, h, k_ptr, v_ptr, qk_scale, C, context,
+                    stride_ks, stride_kc, stride_kh, stride_vs, stride_vc, stride_vh,
+                    HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, DOT_PRECISION, "")
     tl.store(out_ptr + b * stride_ob + j[:, None] * stride_ot + h * stride_oh + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 

@@ -22,31 +22,41 @@ import triton.language as tl
 
 
 @triton.jit
+def rotate_and_write(x, table, ring, ok, h, k_ptr, v_ptr, stride_xp, stride_kr, stride_kh, stride_vr, stride_vh,
+                     d, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows' packed q, k, v of head h at pointers x (q; k `stride_xp` after it, v twice that) and
+    their (cos, sin) pairs `table` [BLOCK_R, BLOCK_D]: k rotated and v written at the ring rows
+    `ring` [BLOCK_R, 1] (flat slot * capacity + ring index) where `ok` -> q rotated
+    [BLOCK_R, BLOCK_D] fp32. Every load and store is a whole head row (contiguous, columns `d`);
+    the pairs (2i, 2i+1) are split and joined again in registers."""
+    cos, sin = tl.split(tl.reshape(table, (BLOCK_R, BLOCK_D // 2, 2)))  # [BLOCK_R, BLOCK_D / 2] each
+    qa, qb = tl.split(tl.reshape(tl.load(x, mask=ok, other=0.0).to(tl.float32), (BLOCK_R, BLOCK_D // 2, 2)))
+    ka, kb = tl.split(tl.reshape(tl.load(x + stride_xp, mask=ok, other=0.0).to(tl.float32),
+                                 (BLOCK_R, BLOCK_D // 2, 2)))
+    v = tl.load(x + 2 * stride_xp, mask=ok, other=0.0)
+    k = tl.reshape(tl.join(ka * cos - kb * sin, ka * sin + kb * cos), (BLOCK_R, BLOCK_D))
+    tl.store(k_ptr + ring * stride_kr + h * stride_kh + d, k.to(k_ptr.dtype.element_ty), mask=ok)
+    tl.store(v_ptr + ring * stride_vr + h * stride_vh + d, v, mask=ok)
+    return tl.reshape(tl.join(qa * cos - qb * sin, qa * sin + qb * cos), (BLOCK_R, BLOCK_D))
+
+
+@triton.jit
 def _rope_ring_write_kernel(
     qkv_ptr, table_ptr, rows_ptr, q_ptr, k_ptr, v_ptr, N,
     stride_xr, stride_xp, stride_xh, stride_tr, stride_qr, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """Program (tile of BLOCK_R rows r = b * T + t, head h): rotate q and k of those rows' head h,
-    store q, write k and v to the rows' ring rows. Every load and store is a whole head row
-    (contiguous); the pairs (2i, 2i+1) are split and joined again in registers."""
+    store q, write k and v to the rows' ring rows (`rotate_and_write`)."""
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]  # [BLOCK_R, 1]
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D] element of the head row
     ok = (r < N) & (d < HEAD_DIM)
     table = tl.load(table_ptr + r * stride_tr + d, mask=ok, other=0.0)  # (cos, sin) pairs
-    cos, sin = tl.split(tl.reshape(table, (BLOCK_R, BLOCK_D // 2, 2)))  # [BLOCK_R, BLOCK_D / 2] each
-    x = qkv_ptr + r * stride_xr + h * stride_xh + d
-    qa, qb = tl.split(tl.reshape(tl.load(x, mask=ok, other=0.0).to(tl.float32), (BLOCK_R, BLOCK_D // 2, 2)))
-    ka, kb = tl.split(tl.reshape(tl.load(x + stride_xp, mask=ok, other=0.0).to(tl.float32),
-                                 (BLOCK_R, BLOCK_D // 2, 2)))
-    v = tl.load(x + 2 * stride_xp, mask=ok, other=0.0)
-    q = tl.reshape(tl.join(qa * cos - qb * sin, qa * sin + qb * cos), (BLOCK_R, BLOCK_D))
-    k = tl.reshape(tl.join(ka * cos - kb * sin, ka * sin + kb * cos), (BLOCK_R, BLOCK_D))
-    tl.store(q_ptr + r * stride_qr + h * stride_qh + d, q.to(q_ptr.dtype.element_ty), mask=ok)
     ring = tl.load(rows_ptr + r, mask=r < N, other=0).to(tl.int64)  # slot * capacity + ring index
-    tl.store(k_ptr + ring * stride_kr + h * stride_kh + d, k.to(k_ptr.dtype.element_ty), mask=ok)
-    tl.store(v_ptr + ring * stride_vr + h * stride_vh + d, v, mask=ok)
+    q = rotate_and_write(qkv_ptr + r * stride_xr + h * stride_xh + d, table, ring, ok, h, k_ptr, v_ptr,
+                         stride_xp, stride_kr, stride_kh, stride_vr, stride_vh, d, BLOCK_R, BLOCK_D)
+    tl.store(q_ptr + r * stride_qr + h * stride_qh + d, q.to(q_ptr.dtype.element_ty), mask=ok)
 
 
 def rope_table(rotor: torch.Tensor) -> torch.Tensor:

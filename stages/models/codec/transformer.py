@@ -66,7 +66,8 @@ class WindowPlan:
     rows [B * T]: the pool rows (slot * C + ring index) where the chunk's keys go (streaming only).
     With `start` [B] (streaming with `ring_attention`) there is no mask: the kernel applies the
     window from the chunk's positions. With `table` as well, each layer rotates q and k and writes
-    the rings in one kernel (`stages.models.codec.ring_write`).
+    the rings in one kernel (`stages.models.codec.ring_write`); with `one_kernel`, the same kernel
+    attends too (`stages.models.codec.ring_write_attention`).
     """
 
     rotor: torch.Tensor
@@ -76,6 +77,7 @@ class WindowPlan:
     context: int = 0
     start: torch.Tensor | None = None  # [B] first query position (streaming over the rings in place)
     table: torch.Tensor | None = None  # [B * T, Dh/2, 2] fp32 (cos, sin): RoPE fused with the ring writes
+    one_kernel: bool = False  # with `table`: the ring writes and the attention in one kernel too
 
     @classmethod
     def whole(cls, B: int, T: int, stage: TransformerStage, device: torch.device, dtype: torch.dtype,
@@ -100,10 +102,11 @@ class WindowPlan:
 
     @classmethod
     def chunk(cls, slots: torch.Tensor, start: torch.Tensor, T: int, stage: TransformerStage, capacity: int,
-              dtype: torch.dtype, in_place: bool = False, fused: bool = False) -> WindowPlan:
+              dtype: torch.dtype, in_place: bool = False, fused: bool = False, one_kernel: bool = False) -> WindowPlan:
         """A chunk of T positions for each of slots [B], the first at start [B], over rings of
         `capacity`; `in_place`: attention reads the rings where they are (no mask is built);
-        `fused` (with `in_place`): RoPE and the ring writes in one kernel per layer."""
+        `fused` (with `in_place`): RoPE and the ring writes in one kernel per layer; `one_kernel`
+        (with `fused`): and the attention in that kernel."""
         if T > capacity - stage.context + 1:
             raise ValueError(f"chunk of {T} positions exceeds the ring headroom ({capacity} - {stage.context} + 1)")
         pos_q = start[:, None] + torch.arange(T, device=start.device)  # [B, T]
@@ -113,7 +116,8 @@ class WindowPlan:
             if fused:
                 from stages.models.codec.ring_write import rope_table
 
-                return cls(rotor, None, rows, context=stage.context, start=start, table=rope_table(rotor))
+                return cls(rotor, None, rows, context=stage.context, start=start, table=rope_table(rotor),
+                           one_kernel=one_kernel)
             return cls(rotor, None, rows, context=stage.context, start=start)
         last = pos_q[:, -1:]  # [B, 1] newest position written
         ring = torch.arange(capacity, device=start.device)
@@ -212,10 +216,16 @@ class TransformerLayer(nn.Module):
 
 
 def fused_ring_attention(qkv: torch.Tensor, plan: WindowPlan, cache: LayerCache, slots: torch.Tensor) -> torch.Tensor:
-    """A streaming layer's attention with RoPE and the ring writes in one kernel (`plan.table`):
-    qkv [B, T, 3, H, Dh] (the input projection) -> [B, T, H, Dh], the rings written."""
+    """A streaming layer's attention with RoPE and the ring writes in one kernel (`plan.table`),
+    the attention in it too with `plan.one_kernel`: qkv [B, T, 3, H, Dh] (the input projection)
+    -> [B, T, H, Dh], the rings written."""
     from stages.models.codec.ring_attention import ring_attention
     from stages.models.codec.ring_write import rope_ring_write
+
+    if plan.one_kernel:
+        from stages.models.codec.ring_write_attention import rope_write_attend
+
+        return rope_write_attend(qkv, plan.table, cache.k, cache.v, slots, plan.start, plan.context)
 
     q = rope_ring_write(qkv, plan.table, cache.k, cache.v, plan.rows)  # [B, T, H, Dh]
     return ring_attention(q, cache.k, cache.v, slots, plan.start, plan.context)
@@ -282,14 +292,14 @@ class ProjectedTransformer(nn.Module):
 
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
                           slots: torch.Tensor, *, in_place: bool = False, fused: bool = False,
-                          fused_norms: bool = False) -> torch.Tensor:
+                          fused_norms: bool = False, one_kernel: bool = False) -> torch.Tensor:
         """The next chunk of slots [B], whose first positions are start [B]; caches: one per layer.
         `in_place`: attend over the rings in place (`ring_attention`) rather than copy and mask;
         `fused` (with it): RoPE and the ring writes in one kernel per layer (`ring_write`);
         `fused_norms` (with both): each residual add and the LayerNorm after it in one kernel
-        (`residual_norm`)."""
+        (`residual_norm`); `one_kernel` (with `fused`): the attention in the ring writes' kernel."""
         plan = WindowPlan.chunk(slots, start, x.shape[1], self.stage, caches[0].capacity, self.transformer_dtype,
-                                in_place=in_place, fused=fused)
+                                in_place=in_place, fused=fused, one_kernel=one_kernel)
         x = self.input_proj(x)
         if fused_norms and plan.table is not None:
             return self.output_proj(fused_norm_layers(self.transformer.layers, x, plan, caches, slots))
