@@ -269,7 +269,7 @@ def main() -> None:
           f"{', compiled layers' if args.compile else ''}{', ring attention in place' if args.ring_attention else ''}"
           f"{', fused ring writes' if args.ring_attention and args.fused_writes else ''}"
           f"{', fused residual norms' if args.ring_attention and args.fused_norms else ''}"
-          f"{', attention in the ring writes' kernel' if args.ring_attention and args.fused_attention else ''}"
+          f"{', ring attention fused with the ring writes' if args.ring_attention and args.fused_attention else ''}"
           f"{f' (chunks up to {args.ring_attention_max_frames} frames)' if args.ring_attention and args.ring_attention_max_frames else ''}")
     frame_s = cfg.downsample_rate / cfg.sampling_rate
     for batch in (int(b) for b in args.batches.split(",")):
