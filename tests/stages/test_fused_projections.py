@@ -74,3 +74,25 @@ def test_a_runner_with_fused_projections_makes_the_same_frames(local_v15_dir):
     assert sum(len(f) for f in frames[False].values()) >= 20
     for rid in reqs:
         np.testing.assert_array_equal(frames[True][rid], frames[False][rid], err_msg=str(rid))
+
+
+def test_graph_paths_one_step_ahead_with_both_fused_parts_make_the_plain_frames(local_v15_model, local_v15_dir):
+    """As served on CUDA, on the graphs' eager twin: prefill and mixed replays, one step ahead,
+    with the projections fused and the KV stores in the layers: every request the frames of the
+    plain step-by-step runner over the unfused model."""
+    from stages.models.local_v15.loader import load_talker
+    from tests.stages.test_mixed_steps import MIXED_MIN_DECODE, make, requests, serve
+
+    reqs = requests(local_v15_dir, MIXED_MIN_DECODE + 3)
+    first = {rid: reqs[rid] for rid in range(MIXED_MIN_DECODE)}
+    later = {rid: reqs[rid] for rid in range(MIXED_MIN_DECODE, MIXED_MIN_DECODE + 3)}
+    want = serve(make(local_v15_model, "eager", 256), first, later)
+    fused = load_talker(local_v15_dir)  # its own copy: the shared model stays as loaded
+    fuse_projections(fused.transformer)
+    fused.transformer.store_kv_in_layers()
+    runner = make(fused, "eager", 256, overlap_steps=True)
+    got = serve(runner, first, later)
+    assert runner.overlap_steps and any(g.keys for g in runner._mixed_sets.values())
+    for rid in reqs:
+        assert len(got[rid]) == reqs[rid][1].forced_frames
+        np.testing.assert_array_equal(got[rid], want[rid], err_msg=str(rid))
