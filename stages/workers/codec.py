@@ -36,8 +36,8 @@ from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, Codes, Decode
                           StageError)
 from stages.models.codec.serving import chunk_lengths
 from stages.runtime.coalescer import Coalescer
-from stages.workers.common import (WorkerSpec, attach_codec, drain, payload_array, prepare_process,
-                                  triton_kernel_counter)
+from stages.workers.common import (WorkerSpec, attach_codec, drain, kernel_names, payload_array,
+                                  prepare_process, triton_kernel_counter)
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
 
@@ -250,8 +250,9 @@ class CodecLoop:
         pcms = self._decode_items([(rid, head[1]) for rid, head in zip(rids, heads)])
         decode_s = time.monotonic() - t0
         if decode_s > SLOW_DISPATCH_S:
-            log.warning("codec: a %.0f ms dispatch of %d chunks (%d frames); it specialised %d Triton kernel(s)",
-                        decode_s * 1e3, len(rids), sum(len(h[1]) for h in heads), self._kernels() - kernels)
+            log.warning("codec: a %.0f ms dispatch of %d chunks (%d frames); it specialised %d Triton kernel(s)%s",
+                        decode_s * 1e3, len(rids), sum(len(h[1]) for h in heads), self._kernels() - kernels,
+                        kernel_names(self._kernels, kernels))
         emit_s = 0.0  # ring writes only (the record transposes and sends)
         for rid, (chunk, codes, arrived), pcm in zip(rids, heads, pcms):
             stream = self.streams[rid]

@@ -94,12 +94,34 @@ def attention_without_plans() -> None:
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def triton_kernel_counter(device: str) -> Callable[[], int] | None:
-    """On CUDA, a function returning how many Triton kernels this process has specialised since
-    the call (compiled, or loaded from the disk cache, for argument types or constants not met
-    before): one met first while serving holds up the step or dispatch that meets it, up to
-    hundreds of milliseconds. None elsewhere, or with a triton that has no compile hook: triton is
-    imported on CUDA only, since its CPU interpreter must be chosen before the import."""
+class TritonKernelCounter:
+    """Called: how many Triton kernels this process has specialised since the counter was made
+    (compiled, or loaded from the disk cache, for argument types or constants not met before).
+    `since(n)`: what the specialisations after the n-th were (a kernel's name and the argument
+    types and constants it was made for; the last `KEEP` only), for the line of a slow step."""
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self.made = 0
+        self._last: list[str] = []
+
+    def __call__(self) -> int:
+        return self.made
+
+    def record(self, what: str) -> None:
+        self.made += 1
+        self._last = [*self._last[1 - self.KEEP:], what]
+
+    def since(self, n: int) -> list[str]:
+        return self._last[len(self._last) - min(self.made - n, len(self._last)):] if self.made > n else []
+
+
+def triton_kernel_counter(device: str) -> TritonKernelCounter | None:
+    """On CUDA, a `TritonKernelCounter` from now on: a kernel met first while serving holds up the
+    step or dispatch that meets it, up to hundreds of milliseconds. None elsewhere, or with a
+    triton that has no compile hook: triton is imported on CUDA only, since its CPU interpreter
+    must be chosen before the import."""
     if not str(device).startswith("cuda"):
         return None
     try:
@@ -109,15 +131,31 @@ def triton_kernel_counter(device: str) -> Callable[[], int] | None:
     runtime = getattr(knobs, "runtime", None)
     if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
         return None
-    made = [0]
+    counter = TritonKernelCounter()
     before = runtime.jit_post_compile_hook  # another's hook, still called
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        made[0] += 1
+        counter.record(specialisation_name(kwargs.get("repr")))
         return before(*args, **kwargs) if before is not None else None
 
     runtime.jit_post_compile_hook = counted
-    return lambda: made[0]
+    return counter
+
+
+def specialisation_name(repr_: Any) -> str:
+    """Triton's description of a specialisation, `name[launch options](arg: type, ...)`, without
+    the launch options and at most 400 characters (the argument types say what was new: a constant,
+    an integer's divisibility, a pointer's alignment)."""
+    text = str(repr_ or "?")
+    head, _, rest = text.partition("[")
+    args = rest.partition("](")[2] if "](" in rest else rest
+    return f"{head}({args}"[:400] if args else head[:400]
+
+
+def kernel_names(counter: Callable[[], int] | None, before: int) -> str:
+    """'' or ': name(types), ...' of the kernels `counter` specialised after its `before`-th."""
+    names = counter.since(before) if isinstance(counter, TritonKernelCounter) else []
+    return ": " + "; ".join(names) if names else ""
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -33,8 +33,8 @@ from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.variant import AdapterError, TalkerRequest, Variant
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
-from stages.workers.common import (WorkerSpec, attach_talker, drain, payload_array, prepare_process,
-                                  schedule_from, triton_kernel_counter)
+from stages.workers.common import (WorkerSpec, attach_talker, drain, kernel_names, payload_array,
+                                  prepare_process, schedule_from, triton_kernel_counter)
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +134,14 @@ class TalkerLoop:
         t_drained = time.monotonic()
         admitted = self._admit()
         if self.streams:
-            graphs, compiles, kernels = self._graphs_made(), self._compiles(), self._kernels()
+            graphs, compiles, kernels_at = self._graphs_made(), self._compiles(), self._kernels()
             gc_s = self._gc.seconds if self._gc is not None else 0.0
             allocs = self._step_allocs()
             batch, t0 = self.runner.num_running(), time.monotonic()
             events = self.runner.step()
             t1 = time.monotonic()
             graphs, compiles = self._graphs_made() - graphs, self._compiles() - compiles
-            kernels = self._kernels() - kernels
+            kernels = self._kernels() - kernels_at
             gc_s = self._gc.seconds - gc_s if self._gc is not None else 0.0
             allocs = self._step_allocs() - allocs
             self._count_step(batch, t1 - t0)
@@ -153,7 +153,7 @@ class TalkerLoop:
             decode, prefill = getattr(sched, "last_batch", (0, 0))
             if t1 - t0 > SLOW_STEP_S:
                 self._log_slow_step(t1 - t0, batch, decode, prefill, getattr(sched, "last_cached", 0),
-                                    graphs, compiles, kernels, gc_s)
+                                    graphs, compiles, kernels, gc_s, kernel_names(self._kernels, kernels_at))
             if self.timeline is not None:
                 self.timeline.add("talker_step", t0, dur=t1 - t0, emit=time.monotonic() - t1,
                                   drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
@@ -171,8 +171,9 @@ class TalkerLoop:
         return self._allocator()[0]
 
     def _log_slow_step(self, seconds: float, batch: int, decode: int, prefill: int, cached: int,
-                       graphs: int, compiles: int, kernels: int, gc_s: float) -> None:
-        """A step over `SLOW_STEP_S`, with what might have stalled it."""
+                       graphs: int, compiles: int, kernels: int, gc_s: float, names: str = "") -> None:
+        """A step over `SLOW_STEP_S`, with what might have stalled it (`names`: the Triton kernels
+        it specialised, `kernel_names`)."""
         allocator = ""
         if self._allocator is not None:
             seen, self._allocs_seen = self._allocs_seen, self._allocator()
@@ -181,8 +182,9 @@ class TalkerLoop:
                          f"{self._allocs_seen[1] - seen[1]} retry(ies)")
         log.warning("talker: a %.0f ms step: %d running, %d decode rows, %d prompt tokens (%d from the "
                     "prefix cache); it recorded %d graph(s), compiled %d, specialised %d Triton kernel(s) and "
-                    "collected garbage for %.0f ms%s",
-                    seconds * 1e3, batch, decode, prefill, cached, graphs, compiles, kernels, gc_s * 1e3, allocator)
+                    "collected garbage for %.0f ms%s%s",
+                    seconds * 1e3, batch, decode, prefill, cached, graphs, compiles, kernels, gc_s * 1e3, allocator,
+                    f"; kernels specialised{names}" if names else "")
 
     # ---- inbox ---------------------------------------------------------------------------------
 
