@@ -131,6 +131,7 @@ class ScheduledRunner:
         # blocking host-to-device copy, which waits for every kernel already queued (the step in flight)
         self._true = torch.ones((), dtype=torch.bool, device=self.device)
         self._hidden_size = backbone.hidden_size
+        self._query_heads = backbone.num_heads
         self._backbone_graphs: BackboneGraphs | None = None  # made on the first graph decode
         self._want_prefill_graphs = prefill_graphs and backbone_graphs != "off"
         self.prefill_graphs: PrefillGraphs | None = None  # made on the first prefill (its row width)
@@ -180,6 +181,16 @@ class ScheduledRunner:
         if not getattr(self.attention, "table_width_free", False):
             return None
         return self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
+
+    def warm_attention(self) -> int:
+        """Every kernel variant of the attention backend a step can launch, made now
+        (`TritonPagedAttention.warm_variants`, for backends that have variants): returns the
+        launches made (0 for a backend without)."""
+        warm = getattr(self.attention, "warm_variants", None)
+        if warm is None:
+            return 0
+        with torch.inference_mode():
+            return warm(self.cache.spec, self.cache.dtype, self._query_heads, self.device)
 
     @in_kernel_mode
     def capture_decode_graphs(self, budget_s: float) -> int:

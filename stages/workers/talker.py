@@ -405,7 +405,8 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
     prefill steps of about a thousand rows over several prompts, as under load, so the kernels of
     those shapes are compiled before the first request rather than during it), then a wide batch
     (`wide_batch`: those prompts again, many at once, as a burst of requests for known voices
-    comes). The jobs are the variant's (`warm_up_job`). Then, with
+    comes). The jobs are the variant's (`warm_up_job`). Then every attention kernel variant a step
+    can launch (`warm_attention`: the eager path's split counts follow its batch). Then, with
     `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead;
     without it, the decode graphs of every batch bucket when one block-table width serves them
     all (`capture_decode_graphs`: a few per sampler mode met) and the prefill graphs
@@ -427,6 +428,9 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
         run_together(runner, wide_batch(runner, serving), max_steps=64)
         took["wide"] = time.perf_counter() - t0
     log.info("talker: warm-up requests %s", ", ".join(f"{k} {v:.1f} s" for k, v in took.items()))
+    t0 = time.perf_counter()
+    if warmed := getattr(runner, "warm_attention", lambda: 0)():
+        log.info("talker: %d attention kernel variants launched in %.1f s", warmed, time.perf_counter() - t0)
     t0 = time.perf_counter()
     if capture_ahead:
         made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)

@@ -204,3 +204,52 @@ def test_batch_invariant_backend_gives_a_token_the_same_bits_decoded_or_prefille
     assert torch.equal(alone, attend({0: 20, 1: 5, 2: 33, 3: 2}, [(1, 1), (2, 1), (0, 1), (3, 1)]))
     assert torch.equal(alone, attend({0: 17, 1: 9, 2: 0}, [(1, 1), (0, 4), (2, 7)]))
     assert torch.equal(alone, attend({0: 3, 1: 4}, [(0, 18), (1, 1)]))
+
+
+def test_warm_variants_launch_every_split_count_and_prefill():
+    """Seven decode split counts (1 to 64) and a prefill launch on a tiny cache of the served
+    layout; one split count when it is fixed; the prefill launch alone for the batch-invariant
+    backend (its decode rows run as prefill); no variants for a backend without them."""
+    spec = KVCacheSpec(2, HKV, 16, 64, BS)
+    assert TritonPagedAttention().warm_variants(spec, torch.float32, HQ, DEVICE) == 8
+    assert TritonPagedAttention(num_splits=4).warm_variants(spec, torch.float32, HQ, DEVICE) == 2
+    assert TritonPagedAttention(decode_as_prefill=True).warm_variants(spec, torch.float32, HQ, DEVICE) == 1
+    assert TritonPagedAttention().split_counts() == [1, 2, 4, 8, 16, 32, 64]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_after_warm_variants_eager_batches_specialise_no_kernel():
+    """Decode batches of several sizes over several context lengths (each picking its split count
+    from the shapes) and a prefill beside decode rows, after `warm_variants`: Triton compiles
+    nothing new (a variant met first while serving stalls a step for hundreds of ms)."""
+    from stages.workers.common import triton_kernel_counter
+
+    dtype, head_dim = torch.bfloat16, 64
+    attention = TritonPagedAttention()
+    count = triton_kernel_counter("cuda")
+    cache = make_cache(dtype, head_dim, num_blocks=5000)  # room for every context below (~15.5k tokens)
+    attention.warm_variants(cache.spec, dtype, HQ, DEVICE)
+    made = count()
+    seq = 0
+    for n_dec, context in ((1, 5), (3, 40), (5, 300), (9, 120), (17, 600), (40, 64)):
+        ids = list(range(seq, seq + n_dec))
+        seq += n_dec
+        fill_contexts(cache, dict.fromkeys(ids, context))
+        batch = [(s, 1) for s in ids] + ([(seq, 7)] if n_dec == 9 else [])
+        seq += n_dec == 9
+        meta = build_attention_metadata(cache, batch, DEVICE)
+        q = torch.randn(sum(n for _, n in batch), HQ, head_dim, dtype=dtype, device=DEVICE)
+        attention(q, cache.keys[0], cache.values[0], meta, head_dim ** -0.5)
+    torch.cuda.synchronize()
+    assert count() == made, count.since(made)
+
+
+def test_a_runner_warms_the_variants_of_its_attention(local_v15_model):
+    """The talker worker's warm-up calls `warm_attention`: the Triton backend's variants, in the
+    runner's KV layout and dtype; nothing for a backend without variants."""
+    from stages.models.local_v15.runner import LocalV15Runner
+
+    runner = LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=16, attention=TritonPagedAttention())
+    assert runner.warm_attention() == 8
+    assert LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=16).warm_attention() == 0

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from stages.runtime.attention.metadata import AttentionMetadata
+from stages.runtime.kv_cache import KVCacheSpec
 
 
 @triton.jit(do_not_specialize=["stride_tb"])  # one kernel for every block-table width (see below)
@@ -187,6 +188,40 @@ class TritonPagedAttention:
                 and max_tokens >= s * 2 * self.min_split_tokens:
             s *= 2
         return s
+
+    def split_counts(self) -> list[int]:
+        """Every split count `decode_splits` can return (a kernel variant each)."""
+        if self.num_splits is not None:
+            return [self.num_splits]
+        return [1 << i for i in range(7)]  # 1 .. 64
+
+    def warm_variants(self, spec: KVCacheSpec, dtype: torch.dtype, num_heads: int, device: torch.device | str) -> int:
+        """Launch every kernel variant a call can pick once, on tiny inputs of the served dtypes
+        and layout (`spec`'s KV heads, head dim and block size, `num_heads` query heads): decode
+        with each split count (`split_counts`) and its split combiner, and prefill, so that none
+        is compiled in the middle of a serving step. A step's rows that no graph takes come here
+        with a split count that follows their batch (one prompt token left after the prefix
+        cache's blocks is a decode row), and a count no warm-up batch produced was a JIT compile
+        of hundreds of milliseconds. Returns the launches made."""
+        from stages.runtime.attention.metadata import build_attention_metadata
+        from stages.runtime.kv_cache import PagedKVCache
+
+        cache = PagedKVCache(KVCacheSpec(1, spec.num_kv_heads, spec.head_dim, 4, spec.block_size),
+                             dtype=dtype, device=device)
+        keys, values = cache.keys[0], cache.values[0]
+        scale = spec.head_dim ** -0.5
+        decode = build_attention_metadata(cache, [(0, 1)], device)
+        q = torch.zeros(1, num_heads, spec.head_dim, dtype=dtype, device=device)  # [1, Hq, D]
+        launches = 0
+        for splits in self.split_counts():
+            if self.decode_as_prefill:
+                break
+            self._launch(q, keys, values, decode, scale, torch.zeros_like(q), decode.decode_seqs, block_m=1,
+                         tiles=1, splits=splits)
+            launches += 1
+        prefill = build_attention_metadata(cache, [(1, 2)], device)
+        self(torch.zeros(2, num_heads, spec.head_dim, dtype=dtype, device=device), keys, values, prefill, scale)
+        return launches + 1
 
     def __call__(self, q, k_pool, v_pool, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         out = torch.zeros_like(q)  # rows no sequence covers (prefill graphs' padding) stay finite
