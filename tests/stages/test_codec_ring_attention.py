@@ -193,52 +193,32 @@ def test_residual_add_and_layer_norm_in_one_kernel_equal_the_torch_ops():
         torch.testing.assert_close(got_norm, want_norm, atol=tol, rtol=tol)
 
 
-def test_fused_norms_decode_the_same_audio(monkeypatch):
+@pytest.mark.parametrize("part", ["norms", "attention"])
+def test_fused_norms_and_one_kernel_attention_decode_the_same_audio(monkeypatch, part):
     """Streaming decode with the residual adds and LayerNorms fused (on top of the fused ring
-    writes) equals the copy-and-mask path, padded chunks included, every layer of every chunk on
-    the fused path; the model refuses fused norms without fused writes."""
+    writes), and with the attention in the ring writes' kernel too (as it would be served),
+    equals the copy-and-mask path, padded chunks included, every layer of every chunk on the
+    fused path; the model refuses either without fused writes."""
     import stages.models.codec.residual_norm as residual_norm
-
-    calls = []
-    fused = residual_norm.residual_norm
-    monkeypatch.setattr(residual_norm, "residual_norm", lambda *a: calls.append(1) or fused(*a))
-    cfg = CodecConfig.from_json(tiny_v2_config())
-    model = random_codec(cfg, DEVICE, torch.float32, seed=9)
-    with pytest.raises(ValueError, match="fused_writes"):
-        model.use_ring_attention(fused_norms=True)
-    codes = torch.randint(0, 1024, (12, 2, 20), generator=torch.Generator().manual_seed(4)).to(DEVICE)
-    sizes = [1, 15, 4]
-    want = decode(model, codes, sizes)
-    model.use_ring_attention(fused_writes=True, fused_norms=True)
-    got = decode(model, codes, sizes, valid_pad=3)
-    model.use_ring_attention(0)
-    layers = sum(stage.num_layers for stage in model.decoder_stages())
-    assert len(calls) == len(sizes) * (2 * layers - len(model.decoder_stages()))  # 2 a layer, 1 in a stage's last
-    assert got.shape == want.shape
-    assert (got - want).abs().max().item() <= AUDIO_TOL * want.abs().max().item()
-
-
-def test_one_kernel_attention_decodes_the_same_audio(monkeypatch):
-    """Streaming decode with the ring writes and the attention in one kernel a layer (on top of
-    the fused norms, as it would be served) equals the copy-and-mask path, padded chunks
-    included, every layer of every chunk in the one kernel."""
     import stages.models.codec.ring_write_attention as one_kernel
 
+    module, name = (residual_norm, "residual_norm") if part == "norms" else (one_kernel, "rope_write_attend")
     calls = []
-    kernel = one_kernel.rope_write_attend
-    monkeypatch.setattr(one_kernel, "rope_write_attend", lambda *a: calls.append(1) or kernel(*a))
+    fused = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or fused(*a))
     cfg = CodecConfig.from_json(tiny_v2_config())
     model = random_codec(cfg, DEVICE, torch.float32, seed=9)
     with pytest.raises(ValueError, match="fused_writes"):
-        model.use_ring_attention(fused_attention=True)
+        model.use_ring_attention(**{f"fused_{part}": True})
     codes = torch.randint(0, 1024, (12, 2, 20), generator=torch.Generator().manual_seed(4)).to(DEVICE)
     sizes = [1, 15, 4]
     want = decode(model, codes, sizes)
-    model.use_ring_attention(fused_writes=True, fused_norms=True, fused_attention=True)
+    model.use_ring_attention(fused_writes=True, fused_norms=True, fused_attention=part == "attention")
     got = decode(model, codes, sizes, valid_pad=3)
     model.use_ring_attention(0)
     layers = sum(stage.num_layers for stage in model.decoder_stages())
-    assert len(calls) == len(sizes) * layers
+    per_chunk = 2 * layers - len(model.decoder_stages()) if part == "norms" else layers  # norms: 2 a layer, 1 in a stage's last
+    assert len(calls) == len(sizes) * per_chunk
     assert got.shape == want.shape
     assert (got - want).abs().max().item() <= AUDIO_TOL * want.abs().max().item()
 
