@@ -33,8 +33,12 @@ def test_compiled_talker_emits_the_eager_codes():
     compiled = build_talker_module(tiny_config()).eval()
     compiled.load_state_dict(eager.state_dict())
     compiled.compile_hot_paths(backend="eager")
-    want, got = _codes(eager), _codes(compiled)
-    assert all(len(want[r]) == 3 for r in want)
+    assert_same_codes(_codes(eager), _codes(compiled))
+
+
+def assert_same_codes(want: dict[int, list[np.ndarray]], got: dict[int, list[np.ndarray]]) -> None:
+    """Every request's three forced frames, code for code."""
+    assert all(len(want[r]) == 3 for r in want) and set(got) == set(want)
     for rid in want:
         np.testing.assert_array_equal(np.array(got[rid]), np.array(want[rid]))
 
@@ -52,13 +56,18 @@ def _cuda_pair():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_inductor_compiled_talker_matches_eager_on_cuda():
+@pytest.mark.parametrize("local_attention", ["sdpa", "plain"])
+def test_inductor_compiled_talker_matches_eager_on_cuda(local_attention):
     """The real compiler (inductor, Triton kernels) on CUDA: fp32 with TF32 off, greedy requests
-    emit the eager codes (the tiny model's logits are far apart next to fp32 reassociation)."""
+    emit the eager codes (the tiny model's logits are far apart next to fp32 reassociation); with
+    the local steps attending plainly (`talker.local_attention: plain`) too, against the eager
+    talker's SDPA."""
+    from stages.models.local_v15.model import GreedyFrameSampler
+
     eager, compiled = _cuda_pair()
-    h = torch.randn(4, eager.config.hidden_size, device="cuda")
+    compiled.local_transformer.attend_plainly(local_attention == "plain")
+    h = torch.randn(6, eager.config.hidden_size, device="cuda")
     with torch.inference_mode():
-        from stages.models.local_v15.model import GreedyFrameSampler
         stop_e, codes_e = eager.decode_frame(h, GreedyFrameSampler())
         stop_c, codes_c = compiled.decode_frame(h, GreedyFrameSampler())
     assert torch.equal(stop_e, stop_c) and torch.equal(codes_e, codes_c)
@@ -70,26 +79,8 @@ def test_inductor_compiled_talker_with_fused_sampling_matches_eager_on_cuda():
     """The sampling kernel inside the compiled local loop (a Triton kernel of ours that dynamo
     traces into the compiled graph): greedy requests emit the eager runner's codes, fp32, TF32 off."""
     eager, compiled = _cuda_pair()
-    want = _codes(eager, fused_sampling=True, greedy=True)
-    got = _codes(compiled, fused_sampling=True, greedy=True)
-    assert all(len(want[r]) == 3 for r in want)
-    for rid in want:
-        np.testing.assert_array_equal(np.array(got[rid]), np.array(want[rid]))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_inductor_compiled_plain_local_attention_matches_eager_sdpa_on_cuda():
-    """The local steps attending plainly (`talker.local_attention: plain`), compiled: the same
-    stop decisions and codes as the eager talker's SDPA, greedy, fp32 with TF32 off."""
-    eager, compiled = _cuda_pair()
-    compiled.local_transformer.attend_plainly()
-    h = torch.randn(6, eager.config.hidden_size, device="cuda")
-    with torch.inference_mode():
-        from stages.models.local_v15.model import GreedyFrameSampler
-        stop_e, codes_e = eager.decode_frame(h, GreedyFrameSampler())
-        stop_c, codes_c = compiled.decode_frame(h, GreedyFrameSampler())
-    assert torch.equal(stop_e, stop_c) and torch.equal(codes_e, codes_c)
+    assert_same_codes(_codes(eager, fused_sampling=True, greedy=True),
+                      _codes(compiled, fused_sampling=True, greedy=True))
 
 
 @pytest.mark.gpu
@@ -105,7 +96,4 @@ def test_inductor_compiled_talker_with_fused_backbone_parts_matches_eager_on_cud
     if "projections" in fused:
         fuse_projections(compiled.transformer)
     compiled.transformer.store_kv_in_layers("kv_writes" in fused)
-    want, got = _codes(eager, greedy=True), _codes(compiled, greedy=True)
-    assert all(len(want[r]) == 3 for r in want)
-    for rid in want:
-        np.testing.assert_array_equal(np.array(got[rid]), np.array(want[rid]))
+    assert_same_codes(_codes(eager, greedy=True), _codes(compiled, greedy=True))
