@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="each backbone layer's q/k/v and gate/up as one matmul each (talker.fused_projections)")
     ap.add_argument("--fused-kv-writes", action="store_true",
                     help="each backbone layer's KV stores inside its compiled first half (talker.fused_kv_writes)")
+    ap.add_argument("--fp8", choices=["none", "backbone", "all"], default="none",
+                    help="matmuls from float8 weights (talker.fp8_weights)")
     ap.add_argument("--overlap", action="store_true",
                     help="each step launched before the one before is read back (talker.overlap_steps): "
                          "a step's time is then the longer of its host and GPU parts")
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     model.local_transformer.attend_plainly(args.local_attention == "plain")
     if args.fused_projections:
         fuse_projections(model.transformer)
+    model.use_fp8_weights(args.fp8)
     model.transformer.store_kv_in_layers(args.fused_kv_writes)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
@@ -141,6 +144,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " overlap" if args.overlap else ""
     tag += " fused-projections" if args.fused_projections else ""
     tag += " fused-kv-writes" if args.fused_kv_writes else ""
+    tag += f" fp8-{args.fp8}" if args.fp8 != "none" else ""
     print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "
           f"{B * 0.08 / step_ms * 1e3:7.1f} audio-s/s", flush=True)
     if graphs and r.frame_graphs is not None:

@@ -166,7 +166,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -717,6 +717,17 @@ talkerstep)  # the talker's step at 88 rows, compiled, no server: first the GPU 
     [ "$(left)" -lt 130 ] && { el "talkerstep: no time left for '$v'"; break; }
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
       --compile --top 12 $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
+  done
+  ;;
+fp8)  # float8 weights (talker.fp8_weights): their distance from fp32 beside bf16's on the
+  # random full-size talker, then the step at 88 rows as shipped and with FP8 (all) and each of
+  # FP8S's variants (default "all"), compiled, one step ahead, plain local attention
+  timeout 150 python3 -m bench.fp8_fidelity 2>&1 | grep -v -i warn | tee "$R/fp8_fidelity.txt"
+  for v in "" ${FP8S:-all}; do
+    [ "$(left)" -lt 130 ] && { el "fp8: no time left for '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
+      --compile --top 12 --local-attention plain --overlap ${v:+--fp8 $v} 2>&1 | grep -v -i warn \
+      | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
   done
   ;;
 projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plain local attention, one

@@ -183,6 +183,12 @@ class TalkerConfig(_Section):
         "Local-v1.5 talker: each backbone layer's new keys and values are stored in the paged cache "
         "by the compiled kernels that compute them (the layer's first half) instead of two copies "
         "after it: two kernels fewer a layer; the same values in the same slots; off until measured")] = False
+    fp8_weights: Annotated[Literal["none", "backbone", "all"], doc(
+        "Local-v1.5 talker: matmuls from float8 e4m3 weights (one scale per output channel) with "
+        "their inputs quantized per row at run time, half the bytes a step reads: \"backbone\" "
+        "(the Qwen3 layers' projections), \"all\" (the local block's too); embeddings, heads and "
+        "norms stay in model.dtype. A precision change: its distance from the bf16 outputs is "
+        "measured in docs/performance.md; CUDA (sm89 and later) or the CPU; none until measured")] = "none"
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "

@@ -44,6 +44,10 @@ from stages.runtime.batch_invariant import rms_norm
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache, store_kv
 from stages.runtime.tensor_parallel import TPGroup, column_linear, row_linear
 
+# the names of a layer's matmuls, plain and fused (`fuse_projections`)
+BACKBONE_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                    "qkv_proj", "gate_up_proj")
+
 
 @dataclass(frozen=True)
 class Qwen3Config:

@@ -23,10 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.models.local_v15.config import LocalBlockConfig, LocalV15Config
-from stages.models.qwen3 import Qwen3Model
+from stages.models.qwen3 import BACKBONE_LINEARS, Qwen3Model
+from stages.runtime.fp8_linear import quantize_linears
 
 # checkpoint tensors that are tied copies of others; save_pretrained drops them, the model ignores them
 TIED_CHECKPOINT_NAMES = (r"text_lm_head\.weight", r"audio_lm_heads\.\d+\.weight")
+LOCAL_LINEARS = ("c_attn", "c_proj", "fc_in", "fc_out")  # the local block's matmuls
 
 
 def rope_interleaved_tables(
@@ -185,6 +187,19 @@ class LocalV15Talker(nn.Module):
         self.transformer.compile_layers(backend)
         self.embed_rows = torch.compile(self.embed_rows, dynamic=True, backend=backend)
         self.decode_frame = torch.compile(self.decode_frame, dynamic=True, backend=backend)
+
+    def use_fp8_weights(self, which: str) -> int:
+        """Serve `which` matmuls from float8 weights (`stages.runtime.fp8_linear`): "none",
+        "backbone" (every Qwen3 layer's projections, fused or not) or "all" (the local block's
+        too). Embeddings, heads and norms stay as loaded. Returns how many linears were swapped."""
+        if which not in ("none", "backbone", "all"):
+            raise ValueError(f"fp8 weights for {which!r}: expected none, backbone or all")
+        swapped = 0
+        if which in ("backbone", "all"):
+            swapped += quantize_linears(self.transformer, BACKBONE_LINEARS)
+        if which == "all":
+            swapped += quantize_linears(self.local_transformer, LOCAL_LINEARS)
+        return swapped
 
     def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """rows [..., 1 + n_vq] (text id, codes) -> [..., H]: text embedding plus the embedding of

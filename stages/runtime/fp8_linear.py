@@ -1,0 +1,83 @@
+"""Linear layers with float8 weights (`talker.fp8_weights`): half the bytes a matmul reads.
+
+A served talker step at a hundred rows is bound by reading its weights (an H200's backbone
+matmuls at 88 rows run at ~65% of the memory bandwidth), so the same products from float8
+weights take about half the time. `Fp8Linear` holds `W [out, in]` as float8 e4m3 with one fp32
+scale per output row (`W ≈ weight_fp8 * weight_scale`), quantizes its input per row at run time
+(one scale per row, from the row's largest magnitude) and multiplies with `torch._scaled_mm`
+(rowwise scales, fp32 accumulation, output in the input's dtype): W8A8 "dynamic per token,
+per channel", the scheme of the peers' FP8 checkpoints without block scales.
+
+Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; a
+dot product of `in` terms averages those errors out to a relative ~1e-2 of its result. What that
+does to a model's outputs is measured, not assumed (`bench.fp8_fidelity`, docs/performance.md).
+
+`quantize_linears(module, names)` swaps the named linears of a module for `Fp8Linear`s after
+loading (serving only: the state dict no longer has the checkpoint's weights). One device: a
+tensor-parallel linear is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+_TINY = 1e-12  # an all-zero row's scale: any positive value gives zeros back
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_fp8 [M, K], scale [M, 1] fp32) with x ≈ x_fp8 * scale, row by row."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=_TINY)  # [M, 1]
+    scale = amax / FP8_MAX
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+class Fp8Linear(nn.Module):
+    """y [..., out] = x [..., in] @ W^T (+ bias), W in float8 with a scale per output row, x
+    quantized per row at run time; y in x's dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        w_fp8, w_scale = quantize_rows(weight.detach())  # [out, in], [out, 1]
+        if w_fp8.shape[0] % 16 or w_fp8.shape[1] % 16:
+            raise ValueError(f"a float8 matmul needs sizes divisible by 16, not {tuple(w_fp8.shape)}")
+        self.register_buffer("weight_fp8", w_fp8)  # [out, in]
+        self.register_buffer("weight_scale", w_scale.t().contiguous())  # [1, out] fp32
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.in_features, self.out_features = w_fp8.shape[1], w_fp8.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x_fp8, x_scale = quantize_rows(x.reshape(-1, self.in_features))  # [M, in], [M, 1]
+        # the second operand column-major: weight_fp8 [out, in] row-major, transposed
+        y = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
+                             bias=self.bias, out_dtype=x.dtype)  # [M, out]
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, float8 e4m3"
+
+
+def as_fp8(linear: nn.Module) -> Fp8Linear:
+    """The float8 twin of a `nn.Linear` (tensor-parallel linears are refused: one device)."""
+    if isinstance(linear, Fp8Linear):
+        return linear
+    if type(linear) is not nn.Linear:
+        raise TypeError(f"float8 weights replace nn.Linear layers, not {type(linear).__name__}")
+    return Fp8Linear(linear.weight, linear.bias)
+
+
+def quantize_linears(module: nn.Module, names: Iterable[str]) -> int:
+    """Replace every submodule of `module` whose own name is in `names` (e.g. "q_proj",
+    "gate_up_proj") by its `Fp8Linear`; returns how many were replaced."""
+    wanted = set(names)
+    targets = [(parent, name) for parent in module.modules()
+               for name, child in parent.named_children()
+               if name in wanted and not isinstance(child, Fp8Linear)]
+    for parent, name in targets:
+        setattr(parent, name, as_fp8(getattr(parent, name)))
+    return len(targets)

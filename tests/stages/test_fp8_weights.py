@@ -1,0 +1,90 @@
+"""`talker.fp8_weights`: matmuls from float8 weights with per-row activation scales, the named
+layers only, and a served talker whose outputs stay near the full-precision ones."""
+
+import pytest
+import torch
+from torch import nn
+
+from bench.fp8_fidelity import compare, outputs
+from profiles import load_profile
+from stages.models.local_v15.config import tiny_config
+from stages.models.local_v15.loader import build_talker_module
+from stages.models.local_v15.runner import load_talker_runner
+from stages.runtime.fp8_linear import FP8, Fp8Linear, as_fp8
+from tests.stages.test_local_v15_runner import mixed_requests, run
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_float8_linear_multiplies_its_quantized_operands(bias):
+    """The product of the dequantized operands (each row of x and of W to within 1/16 of itself),
+    a few percent from the full-precision product, and an all-zero row gives zeros, not NaN."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=bias)
+    fp8 = as_fp8(linear)
+    assert fp8.weight_fp8.dtype == FP8 and fp8.weight_scale.shape == (1, 48)
+    x = torch.randn(3, 5, 64)
+    x[1, 2] = 0.0
+    y = fp8(x)
+    assert y.shape == (3, 5, 48) and y.dtype == x.dtype
+    x2 = x.reshape(-1, 64)
+    sx = x2.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448.0
+    xq = (x2 / sx).to(FP8).float() * sx  # [15, 64]
+    wq = fp8.weight_fp8.float() * fp8.weight_scale.t()  # [48, 64]
+    want = xq @ wq.t() + (linear.bias if bias else 0.0)
+    torch.testing.assert_close(y.reshape(-1, 48), want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(y[1, 2], linear.bias if bias else torch.zeros(48))
+    exact = linear(x)
+    assert ((y - exact).norm() / exact.norm()).item() < 0.06
+    assert as_fp8(fp8) is fp8
+
+
+def test_shapes_a_float8_matmul_cannot_take_are_refused():
+    with pytest.raises(ValueError, match="divisible by 16"):
+        as_fp8(nn.Linear(64, 40))
+    with pytest.raises(TypeError, match="nn.Linear"):
+        as_fp8(nn.Conv1d(16, 16, 1))
+
+
+@torch.no_grad()
+def test_the_talker_swaps_the_named_matmuls_only():
+    """backbone: the seven projections of each Qwen3 layer (four when fused); all: the local
+    block's four too; embeddings, norms and heads stay as they were."""
+    model = build_talker_module(tiny_config()).eval()
+    layers = model.config.backbone.num_layers
+    assert model.use_fp8_weights("none") == 0
+    assert model.use_fp8_weights("backbone") == 7 * layers
+    assert model.use_fp8_weights("backbone") == 0  # again: nothing left to swap
+    assert model.use_fp8_weights("all") == 4 * len(model.local_transformer.h)
+    swapped = {n for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    assert "transformer.layers.0.self_attn.q_proj" in swapped and "local_transformer.h.0.mlp.fc_in" in swapped
+    assert isinstance(model.local_text_lm_head, nn.Linear) and not isinstance(model.local_text_lm_head, Fp8Linear)
+    assert all(p.dtype != FP8 for p in model.parameters())  # float8 tensors are buffers
+    with pytest.raises(ValueError, match="none, backbone or all"):
+        model.use_fp8_weights("heads")
+
+
+def test_a_runner_with_fp8_weights_serves_outputs_near_full_precision(local_v15_dir):
+    """Built from the profile (after the fused projections), the runner serves the mixed requests
+    to their ends, and its model's teacher-forced logits stay near the loaded model's: float8
+    moves the sampled distribution by a small KL and keeps most tokens' most likely code."""
+    reqs = mixed_requests(local_v15_dir)
+    plain = load_talker_runner(local_v15_dir, load_profile("cpu"), "cpu")
+    runner = load_talker_runner(local_v15_dir, load_profile(
+        "cpu", ["talker.fp8_weights=all", "talker.fused_projections=true"]), "cpu")
+    layer = runner.model.transformer.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, Fp8Linear) and isinstance(layer.mlp.gate_up_proj, Fp8Linear)
+    frames, finish = run(runner, reqs)
+    want_frames, want_finish = run(plain, reqs)
+    assert set(finish) == set(want_finish) == set(reqs)
+    for rid, (_, params) in reqs.items():
+        if params.forced_frames is not None:
+            assert len(frames[rid]) == len(want_frames[rid]) == params.forced_frames, rid
+    cfg = runner.model.config
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(0, cfg.codebook_size, (2, 24, 1 + cfg.n_vq), generator=g)
+    rows[..., 0] = torch.randint(0, cfg.backbone.vocab_size, (2, 24), generator=g)
+    codes = torch.randint(0, cfg.codebook_size, (48, cfg.n_vq), generator=g)
+    got = compare(*outputs(runner.model, rows, codes), *outputs(plain.model, rows, codes), 1.7, 25)
+    assert 0 < got["hidden_rel"] < 0.1 and 0 < got["logits_rel"] < 0.1, got
+    assert got["kl"] < 1e-2 and got["top1"] > 0.9, got
