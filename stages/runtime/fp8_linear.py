@@ -5,7 +5,7 @@ matmuls at 88 rows run at ~65% of the memory bandwidth), so the same products fr
 weights take about half the time. `Fp8Linear` holds `W [out, in]` as float8 e4m3 with one fp32
 scale per output row (`W ≈ weight_fp8 * weight_scale`), quantizes its input per row at run time
 (one scale per row, from the row's largest magnitude) and multiplies with `torch._scaled_mm`
-(rowwise scales, fp32 accumulation, output in the input's dtype): W8A8 "dynamic per token,
+(rowwise scales, fp32 accumulation; output in the input's dtype, through bf16 on CUDA): W8A8 "dynamic per token,
 per channel", the scheme of the peers' FP8 checkpoints without block scales.
 
 Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; a
@@ -53,9 +53,13 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x_fp8, x_scale = quantize_rows(x.reshape(-1, self.in_features))  # [M, in], [M, 1]
-        # the second operand column-major: weight_fp8 [out, in] row-major, transposed
+        # the second operand column-major: weight_fp8 [out, in] row-major, transposed; CUDA's
+        # rowwise-scaled kernels write bf16 only
+        out = torch.bfloat16 if x.is_cuda else x.dtype
         y = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
-                             bias=self.bias, out_dtype=x.dtype)  # [M, out]
+                             out_dtype=out).to(x.dtype)  # [M, out]
+        if self.bias is not None:
+            y = y + self.bias
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

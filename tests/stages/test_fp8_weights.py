@@ -88,3 +88,35 @@ def test_a_runner_with_fp8_weights_serves_outputs_near_full_precision(local_v15_
     got = compare(*outputs(runner.model, rows, codes), *outputs(plain.model, rows, codes), 1.7, 25)
     assert 0 < got["hidden_rel"] < 0.1 and 0 < got["logits_rel"] < 0.1, got
     assert got["kl"] < 1e-2 and got["top1"] > 0.9, got
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@torch.no_grad()
+def test_on_cuda_a_float8_linear_multiplies_its_quantized_operands():
+    """CUDA's rowwise-scaled float8 kernel computes the dequantized operands' product (to bf16's
+    rounding of the output), bf16 and fp32 inputs alike."""
+    torch.manual_seed(0)
+    linear = nn.Linear(2560, 1024, bias=True, device="cuda")
+    fp8 = as_fp8(linear)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(88, 2560, device="cuda").to(dtype)
+        sx = x.float().abs().amax(-1, keepdim=True) / 448.0
+        xq = (x.float() / sx).to(FP8).float() * sx
+        want = xq @ (fp8.weight_fp8.float() * fp8.weight_scale.t()).t() + linear.bias
+        got = fp8(x)
+        assert got.dtype == dtype
+        assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_compiled_talker_with_fp8_weights_matches_eager_on_cuda():
+    """Float8 matmuls (and their per-row quantization, which inductor fuses into the kernels
+    before them) inside the compiled backbone halves and local loop: greedy requests through a
+    runner emit the eager float8 talker's codes."""
+    from tests.stages.test_talker_compile import _codes, _cuda_pair, assert_same_codes
+
+    eager, compiled = _cuda_pair()
+    assert eager.use_fp8_weights("all") == compiled.use_fp8_weights("all") > 0
+    assert_same_codes(_codes(eager, greedy=True), _codes(compiled, greedy=True))
