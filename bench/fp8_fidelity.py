@@ -2,8 +2,10 @@
 
 One random-weight talker, the same inputs (random prompt rows through the backbone, random codes
 through the local block, teacher-forced), computed four ways: fp32 (the reference), bf16 (as
-served), and bf16 with float8 matmuls in the backbone and in every layer. Each line gives a
-way's distance from fp32, so float8's error reads against the error bf16 already has:
+served), bf16 with float8 matmuls in the backbone and in every layer, and, through the paged
+serving path (half of each sequence prefilled, the rest decoded a row a step), over a bf16 and
+a float8 KV cache (`talker.kv_cache_dtype`). Each line gives a way's distance from fp32, so
+float8's error reads against the error bf16 already has:
 
     weights   hidden rel  logits rel  KL(T)  top-1  top-k
     bf16      ...
@@ -30,13 +32,43 @@ from stages.models.local_v15.loader import build_talker_module
 
 
 @torch.no_grad()
-def outputs(model, rows: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def outputs(model, rows: torch.Tensor, codes: torch.Tensor,
+            kv_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """rows [B, S, 1 + n_vq], codes [B * S, n_vq] -> (hidden [B * S, H], audio logits
-    [B * S, n_vq, codebook]) in fp32."""
-    hidden = model.transformer.forward_dense(model.embed_rows(rows))  # [B, S, H]
+    [B * S, n_vq, codebook]) in fp32. `kv_dtype`: through the paged serving path instead, the
+    first half of each sequence prefilled, the rest decoded a row a step over a KV cache of that
+    element type (the Triton paged attention on CUDA)."""
+    if kv_dtype is None:
+        hidden = model.transformer.forward_dense(model.embed_rows(rows))  # [B, S, H]
+    else:
+        hidden = paged_hidden(model, rows, kv_dtype)
     h = hidden.reshape(-1, hidden.shape[-1])
     _, audio = model.teacher_forced_logits(h, codes)
     return h.float(), audio.float()
+
+
+def paged_hidden(model, rows: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
+    """rows [B, S, 1 + n_vq] -> hidden [B, S, H] through `Qwen3Model.forward` over a paged cache."""
+    from stages.runtime.attention.backends import ReferenceAttention
+    from stages.runtime.attention.metadata import build_attention_metadata
+    from stages.runtime.kv_cache import PagedKVCache
+
+    B, S, _ = rows.shape
+    backbone = model.transformer
+    cache = PagedKVCache(backbone.config.kv_cache_spec(B * (S // 16 + 2), 16), dtype=kv_dtype, device=rows.device)
+    if rows.is_cuda:
+        from stages.runtime.attention.triton_paged import TritonPagedAttention
+        attention = TritonPagedAttention()
+    else:
+        attention = ReferenceAttention()
+    embeds = model.embed_rows(rows)  # [B, S, H]
+    out = torch.empty_like(embeds)
+    first = S // 2
+    for start, n in [(0, first)] + [(t, 1) for t in range(first, S)]:
+        meta = build_attention_metadata(cache, [(b, n) for b in range(B)], rows.device)
+        h = backbone(embeds[:, start:start + n].reshape(B * n, -1), meta, cache, attention)  # [B * n, H]
+        out[:, start:start + n] = h.reshape(B, n, -1)
+    return out
 
 
 def compare(hidden, logits, ref_hidden, ref_logits, temperature: float, k: int) -> dict[str, float]:
@@ -75,13 +107,15 @@ def main(argv: list[str] | None = None) -> None:
           f"T={args.temperature}, top-k {args.top_k}", flush=True)
     ref = outputs(model, rows, codes)
     model = model.to(torch.bfloat16)
-    print(f"{'weights':12s} {'hidden rel':>10s} {'logits rel':>10s} {'KL(T)':>9s} {'top-1':>6s} {'top-k':>6s}")
-    for which in ("none", "backbone", "all"):
+    print(f"{'weights':16s} {'hidden rel':>10s} {'logits rel':>10s} {'KL(T)':>9s} {'top-1':>6s} {'top-k':>6s}")
+    ways = [("bf16", "none", None), ("fp8 backbone", "backbone", None), ("fp8 all", "all", None),
+            ("bf16, KV bf16", "none", torch.bfloat16), ("bf16, KV fp8", "none", torch.float8_e4m3fn),
+            ("fp8 all, KV fp8", "all", torch.float8_e4m3fn)]
+    for name, which, kv_dtype in ways:
         way = copy.deepcopy(model)
         way.use_fp8_weights(which)
-        m = compare(*outputs(way, rows, codes), *ref, args.temperature, args.top_k)
-        name = "bf16" if which == "none" else f"fp8 {which}"
-        print(f"{name:12s} {m['hidden_rel']:10.4f} {m['logits_rel']:10.4f} {m['kl']:9.2e} {m['top1']:6.3f} "
+        m = compare(*outputs(way, rows, codes, kv_dtype), *ref, args.temperature, args.top_k)
+        print(f"{name:16s} {m['hidden_rel']:10.4f} {m['logits_rel']:10.4f} {m['kl']:9.2e} {m['top1']:6.3f} "
               f"{m['topk']:6.3f}", flush=True)
         del way
 

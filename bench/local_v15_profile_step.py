@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="each backbone layer's KV stores inside its compiled first half (talker.fused_kv_writes)")
     ap.add_argument("--fp8", choices=["none", "backbone", "all"], default="none",
                     help="matmuls from float8 weights (talker.fp8_weights)")
+    ap.add_argument("--kv-fp8", action="store_true", help="a float8 KV cache (talker.kv_cache_dtype: fp8)")
     ap.add_argument("--overlap", action="store_true",
                     help="each step launched before the one before is read back (talker.overlap_steps): "
                          "a step's time is then the longer of its host and GPU parts")
@@ -125,7 +126,8 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
                        prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
                        cuda_graphs=graphs, attention=make_attention(attention, "cuda"),
                        prefill_graphs=graphs and args.prefill_graphs, mixed_step_tokens=args.mixed,
-                       fused_sampling=args.fused_sampling, overlap_steps=args.overlap)
+                       fused_sampling=args.fused_sampling, overlap_steps=args.overlap,
+                       kv_cache_dtype=torch.float8_e4m3fn if args.kv_fp8 else None)
     for i in range(B):
         p = np.full((args.context, 1 + cfg.n_vq), cfg.audio_pad_code, np.int64)
         p[:, 0] = rng.integers(0, 150000, args.context)
@@ -145,6 +147,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " fused-projections" if args.fused_projections else ""
     tag += " fused-kv-writes" if args.fused_kv_writes else ""
     tag += f" fp8-{args.fp8}" if args.fp8 != "none" else ""
+    tag += " kv-fp8" if args.kv_fp8 else ""
     print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "
           f"{B * 0.08 / step_ms * 1e3:7.1f} audio-s/s", flush=True)
     if graphs and r.frame_graphs is not None:

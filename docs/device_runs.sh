@@ -719,16 +719,20 @@ talkerstep)  # the talker's step at 88 rows, compiled, no server: first the GPU 
       --compile --top 12 $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
   done
   ;;
-fp8)  # float8 weights (talker.fp8_weights): their GPU tests, their distance from fp32 beside bf16's on the
-  # random full-size talker, then the step at 88 rows as shipped and with FP8 (all) and each of
-  # FP8S's variants (default "all"), compiled, one step ahead, plain local attention
+fp8)  # float8 weights and KV cache (talker.fp8_weights, talker.kv_cache_dtype): their GPU tests,
+  # their distance from fp32 beside bf16's on the random full-size talker, then the step at 88
+  # rows as shipped and with both (EACH=1: each alone too), compiled, one step ahead, plain local attention
   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_fp8_weights.py 2>&1 | tail -4 \
     | tee "$R/tests_fp8.txt"
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/stages/test_attention_triton.py -k float8 2>&1 \
+    | tail -4 | tee -a "$R/tests_fp8.txt"
   timeout 150 python3 -m bench.fp8_fidelity 2>&1 | grep -v -i warn | tee "$R/fp8_fidelity.txt"
-  for v in "" ${FP8S:-all}; do
+  variants=("" "--fp8 all --kv-fp8")
+  [ -n "${EACH:-}" ] && variants+=("--fp8 all" "--kv-fp8")
+  for v in "${variants[@]}"; do
     [ "$(left)" -lt 130 ] && { el "fp8: no time left for '$v'"; break; }
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
-      --compile --top 12 --local-attention plain --overlap ${v:+--fp8 $v} 2>&1 | grep -v -i warn \
+      --compile --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
       | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
   done
   ;;

@@ -183,6 +183,11 @@ class TalkerConfig(_Section):
         "Local-v1.5 talker: each backbone layer's new keys and values are stored in the paged cache "
         "by the compiled kernels that compute them (the layer's first half) instead of two copies "
         "after it: two kernels fewer a layer; the same values in the same slots; off until measured")] = False
+    kv_cache_dtype: Annotated[Literal["auto", "fp8"], doc(
+        "the talker's paged KV cache: \"auto\" (model.dtype) or \"fp8\" (float8 e4m3 without "
+        "a scale, values saturated at its range: half the bytes attention reads and twice the "
+        "tokens in the same memory; a precision change, its distance from the bf16 outputs is "
+        "measured in docs/performance.md); auto until measured")] = "auto"
     fp8_weights: Annotated[Literal["none", "backbone", "all"], doc(
         "Local-v1.5 talker: matmuls from float8 e4m3 weights (one scale per output channel) with "
         "their inputs quantized per row at run time, half the bytes a step reads: \"backbone\" "

@@ -199,5 +199,21 @@ def store_kv(keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tenso
     `[blocks, block_size, n_kv, head_dim]` at flat slots `slot_mapping [N]` (traceable: a compiled
     caller writes them from the kernels that compute them)."""
     flat_shape = (-1, *keys.shape[2:])
-    keys.view(flat_shape).index_copy_(0, slot_mapping, k.to(keys.dtype))
-    values.view(flat_shape).index_copy_(0, slot_mapping, v.to(values.dtype))
+    for pool, x in ((keys, k), (values, v)):
+        x = to_cache_dtype(x, pool.dtype)
+        if pool.dtype in FLOAT8_TYPES:  # index_copy_ has no float8 kernel: the same bytes as uint8
+            pool, x = pool.view(torch.uint8), x.view(torch.uint8)
+        pool.view(flat_shape).index_copy_(0, slot_mapping, x)
+
+
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in the cache's element type; a float8 cache (no scale: keys after their RMSNorm and values
+    of a normalised hidden state sit well inside its range) saturates at its largest finite value
+    instead of the cast's NaN."""
+    if dtype in FLOAT8_TYPES:
+        limit = torch.finfo(dtype).max
+        x = x.clamp(-limit, limit)
+    return x.to(dtype)
+
+
+FLOAT8_TYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

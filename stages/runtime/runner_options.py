@@ -26,7 +26,8 @@ def talker_options(profile: Profile) -> dict[str, Any]:
                 kv_memory_fraction=t.kv_memory_fraction, prefill_chunk_tokens=t.prefill_chunk_tokens,
                 max_prefill_tokens_per_step=t.max_prefill_tokens_per_step, prefill_interval=t.prefill_interval,
                 prefix_caching=t.prefix_caching, max_step_ms=t.max_step_ms,
-                prefill_graph_seqs=t.prefill_graph_seqs)
+                prefill_graph_seqs=t.prefill_graph_seqs,
+                kv_cache_dtype=torch.float8_e4m3fn if t.kv_cache_dtype == "fp8" else None)
 
 
 def talker_runner_options(profile: Profile, device: str, *, backbone_graphs: bool = False) -> dict[str, Any]:

@@ -74,6 +74,7 @@ class ScheduledRunner:
         prefill_graphs: bool = False,
         prefill_graph_seqs: int = 32,
         batch_invariant: bool = False,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         """`backbone` sizes the KV pool (this rank's KV heads); `spare_kv_blocks` are added on top
         of `num_kv_blocks` (or the default count) for the subclass's own use. `prefill_interval`:
@@ -88,7 +89,8 @@ class ScheduledRunner:
         `prefill_graph_seqs` chunks a replay (a step with more: one eager call). `batch_invariant`:
         every step and graph capture runs inside `stages.runtime.batch_invariant`'s mode
         (`kernel_mode`), with its attention when none is given (a given one must be
-        batch-invariant)."""
+        batch-invariant). `kv_cache_dtype`: the KV pool's element type, the model's when None
+        (float8 e4m3: half the bytes attention reads; `stages.runtime.kv_cache.store_kv`)."""
         if backbone_graphs not in GRAPH_PATHS:
             raise ValueError(f"backbone_graphs {backbone_graphs!r}: expected one of {GRAPH_PATHS}")
         param = next(model.parameters())
@@ -115,13 +117,14 @@ class ScheduledRunner:
             attention = attention or PaddedBatchAttention()
             spare_kv_blocks += 1  # the padding rows' scratch block
         self.attention = attention or ReferenceAttention()
+        kv_dtype = kv_cache_dtype or self.dtype
         if num_kv_blocks is None:
-            num_kv_blocks = default_num_blocks(backbone, device=self.device, dtype=self.dtype,
+            num_kv_blocks = default_num_blocks(backbone, device=self.device, dtype=kv_dtype,
                                                max_running=max_running, block_size=kv_block_size,
                                                memory_fraction=kv_memory_fraction)
         self._spare_blocks = spare_kv_blocks  # held by the runner itself (graph padding), never a request's
         self.cache = PagedKVCache(backbone.kv_cache_spec(num_kv_blocks + spare_kv_blocks, kv_block_size),
-                                  dtype=self.dtype, device=self.device, prefix_caching=prefix_caching)
+                                  dtype=kv_dtype, device=self.device, prefix_caching=prefix_caching)
         self.scheduler = RowScheduler(self.cache, max_running=max_running, prefill_chunk_tokens=prefill_chunk_tokens,
                                       max_prefill_tokens_per_step=max_prefill_tokens_per_step,
                                       prefill_interval=prefill_interval,
@@ -190,7 +193,7 @@ class ScheduledRunner:
         if warm is None:
             return 0
         with torch.inference_mode():
-            return warm(self.cache.spec, self.cache.dtype, self._query_heads, self.device)
+            return warm(self.cache.spec, self.dtype, self._query_heads, self.device, kv_dtype=self.cache.dtype)
 
     @in_kernel_mode
     def capture_decode_graphs(self, budget_s: float) -> int:

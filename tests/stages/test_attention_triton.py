@@ -253,3 +253,17 @@ def test_a_runner_warms_the_variants_of_its_attention(local_v15_model):
     runner = LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=16, attention=TritonPagedAttention())
     assert runner.warm_attention() == 8
     assert LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=16).warm_attention() == 0
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_a_float8_cache_is_read_as_the_reference_reads_it(num_splits):
+    """`talker.kv_cache_dtype: fp8`: bf16 queries over a float8 e4m3 cache, decode rows and a
+    prefill chunk, the kernel upcasting each tile as it loads it: the reference's result over the
+    same stored values."""
+    cache = PagedKVCache(KVCacheSpec(1, HKV, 32, 64, BS), dtype=torch.float8_e4m3fn, device=DEVICE)
+    torch.manual_seed(0)
+    cache.keys[0].copy_(torch.randn(cache.keys[0].shape))
+    cache.values[0].copy_(torch.randn(cache.values[0].shape))
+    fill_contexts(cache, {0: 9, 1: 30, 2: 17})
+    check(TritonPagedAttention(block_n=16, num_splits=num_splits), cache, [(0, 1), (1, 1), (2, 5)],
+          torch.bfloat16, 32)

@@ -195,9 +195,11 @@ class TritonPagedAttention:
             return [self.num_splits]
         return [1 << i for i in range(7)]  # 1 .. 64
 
-    def warm_variants(self, spec: KVCacheSpec, dtype: torch.dtype, num_heads: int, device: torch.device | str) -> int:
+    def warm_variants(self, spec: KVCacheSpec, dtype: torch.dtype, num_heads: int, device: torch.device | str,
+                      kv_dtype: torch.dtype | None = None) -> int:
         """Launch every kernel variant a call can pick once, on tiny inputs of the served dtypes
-        and layout (`spec`'s KV heads, head dim and block size, `num_heads` query heads): decode
+        and layout (`spec`'s KV heads, head dim and block size, `num_heads` query heads; queries
+        in `dtype`, the cache in `kv_dtype`, `dtype` when None): decode
         with each split count (`split_counts`) and its split combiner, and prefill, so that none
         is compiled in the middle of a serving step. A step's rows that no graph takes come here
         with a split count that follows their batch (one prompt token left after the prefix
@@ -207,7 +209,7 @@ class TritonPagedAttention:
         from stages.runtime.kv_cache import PagedKVCache
 
         cache = PagedKVCache(KVCacheSpec(1, spec.num_kv_heads, spec.head_dim, 4, spec.block_size),
-                             dtype=dtype, device=device)
+                             dtype=kv_dtype or dtype, device=device)
         keys, values = cache.keys[0], cache.values[0]
         scale = spec.head_dim ** -0.5
         decode = build_attention_metadata(cache, [(0, 1)], device)
