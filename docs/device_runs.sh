@@ -740,12 +740,13 @@ projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plai
   # step ahead) and with the backbone's projections fused and its KV stores in the layers
   # (talker.fused_projections, talker.fused_kv_writes; each alone too with EACH=1): first their GPU
   # tests (compiled and fused against eager), then each line: the step, its frame graph's kernels
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_talker_compile.py \
+  [ -n "${NOTESTS:-}" ] || timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_talker_compile.py \
     -k fused_backbone 2>&1 | tail -4 | tee "$R/tests_projstep.txt"
   variants=("" "--fused-projections --fused-kv-writes")
   [ -n "${EACH:-}" ] && variants+=("--fused-projections" "--fused-kv-writes")
+  [ -n "${VARIANTS:-}" ] && IFS='|' read -r -a variants <<< "$VARIANTS"  # e.g. "|--fp8 all|--kv-fp8"
   for v in "${variants[@]}"; do
-    [ "$(left)" -lt 130 ] && { el "projstep: no time left for '$v'"; break; }
+    [ "$(left)" -lt 100 ] && { el "projstep: no time left for '$v'"; break; }
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
       --compile --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
       | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
