@@ -722,7 +722,7 @@ talkerstep)  # the talker's step at 88 rows, compiled, no server: first the GPU 
 fp8)  # float8 weights and KV cache (talker.fp8_weights, talker.kv_cache_dtype): their GPU tests,
   # their distance from fp32 beside bf16's on the random full-size talker, then the step at 88
   # rows as shipped and with both (EACH=1: each alone too), compiled, one step ahead, plain local attention
-  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_fp8_weights.py 2>&1 | tail -4 \
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_fp8_weights.py 2>&1 | tail -4 \
     | tee "$R/tests_fp8.txt"
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/stages/test_attention_triton.py -k float8 2>&1 \
     | tail -4 | tee -a "$R/tests_fp8.txt"
