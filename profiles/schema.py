@@ -183,9 +183,11 @@ class TalkerConfig(_Section):
     fused_kv_writes: Annotated[bool, doc(
         "Local-v1.5 talker: each backbone layer's new keys and values are stored in the paged cache "
         "by the compiled kernels that compute them (the layer's first half) instead of two copies "
-        "after it: the same values in the same slots, but measured on an H200 the compiled layer "
-        "also copies the layer's whole cache back (88 rows: 5.4 ms more kernels a step; a C=128 "
-        "server's steps 5x longer), so off until the store is made in place")] = False
+        "after it: the same values in the same slots. Measured on an H200 with the stores as "
+        "index_copy_ into a flat view, the compiled layer also copied the layer's whole cache back "
+        "(88 rows: 5.4 ms more kernels a step; a C=128 server's steps 5x longer); the stores are "
+        "now an in-place index_put_ at (block, row), which a GPU test holds to no copy; off "
+        "until measured again")] = False
     kv_cache_dtype: Annotated[Literal["auto", "fp8"], doc(
         "the talker's paged KV cache: \"auto\" (model.dtype) or \"fp8\" (float8 e4m3 without "
         "a scale, values saturated at its range: half the bytes attention reads and twice the "

@@ -41,7 +41,7 @@ from torch import nn
 from stages.runtime.attention.backends import ReferenceAttention
 from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
 from stages.runtime.batch_invariant import rms_norm
-from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache, store_kv
+from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache, scatter_kv
 from stages.runtime.tensor_parallel import TPGroup, column_linear, row_linear
 
 # the names of a layer's matmuls, plain and fused (`fuse_projections`)
@@ -215,7 +215,7 @@ def attention_inputs_stored(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torc
     `keys`, `values` `[blocks, block_size, Hkv, D]` (compiled: by the kernels that compute them,
     no copies after): x [N, H] -> q [N, Hq, D]."""
     q, k, v = attention_inputs(layer, x, cos, sin)
-    store_kv(keys, values, slot_mapping, k, v)
+    scatter_kv(keys, values, slot_mapping, k, v)
     return q
 
 
