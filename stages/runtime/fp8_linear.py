@@ -2,15 +2,17 @@
 
 A served talker step at a hundred rows is bound by reading its weights (an H200's backbone
 matmuls at 88 rows run at ~65% of the memory bandwidth), so the same products from float8
-weights take about half the time. `Fp8Linear` holds `W [out, in]` as float8 e4m3 with one fp32
-scale per output row (`W ≈ weight_fp8 * weight_scale`), quantizes its input per row at run time
-(one scale per row, from the row's largest magnitude) and multiplies with `torch._scaled_mm`
-(rowwise scales, fp32 accumulation; output in the input's dtype, through bf16 on CUDA): W8A8 "dynamic per token,
-per channel", the scheme of the peers' FP8 checkpoints without block scales.
+weights could take about half the time. `Fp8Linear` holds `W [out, in]` as float8 e4m3 with one
+fp32 scale per output row (`W ≈ weight_fp8 * weight_scale`), quantizes its input per row at run
+time (one scale per row, from the row's largest magnitude) and multiplies with
+`torch._scaled_mm` (rowwise scales, fp32 accumulation; output in the input's dtype, through bf16
+on CUDA): W8A8 "dynamic per token, per channel", the scheme of the peers' FP8 checkpoints without
+block scales. Measured on an H200 at 88 rows, cuBLAS runs these products with 128x128 tiles and
+they take longer than the bf16 ones (docs/performance.md): the gain needs a kernel for few rows.
 
-Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; a
-dot product of `in` terms averages those errors out to a relative ~1e-2 of its result. What that
-does to a model's outputs is measured, not assumed (`bench.fp8_fidelity`, docs/performance.md).
+Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; on
+random inputs one product lands ~4% from the full-precision one. What that does to a model's
+outputs is measured, not assumed (`bench.fp8_fidelity`, docs/performance.md).
 
 `quantize_linears(module, names)` swaps the named linears of a module for `Fp8Linear`s after
 loading (serving only: the state dict no longer has the checkpoint's weights). One device: a
