@@ -277,6 +277,16 @@ known_voices() {  # known_voices PORT NAME SERVE_ARGS...: a high-concurrency ser
   grep -E "talker_(prompt|cached)_rows_total " "$R/${name}_c64_metrics.txt"
   stop_server "$name"
 }
+talker_steps() {  # talker_steps "BENCH FLAGS"...: the talker's step alone at 88 rows, compiled, one
+  # step ahead, plain local attention, once per argument (each line: the step, its kernels)
+  local v
+  for v in "$@"; do
+    [ "$(left)" -lt 100 ] && { el "no time left for the step with '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
+      --compile --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
+      | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
+  done
+}
 summaries() {  # per line of windows.txt (NAME C START END): its timeline over that window, one line
   while read -r name c a b; do
     python3 -m bench.timeline "/tmp/tl_${name%%_*}" --window "$a" "$b" --first-wave "$c" \
@@ -729,12 +739,7 @@ fp8)  # float8 weights and KV cache (talker.fp8_weights, talker.kv_cache_dtype):
   timeout 150 python3 -m bench.fp8_fidelity 2>&1 | grep -v -i warn | tee "$R/fp8_fidelity.txt"
   variants=("" "--fp8 all --kv-fp8")
   [ -n "${EACH:-}" ] && variants+=("--fp8 all" "--kv-fp8")
-  for v in "${variants[@]}"; do
-    [ "$(left)" -lt 130 ] && { el "fp8: no time left for '$v'"; break; }
-    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
-      --compile --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
-      | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
-  done
+  talker_steps "${variants[@]}"
   ;;
 projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plain local attention, one
   # step ahead) and with the backbone's projections fused and its KV stores in the layers
@@ -745,12 +750,7 @@ projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plai
   variants=("" "--fused-projections --fused-kv-writes")
   [ -n "${EACH:-}" ] && variants+=("--fused-projections" "--fused-kv-writes")
   [ -n "${VARIANTS:-}" ] && IFS='|' read -r -a variants <<< "$VARIANTS"  # e.g. "|--fp8 all|--kv-fp8"
-  for v in "${variants[@]}"; do
-    [ "$(left)" -lt 100 ] && { el "projstep: no time left for '$v'"; break; }
-    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
-      --compile --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
-      | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
-  done
+  talker_steps "${variants[@]}"
   ;;
 codecprof)  # where a served codec call's time goes: the kernel table and the kernels by duration of
   # the shapes a C=128 dispatch has (ROWS (24) rows x FRAMES (1 8 15)), ring attention in place as served
