@@ -196,14 +196,11 @@ class PagedKVCache:
 def store_kv(keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor) -> None:
     """One layer's new keys/values `[N, n_kv, head_dim]` into its cache `keys`, `values`
-    `[blocks, block_size, n_kv, head_dim]` at flat slots `slot_mapping [N]` (traceable: a compiled
-    caller writes them from the kernels that compute them)."""
-    flat_shape = (-1, *keys.shape[2:])
+    `[blocks, block_size, n_kv, head_dim]` at flat slots `slot_mapping [N]` (eager callers and
+    graph captures; compiled callers use `scatter_kv`)."""
     for pool, x in ((keys, k), (values, v)):
-        x = to_cache_dtype(x, pool.dtype)
-        if pool.dtype in FLOAT8_TYPES:  # index_copy_ has no float8 kernel: the same bytes as uint8
-            pool, x = pool.view(torch.uint8), x.view(torch.uint8)
-        pool.view(flat_shape).index_copy_(0, slot_mapping, x)
+        pool, x = _as_stored(pool, x)
+        pool.view(-1, *pool.shape[2:]).index_copy_(0, slot_mapping, x)
 
 
 def scatter_kv(keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor,
@@ -215,10 +212,17 @@ def scatter_kv(keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Ten
     block_size = keys.shape[1]
     where = (slot_mapping // block_size, slot_mapping % block_size)  # [N] each
     for pool, x in ((keys, k), (values, v)):
-        x = to_cache_dtype(x, pool.dtype)
-        if pool.dtype in FLOAT8_TYPES:
-            pool, x = pool.view(torch.uint8), x.view(torch.uint8)
+        pool, x = _as_stored(pool, x)
         pool.index_put_(where, x)
+
+
+def _as_stored(pool: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pool, x in the pool's element type) to store with; a float8 pool and its rows as uint8
+    (the same bytes: `index_copy_` and `index_put_` have no float8 kernels)."""
+    x = to_cache_dtype(x, pool.dtype)
+    if pool.dtype in FLOAT8_TYPES:
+        return pool.view(torch.uint8), x.view(torch.uint8)
+    return pool, x
 
 
 def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

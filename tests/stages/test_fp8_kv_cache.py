@@ -7,9 +7,7 @@ import torch
 from profiles import load_profile
 from stages.models.local_v15.runner import load_talker_runner
 from stages.runtime.attention.metadata import build_attention_metadata
-import pytest
-
-from stages.runtime.kv_cache import PagedKVCache, scatter_kv, store_kv
+from stages.runtime.kv_cache import PagedKVCache, store_kv
 from tests.stages.test_local_v15_runner import mixed_requests, run
 from tests.stages.test_qwen3 import CFG, make_model
 
@@ -61,47 +59,3 @@ def test_a_runner_built_with_a_float8_cache_serves_every_request(local_v15_dir):
     for rid, (_, params) in reqs.items():
         if params.forced_frames is not None:
             assert len(frames[rid]) == params.forced_frames, rid
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8])
-def test_the_compiled_layers_scatter_stores_what_the_copies_store(dtype):
-    """`scatter_kv` (the compiled layer half's stores, an in-place `index_put_` at block and row)
-    leaves both pools exactly as `store_kv`'s copies into their flat view do, slots on and off
-    block edges, float8 saturation included."""
-    torch.manual_seed(0)
-    first = [torch.randn(6, 4, 2, 8).to(dtype) for _ in range(2)]  # keys, values [blocks, 4, Hkv, D]
-    pools = [first, [p.clone() for p in first]]
-    slots = torch.tensor([0, 3, 4, 13, 23])
-    k, v = torch.randn(5, 2, 8) * 300, torch.randn(5, 2, 8)
-    store_kv(*pools[0], slots, k, v)
-    scatter_kv(*pools[1], slots, k, v)
-    for a, b in zip(*pools):
-        assert torch.equal(a.view(torch.uint8) if dtype == FP8 else a, b.view(torch.uint8) if dtype == FP8 else b)
-    assert torch.equal(pools[1][1].view(-1, 2, 8)[slots].float(), v.to(dtype).float())
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@torch.no_grad()
-def test_the_compiled_layer_half_stores_in_place_on_cuda():
-    """Compiled by inductor for CUDA, the layer half with the KV stores (`talker.fused_kv_writes`)
-    writes the new rows into the pools and nothing else: no kernel that copies a pool back
-    (index_copy_ into a flat view of the pool was lowered to one, 5.4 ms a step at 88 rows)."""
-    import re
-
-    from torch._inductor.utils import run_and_get_code
-
-    from stages.models.qwen3 import attention_inputs_stored, rope_cos_sin
-
-    layer = make_model().layers[0].cuda()
-    keys = torch.zeros(4096, 16, CFG.num_kv_heads, CFG.head_dim, device="cuda")
-    values = torch.zeros_like(keys)
-    x = torch.randn(5, CFG.hidden_size, device="cuda")
-    cos, sin = rope_cos_sin(torch.arange(5, device="cuda"), CFG.head_dim, CFG.rope_theta, x.dtype)
-    slots = torch.tensor([3, 40, 77, 500, 60000], device="cuda")
-    compiled = torch.compile(attention_inputs_stored, dynamic=True)
-    _, code = run_and_get_code(compiled, layer, x, cos, sin, keys, values, slots)
-    kernels = set(re.findall(r"def (triton_\w+)\(", "\n".join(code)))
-    assert kernels and not [k for k in kernels if "copy_" in k], kernels
-    want_k = keys.view(-1, CFG.num_kv_heads, CFG.head_dim)[slots]
-    assert want_k.abs().sum() > 0 and keys.count_nonzero() == want_k.count_nonzero()
