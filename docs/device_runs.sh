@@ -99,6 +99,8 @@
 #                                       # rows and a served-size codec call, kernel by kernel
 #   bash docs/device_runs.sh talkerstep # the talker step at 88 rows as shipped, with plain local
 #                                       # attention, one step ahead, and both (no server)
+#   bash docs/device_runs.sh attn       # the talker's paged attention alone (bf16 and float8 cache,
+#                                       # tiles, warps, stages), then the step with a float8 cache
 #   bash docs/device_runs.sh projstep   # the talker step at 88 rows as shipped and with the
 #                                       # backbone's projections fused and KV stores in its layers
 #   bash docs/device_runs.sh flags      # high-concurrency as shipped against it with FLAGS (and
@@ -740,6 +742,13 @@ fp8)  # float8 weights and KV cache (talker.fp8_weights, talker.kv_cache_dtype):
   variants=("" "--fp8 all --kv-fp8")
   [ -n "${EACH:-}" ] && variants+=("--fp8 all" "--kv-fp8")
   talker_steps "${variants[@]}"
+  ;;
+attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint): the cache in
+  # bf16 and float8, keys per tile, warps and stages (ATTN_VARIANTS: its --variants); then, unless
+  # NOSTEP=1, the step at 88 rows as shipped (fused projections) and with the float8 KV cache
+  timeout $(( $(left) - 20 )) python3 -m bench.paged_attention ${ATTN_VARIANTS:+--variants "$ATTN_VARIANTS"} 2>&1 \
+    | grep -v -i warn | tee "$R/paged_attention.txt"
+  [ -n "${NOSTEP:-}" ] || talker_steps "--fused-projections" "--fused-projections --kv-fp8"
   ;;
 projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plain local attention, one
   # step ahead) and with the backbone's projections fused and its KV stores in the layers

@@ -267,3 +267,18 @@ def test_a_float8_cache_is_read_as_the_reference_reads_it(num_splits):
     fill_contexts(cache, {0: 9, 1: 30, 2: 17})
     check(TritonPagedAttention(block_n=16, num_splits=num_splits), cache, [(0, 1), (1, 1), (2, 5)],
           torch.bfloat16, 32)
+
+
+def test_keys_per_tile_follow_the_cache_element_size_unless_set():
+    """With no `block_n`, a tile holds the same bytes whatever the cache: 64 keys of bf16, 128 of
+    float8, 32 of float32; a set `block_n` is kept. A float8 cache read 128 keys a tile (more than
+    a sequence's length here, and past a block table's end) gives the reference's result."""
+    auto = TritonPagedAttention()
+    assert [auto.keys_per_tile(d) for d in (torch.bfloat16, torch.float8_e4m3fn, torch.float32)] == [64, 128, 32]
+    assert TritonPagedAttention(block_n=16).keys_per_tile(torch.float8_e4m3fn) == 16
+    cache = PagedKVCache(KVCacheSpec(1, HKV, 32, 96, BS), dtype=torch.float8_e4m3fn, device=DEVICE)
+    torch.manual_seed(0)
+    cache.keys[0].copy_(torch.randn(cache.keys[0].shape))
+    cache.values[0].copy_(torch.randn(cache.values[0].shape))
+    fill_contexts(cache, {0: 150, 1: 30})
+    check(TritonPagedAttention(num_splits=1, num_stages=2), cache, [(0, 1), (1, 1)], torch.bfloat16, 32)

@@ -152,22 +152,28 @@ def _pow2(x: int) -> int:
 class TritonPagedAttention:
     """Paged attention backend: decode group and prefill group each in one kernel launch.
 
-    `block_n`: keys per inner tile (power of two, >= 16). `block_m`: prefill query tokens per
-    program. `num_splits`: split-K factor of the decode group; None picks it from shapes only
-    (enough programs to fill the GPU, at least `min_split_tokens` keys per split).
+    `block_n`: keys per inner tile (power of two, >= 16); None picks it from the cache's element
+    size, `tile_key_bytes` / bytes per element (64 keys of a bf16 cache, 128 of a float8 one:
+    a program keeps as many bytes in flight whatever the cache holds). `block_m`: prefill query
+    tokens per program. `num_splits`: split-K factor of the decode group; None picks it from
+    shapes only (enough programs to fill the GPU, at least `min_split_tokens` keys per split).
+    `num_stages`: software pipelining depth of the key loop (None: Triton's default).
     """
 
     table_width_free = True  # reads a block table only as far as its sequence's length
 
-    def __init__(self, *, block_n: int = 64, block_m: int = 16, num_splits: int | None = None,
+    tile_key_bytes = 128  # keys per tile x bytes per cache element, when block_n is None
+
+    def __init__(self, *, block_n: int | None = None, block_m: int = 16, num_splits: int | None = None,
                  target_programs: int = 256, min_split_tokens: int = 128, num_warps: int = 4,
-                 decode_as_prefill: bool = False) -> None:
-        if block_n < 16 or block_n & (block_n - 1):
+                 num_stages: int | None = None, decode_as_prefill: bool = False) -> None:
+        if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
             raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
         if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1)):
             raise ValueError(f"num_splits must be a power of two >= 1, got {num_splits}")
         self.block_n, self.block_m, self.num_splits = block_n, _pow2(block_m), num_splits
         self.target_programs, self.min_split_tokens, self.num_warps = target_programs, min_split_tokens, num_warps
+        self.num_stages = num_stages
         if decode_as_prefill and num_splits not in (None, 1):
             raise ValueError(f"decode_as_prefill runs one split, got num_splits={num_splits}")
         self.decode_as_prefill = decode_as_prefill
@@ -177,6 +183,13 @@ class TritonPagedAttention:
         """A row's result depends on its own sequence only: one split whatever the batch, and decode
         rows computed as prefill rows."""
         return self.decode_as_prefill
+
+    def keys_per_tile(self, cache_dtype: torch.dtype) -> int:
+        """Keys a program reads per step of its loop over a cache of `cache_dtype`: `block_n`, or
+        64 for 2-byte elements and 128 for 1-byte ones (the same bytes a tile)."""
+        if self.block_n is not None:
+            return self.block_n
+        return max(16, self.tile_key_bytes // cache_dtype.itemsize)
 
     def decode_splits(self, n_seqs: int, n_kv_heads: int, max_tokens: int) -> int:
         """Split-K factor from shapes only: double while the grid is below `target_programs` and
@@ -263,10 +276,12 @@ class TritonPagedAttention:
             q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
             v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), out.stride(0), out.stride(1), tables.stride(0),
             meta.seq_lens.stride(0),
-            REP=rep, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_G=block_g, BLOCK_M=block_m, BLOCK_N=self.block_n,
+            REP=rep, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_G=block_g, BLOCK_M=block_m,
+            BLOCK_N=self.keys_per_tile(k_pool.dtype),
             BLOCK_SIZE=block_size, NUM_SPLITS=splits,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
             DOT_FP32=q.device.type == "cpu", num_warps=self.num_warps,
+            **({} if self.num_stages is None else {"num_stages": self.num_stages}),
         )
         if splits > 1:
             _combine_splits_kernel[(seqs.shape[0], Hq)](
