@@ -745,10 +745,12 @@ fp8)  # float8 weights and KV cache (talker.fp8_weights, talker.kv_cache_dtype):
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint): the cache in
   # bf16 and float8, keys per tile, warps and stages (ATTN_VARIANTS: its --variants); then, unless
-  # NOSTEP=1, the step at 88 rows as shipped (fused projections) and with the float8 KV cache
+  # NOSTEP=1, the step at 88 rows as shipped (fused projections), with the KV stores in the
+  # layers, and with those and a float8 KV cache
   timeout $(( $(left) - 20 )) python3 -m bench.paged_attention ${ATTN_VARIANTS:+--variants "$ATTN_VARIANTS"} 2>&1 \
     | grep -v -i warn | tee "$R/paged_attention.txt"
-  [ -n "${NOSTEP:-}" ] || talker_steps "--fused-projections" "--fused-projections --kv-fp8"
+  [ -n "${NOSTEP:-}" ] || talker_steps "--fused-projections" "--fused-projections --fused-kv-writes" \
+    "--fused-projections --fused-kv-writes --kv-fp8"
   ;;
 projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plain local attention, one
   # step ahead) and with the backbone's projections fused and its KV stores in the layers
