@@ -16,12 +16,11 @@ Triton's interpreter, which must be enabled before triton is imported: TRITON_IN
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from bench.timing import time_ms
 from stages.models.codec.config import CodecConfig, TransformerStage
 from stages.models.codec.streaming import ring_capacity
 from stages.models.codec.transformer import CausalWindowAttention, LayerCache, WindowPlan
@@ -43,23 +42,6 @@ class StageResult:
     tiles_ms: dict[Tiles, float]
     max_error: float
 
-
-def time_ms(fn: Callable[[], object], iters: int, device: torch.device) -> float:
-    """Mean ms of `fn` over `iters` calls after two warm-up calls (CUDA events on CUDA)."""
-    for _ in range(2):
-        fn()
-    if device.type == "cuda":
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return begin.elapsed_time(end) / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) * 1e3 / iters
 
 
 def bench_stage(stage: TransformerStage, index: int, batch: int, frames: int, max_chunk_frames: int,

@@ -15,12 +15,11 @@ tiles halves that is what this answers. `--quick` runs a tiny shape on whatever 
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from bench.timing import time_ms
 from stages.runtime.attention.backends import ReferenceAttention
 from stages.runtime.attention.metadata import build_attention_metadata
 from stages.runtime.attention.triton_paged import TritonPagedAttention
@@ -64,23 +63,6 @@ class Result:
     bytes_read: int
     max_error: float
 
-
-def time_us(fn: Callable[[], object], iters: int, device: torch.device) -> float:
-    """Mean us of `fn` over `iters` calls after three warm-up calls (CUDA events on CUDA)."""
-    for _ in range(3):
-        fn()
-    if device.type == "cuda":
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return begin.elapsed_time(end) * 1000.0 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) * 1e6 / iters
 
 
 def filled_cache(spec: KVCacheSpec, seqs: int, context: int, device: torch.device,
@@ -126,7 +108,7 @@ def run(seqs: int, context: int, heads: int, kv_heads: int, head_dim: int, block
                                          num_stages=variant.num_stages)
         got = attention(q, k, v, meta, scale).float()
         error = (got - want[variant.cache]).abs().max().item()
-        us = time_us(lambda: attention(q, k, v, meta, scale), iters, device)
+        us = 1000.0 * time_ms(lambda: attention(q, k, v, meta, scale), iters, device, warmup=3)
         results.append(Result(variant, us, 2 * keys_read * kv_heads * head_dim * k.element_size(), error))
     return results
 

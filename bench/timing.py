@@ -1,0 +1,27 @@
+"""Timing one GPU operation from the host: the benches that time a kernel alone share this."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def time_ms(fn: Callable[[], object], iters: int, device: torch.device, warmup: int = 2) -> float:
+    """Mean ms of `fn` over `iters` calls after `warmup` calls (CUDA events on CUDA, the host's
+    clock elsewhere)."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / iters
