@@ -27,6 +27,7 @@ from api.auth import BearerAuthMiddleware
 from api.errors import EXCEPTION_HANDLERS
 from api.http_timeouts import BodyTimeoutMiddleware
 from api.limits import BodyLimitMiddleware
+from api.loop_lag import loop_lag_watched
 from api.metrics import ApiMetrics
 from api.ref_cache import ReferenceCodeCache, codec_namespace
 from api.reference import ReferenceLoader, ReferencePolicy
@@ -108,7 +109,9 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Sta
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         async with connect() as client:
-            yield {"api": build_state(profile, client, codec_id=codec_id)}
+            state = build_state(profile, client, codec_id=codec_id)
+            async with loop_lag_watched(state.metrics.loop_lag.observe):
+                yield {"api": state}
 
     routes = [
         Route("/v1/audio/speech", speech.create_speech, methods=["POST"]),

@@ -93,6 +93,7 @@ def engine_help(key: str) -> str:
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
 
@@ -132,6 +133,9 @@ class ApiMetrics:
                                      "WebSocket sessions: the input.text that completed an "
                                      "utterance's first sentence to its first audio frame",
                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.loop_lag = Histogram(f"{PREFIX}_api_loop_lag_seconds",
+                                  "How late an API process's event loop ran a 20 ms timer: "
+                                  "the wait requests and chunks had there", buckets=_LAG_BUCKETS, registry=r)
         self._engine_counters = engine_counters
 
     def render(self) -> bytes:

@@ -99,6 +99,9 @@
 #                                       # rows and a served-size codec call, kernel by kernel
 #   bash docs/device_runs.sh talkerstep # the talker step at 88 rows as shipped, with plain local
 #                                       # attention, one step ahead, and both (no server)
+#   bash docs/device_runs.sh clientprocs # one server as shipped, C=128 and 64, the default client
+#                                       # processes against one per 8 clients: the client's share
+#                                       # of first audio (the server's own from /metrics beside it)
 #   bash docs/device_runs.sh attn       # the talker's paged attention alone (bf16 and float8 cache,
 #                                       # tiles, warps, stages), then the step with a float8 cache
 #   bash docs/device_runs.sh projstep   # the talker step at 88 rows as shipped and with the
@@ -742,6 +745,49 @@ fp8)  # float8 weights and KV cache (talker.fp8_weights, talker.kv_cache_dtype):
   variants=("" "--fp8 all --kv-fp8")
   [ -n "${EACH:-}" ] && variants+=("--fp8 all" "--kv-fp8")
   talker_steps "${variants[@]}"
+  ;;
+clientprocs)  # how much of a pass's first audio is the bench client's own: one server as shipped,
+  # C in CS (128 64), passes alternating between the default client processes (ceil(C/32)) and
+  # one process per CP_PER (8) clients, PASSES (2) of each; per pass the server's own first audio
+  # (its handler's start to the first bytes handed to HTTP, from /metrics) beside the client's
+  checkpoint
+  start_server 8000 shipped --profile high-concurrency
+  order=()
+  for c in ${CS:-128 64}; do
+    [ "$(left)" -lt 60 ] && break
+    bench 8000 shipped_warm "$c" --no-warmup; order+=("shipped_warm_c$c")
+    for i in $(seq 1 "${PASSES:-2}"); do
+      [ "$(left)" -lt 40 ] && break
+      run=shipped; many=manyclients; [ "$i" -gt 1 ] && run=shipped_r$i && many=manyclients_r$i
+      bench 8000 "$run" "$c" --no-warmup; order+=("${run}_c$c")
+      bench 8000 "$many" "$c" --no-warmup --client-procs $(( (c + ${CP_PER:-8} - 1) / ${CP_PER:-8} ))
+      order+=("${many}_c$c")
+    done
+  done
+  stop_server shipped
+  python3 - "$R" "${order[@]}" <<'PY' | tee "$R/client_share.txt"
+import json, re, sys
+root, names = sys.argv[1], sys.argv[2:]
+def metric(name, key):
+    text = open(f"{root}/{name}_metrics.txt").read()
+    m = re.search(rf"^mossvox_{key} (\S+)", text, re.M)
+    return float(m.group(1)) if m else 0.0
+KEYS = ("time_to_first_audio_seconds_sum", "time_to_first_audio_seconds_count",
+        "api_loop_lag_seconds_sum", "api_loop_lag_seconds_count")
+prev = dict.fromkeys(KEYS, 0.0)
+for name in names:
+    now = {k: metric(name, k) for k in KEYS}
+    d = {k: now[k] - prev[k] for k in KEYS}
+    run = json.load(open(f"{root}/{name}.json"))["runs"][0]
+    server = 1000 * d[KEYS[0]] / max(1.0, d[KEYS[1]])
+    lag = 1000 * d[KEYS[2]] / max(1.0, d[KEYS[3]])
+    print(f"{name}: client procs {run['client_procs']}, {run['audio_s_per_s']:.2f} audio-s/s, first audio "
+          f"{run['ttfa_ms']['mean']:.1f} ms at the client, {server:.1f} ms in the server's handler, "
+          f"API loop lag {lag:.2f} ms a 20 ms timer, client CPU max {run['client_cpu_max_s']} s "
+          f"of {run['wall_s']:.2f} s")
+    prev = now
+PY
+  python3 -m bench.passes "$R" | tee "$R/passes.md"
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint): the cache in
   # bf16 and float8, keys per tile, warps and stages (ATTN_VARIANTS: its --variants); then, unless

@@ -276,6 +276,14 @@ def test_output_sample_rate_is_converted(http, rate_channels, fmt, mode):
     assert rate == 16000 and abs(pcm.shape[0] / rate - expected_seconds(TEXT)) < 0.01
 
 
+def test_the_server_exports_its_event_loop_lag(http):
+    """Each API process reports how late its loop ran a timer (`mossvox_api_loop_lag_seconds`)."""
+    deadline = time.monotonic() + 5.0
+    while metric(http.get("/metrics").text, "mossvox_api_loop_lag_seconds_count") == 0:
+        assert time.monotonic() < deadline, "no loop lag observed in /metrics"
+        time.sleep(0.05)
+
+
 def test_reference_audio_forms_and_cache(http, server):
     before = http.get("/metrics").text
     ref = data_url(tone_wav(2.0, hz=330.0))
