@@ -18,7 +18,9 @@ and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) an
   with the engine clients' timelines (each API process's `client<N>` file): a request's submit
   → its admission by the talker (the coordinator and the talker's inbox), and its first and final
   chunks decoded → their PCM taken off the client's ring (the codec's ring writes for its whole
-  dispatch, then the client's reader).
+  dispatch, then the client's reader); when the API gave its arrival, the request received by
+  the API process → submitted (body, voice, prompt); the first chunk on the client's ring → taken
+  by its request (the process's loop) → handled (encoded and handed to the HTTP server).
 """
 
 from __future__ import annotations
@@ -199,9 +201,16 @@ def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] | No
         elif e["k"] == "talker_done":
             done[e["rid"]] = e["t"]
     submit, client_first, client_final = {}, {}, {}  # the API processes' side (engine clients)
+    received, first_taken, first_out = {}, {}, {}
     for e in events:
         if e["k"] == "client_submit":
             submit[e["rid"]] = e["t"]
+            if "received" in e:
+                received[e["rid"]] = e["received"]
+        elif e["k"] == "client_first_taken":
+            first_taken[e["rid"]] = e["t"]
+        elif e["k"] == "client_first_out":
+            first_out[e["rid"]] = e["t"]
         elif e["k"] == "client_pcm":
             if e["seq"] == 0:
                 client_first.setdefault(e["rid"], e["t"])  # a large chunk may come in pieces
@@ -231,9 +240,12 @@ def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] | No
         "last_frame_to_final_chunk_ms": (done, final_end),
         "first_frame_to_first_chunk_ms": (first, first_chunk_end),
         "admit_to_final_chunk_ms": (admit, final_end),
+        "received_to_submit_ms": (received, submit),
         "submit_to_admit_ms": (submit, admit),
         "first_chunk_to_client_ms": (first_decoded, client_first),
         "final_chunk_to_client_ms": (final_decoded, client_final),
+        "first_chunk_in_client_to_taken_ms": (client_first, first_taken),
+        "first_chunk_taken_to_out_ms": (first_taken, first_out),
     }
     for name, (a, b) in pairs.items():
         life[name] = _scale(_stats([b[r] - a[r] for r in a if r in b]), 1e3)

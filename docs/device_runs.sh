@@ -314,10 +314,13 @@ print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "m
       "allocating steps", t.get("allocating_steps"), "longest", round(t.get("allocating_step_max_ms", 0.0), 1))
 for part in ("requests", "requests_first_wave", "requests_later"):
     r = d.get(part, {})
-    print("   ", sys.argv[2], part, "ms | submit to admit", ms(r.get("submit_to_admit_ms", {})),
+    print("   ", sys.argv[2], part, "ms | received to submit", ms(r.get("received_to_submit_ms", {})),
+          "| submit to admit", ms(r.get("submit_to_admit_ms", {})),
           "| admit to first frame", ms(r.get("admit_to_first_frame_ms", {})),
           "| first frame to first chunk", ms(r.get("first_frame_to_first_chunk_ms", {})),
           "| first chunk to client", ms(r.get("first_chunk_to_client_ms", {})),
+          "| taken", ms(r.get("first_chunk_in_client_to_taken_ms", {})),
+          "| out", ms(r.get("first_chunk_taken_to_out_ms", {})),
           "| last frame to final chunk", ms(r.get("last_frame_to_final_chunk_ms", {})),
           "| final chunk to client", ms(r.get("final_chunk_to_client_ms", {})))
 PY

@@ -195,13 +195,18 @@ class EngineClient:
                           prime_frames=request.prime_frames, echo_codes=echo_codes,
                           open_input=open_input), request.payload())
         if self._timeline is not None:
-            self._timeline.add("client_submit", time.monotonic(), rid=rid)
+            received = {} if job.received_at is None else {"received": job.received_at}
+            self._timeline.add("client_submit", time.monotonic(), rid=rid, **received)
         return rid, box
 
     async def _receive(self, rid: int, box: _Mailbox) -> AsyncIterator[AudioChunk]:
-        """Request `rid`'s chunks as they arrive; closing it early sends `Abort`."""
+        """Request `rid`'s chunks as they arrive; closing it early sends `Abort`. With a timeline,
+        the first chunk's way through this process: taken by the request (`client_first_taken`)
+        and, when the request asks for the next one, handled (`client_first_out`: encoded and
+        handed to the HTTP server)."""
         finished = False
         codes = None
+        first = self._timeline is not None
         try:
             while True:
                 item = await box.get()
@@ -215,7 +220,12 @@ class EngineClient:
                     item.codes, codes = codes, None
                 if item.final:
                     finished = True
+                if first:
+                    self._timeline.add("client_first_taken", time.monotonic(), rid=rid)
                 yield item
+                if first:
+                    self._timeline.add("client_first_out", time.monotonic(), rid=rid)
+                    first = False
                 if finished:
                     return
         finally:

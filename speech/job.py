@@ -41,6 +41,8 @@ class SpeechJob:
     context_codes: np.ndarray | None = None  # [T, n_vq] int64: audio spoken just before this
     #   text (the previous sentence of a stream), for variants that continue it; others ignore it
     context_text: str | None = None        # the transcript of context_codes
+    received_at: float | None = None       # time.monotonic() when the API process began handling
+    #   the request (engine timelines only: received to submit)
 
     def given_fields(self) -> tuple[OptionalField, ...]:
         """The optional fields this job sets, in `OPTIONAL_FIELDS` order (blank text counts as unset)."""

@@ -59,6 +59,7 @@ class RequestTracker:
         self.submitted: float | None = None  # body parsed and the voice resolved: handed to the engine
         self.done = False
         self.request_id = f"speech-{uuid.uuid4().hex[:16]}"
+        self.received_at = time.monotonic()  # the engine timelines' clock (`SpeechJob.received_at`)
 
     def chunk(self, chunk) -> None:
         now = time.perf_counter()
@@ -184,7 +185,8 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
     job = SpeechJob(text=req.input, language=req.language, instructions=req.instructions,
                     ref_codes=voice.codes, ref_text=voice.ref_text, extra_ref_codes=list(voice.extra_codes),
                     sampling=sampling_overrides(req),
-                    initial_chunk_frames=req.initial_codec_chunk_frames, forced_frames=req.forced_frames)
+                    initial_chunk_frames=req.initial_codec_chunk_frames, forced_frames=req.forced_frames,
+                    received_at=tracker.received_at)
     try:
         encoder = make_encoder(plan.response_format, client.sample_rate, client.channels,
                                streaming=plan.mode != "file", speed=plan.speed, out_rate=plan.sample_rate,

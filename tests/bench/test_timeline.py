@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import numpy as np
 import pytest
@@ -29,7 +30,8 @@ def timeline_dir(demo_model_dir, tmp_path_factory):
         try:
             client = handle.client(0)
             jobs = [SpeechJob(text=f"Sentence number {i} in one voice.", ref_codes=voice, forced_frames=n,
-                              sampling={"seed": i}) for i, n in enumerate(FRAMES)]
+                              sampling={"seed": i}, received_at=time.monotonic())
+                    for i, n in enumerate(FRAMES)]
             await collect(client, jobs[0])  # alone: its prompt blocks are named as they fill
             await asyncio.gather(*(collect(client, job) for job in jobs[1:]))  # then the voice is known
         finally:
@@ -54,6 +56,10 @@ def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_
     # the engine client's side: every request's submit before its admission, its first and
     # final PCM after the codec decoded them
     for name in ("submit_to_admit_ms", "first_chunk_to_client_ms", "final_chunk_to_client_ms"):
+        assert life[name]["n"] == len(FRAMES) and life[name]["p50"] >= 0, (name, life[name])
+    # ... and around the engine: received (the job's arrival) to submit, and the first chunk on
+    # the client's ring to taken by its request to handled (the request asked for the next one)
+    for name in ("received_to_submit_ms", "first_chunk_in_client_to_taken_ms", "first_chunk_taken_to_out_ms"):
         assert life[name]["n"] == len(FRAMES) and life[name]["p50"] >= 0, (name, life[name])
     # the first request alone, then the two that came after it
     waves = summarize(max(passes, key=len), first_wave=1)
