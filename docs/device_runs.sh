@@ -753,8 +753,10 @@ clientprocs)  # how much of a pass's first audio is the bench client's own: one 
   # C in CS (128 64), passes alternating between the default client processes (ceil(C/32)) and
   # one process per CP_PER (8) clients, PASSES (2) of each; per pass the server's own first audio
   # (its handler's start to the first bytes handed to HTTP, from /metrics) beside the client's
+  # (and each pass's timeline: received to submit, the first chunk taken and handed over)
   checkpoint
-  start_server 8000 shipped --profile high-concurrency
+  start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped
+  ln -sfn /tmp/tl_shipped /tmp/tl_manyclients  # one server: the summaries read its timeline for both
   order=()
   for c in ${CS:-128 64}; do
     [ "$(left)" -lt 60 ] && break
@@ -762,9 +764,10 @@ clientprocs)  # how much of a pass's first audio is the bench client's own: one 
     for i in $(seq 1 "${PASSES:-2}"); do
       [ "$(left)" -lt 40 ] && break
       run=shipped; many=manyclients; [ "$i" -gt 1 ] && run=shipped_r$i && many=manyclients_r$i
-      bench 8000 "$run" "$c" --no-warmup; order+=("${run}_c$c")
-      bench 8000 "$many" "$c" --no-warmup --client-procs $(( (c + ${CP_PER:-8} - 1) / ${CP_PER:-8} ))
-      order+=("${many}_c$c")
+      a=$(mono); bench 8000 "$run" "$c" --no-warmup; b=$(mono); order+=("${run}_c$c")
+      echo "$run $c $a $b" >> "$R/windows.txt"
+      a=$(mono); bench 8000 "$many" "$c" --no-warmup --client-procs $(( (c + ${CP_PER:-8} - 1) / ${CP_PER:-8} ))
+      b=$(mono); order+=("${many}_c$c"); echo "$many $c $a $b" >> "$R/windows.txt"
     done
   done
   stop_server shipped
@@ -790,7 +793,7 @@ for name in names:
           f"of {run['wall_s']:.2f} s")
     prev = now
 PY
-  python3 -m bench.passes "$R" | tee "$R/passes.md"
+  summaries
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint): the cache in
   # bf16 and float8, keys per tile, warps and stages (ATTN_VARIANTS: its --variants); then, unless
