@@ -221,6 +221,53 @@ async def test_a_clip_sent_again_is_known_without_decoding_until_its_waveform_is
     assert len(decoded) == 3 and other.digest != first.digest
 
 
+async def test_an_inline_clip_sent_again_is_known_by_its_text_without_decoding_its_base64(monkeypatch):
+    """A data: URL or bare base64 seen before is known by the text itself: neither its base64
+    nor its audio is decoded again, and its waveform (a reference-cache miss) is still the same.
+    The same bytes in other text (bare base64 of a clip first sent as a data: URL) are decoded
+    again, to the same digest, and known by that text from then on."""
+    import api.reference as reference
+
+    b64 = []
+    strict = reference._strict_base64
+    monkeypatch.setattr(reference, "_strict_base64", lambda text: b64.append(1) or strict(text))
+    audio = []
+    decode = reference.decode_audio_bytes
+    monkeypatch.setattr(reference, "decode_audio_bytes", lambda *a, **k: audio.append(1) or decode(*a, **k))
+    loader = ReferenceLoader(policy())
+    clip = base64.b64encode(wav_bytes(1.5)).decode()
+    first = await loader.load("data:audio/wav;base64," + clip)
+    assert (len(b64), len(audio)) == (1, 1)
+    again = await loader.load("  data:audio/wav;base64," + clip + "\n")  # stripped: the same text
+    assert (len(b64), len(audio)) == (1, 1)
+    assert (again.digest, again.duration_s) == (first.digest, first.duration_s)
+    np.testing.assert_array_equal(again.wav, first.wav)  # decoded only now, from the text
+    assert (len(b64), len(audio)) == (2, 2)
+    bare = await loader.load(clip)  # the same bytes, other text: decoded again
+    assert (len(b64), len(audio), bare.digest) == (3, 3, first.digest)
+    await loader.load(clip)  # and now known by this text too
+    assert (len(b64), len(audio)) == (3, 3)
+
+
+async def test_a_file_is_read_again_each_time_not_known_by_its_path(tmp_path):
+    """A path names bytes that may change: the loader reads the file every time and knows it by
+    what it holds, never by the path."""
+    (tmp_path / "ref.wav").write_bytes(wav_bytes(1.5))
+    loader = ReferenceLoader(policy(tmp_path))
+    first = await loader.load(str(tmp_path / "ref.wav"))
+    (tmp_path / "ref.wav").write_bytes(wav_bytes(2.5))
+    second = await loader.load(str(tmp_path / "ref.wav"))
+    assert second.digest != first.digest and second.duration_s == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("payload", ["QUJD\nREVG" * 20, "QUJD REVG" * 20, "QUJDREVG=" * 20, "QUJDREVGé" * 20])
+async def test_base64_with_whitespace_padding_inside_or_other_characters_is_refused(payload):
+    """Inline base64 is strict: no line breaks or spaces, padding only at the end, ASCII only."""
+    with pytest.raises(ApiError, match="invalid base64") as err:
+        await ReferenceLoader(policy()).load("data:audio/wav;base64," + payload)
+    assert err.value.status == 400
+
+
 async def test_the_memo_forgets_the_least_recently_used_clip_and_never_keeps_a_refused_one():
     loader = ReferenceLoader(policy(), memo_size=2)
     clips = [base64.b64encode(wav_bytes(1.5 + 0.1 * i)).decode() for i in range(3)]
