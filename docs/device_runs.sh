@@ -795,13 +795,13 @@ for name in names:
 PY
   summaries
   ;;
-attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint): the cache in
-  # bf16 and float8, keys per tile, warps and stages (ATTN_VARIANTS: its --variants); then, unless
-  # NOSTEP=1, the step at 88 rows as shipped (fused projections), with the KV stores in the
-  # layers, and with those and a float8 KV cache
-  timeout $(( $(left) - 20 )) python3 -m bench.paged_attention ${ATTN_VARIANTS:+--variants "$ATTN_VARIANTS"} 2>&1 \
-    | grep -v -i warn | tee "$R/paged_attention.txt"
-  [ -n "${NOSTEP:-}" ] || talker_steps "--fused-projections" "--fused-projections --fused-kv-writes" \
+attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1
+  # skips it): the cache in bf16 and float8, keys per tile, warps and stages (ATTN_VARIANTS: its
+  # --variants); then, unless NOSTEP=1, the step at 88 rows as shipped (fused projections), with a
+  # float8 KV cache, and with that cache stored from inside the layers (talker.fused_kv_writes)
+  [ -n "${NOKERNELS:-}" ] || timeout $(( $(left) - 20 )) python3 -m bench.paged_attention \
+    ${ATTN_VARIANTS:+--variants "$ATTN_VARIANTS"} 2>&1 | grep -v -i warn | tee "$R/paged_attention.txt"
+  [ -n "${NOSTEP:-}" ] || talker_steps "--fused-projections" "--fused-projections --kv-fp8" \
     "--fused-projections --fused-kv-writes --kv-fp8"
   ;;
 projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plain local attention, one
