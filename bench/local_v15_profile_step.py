@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fp8", choices=["none", "backbone", "all"], default="none",
                     help="matmuls from float8 weights (talker.fp8_weights)")
     ap.add_argument("--kv-fp8", action="store_true", help="a float8 KV cache (talker.kv_cache_dtype: fp8)")
+    ap.add_argument("--decode-splits", type=int, default=None, metavar="N",
+                    help="the Triton attention splits every decode row's keys N ways (flash-decoding), "
+                         "not as many as its shapes pick (none at 44-128 rows)")
     ap.add_argument("--overlap", action="store_true",
                     help="each step launched before the one before is read back (talker.overlap_steps): "
                          "a step's time is then the longer of its host and GPU parts")
@@ -119,12 +122,16 @@ def main(argv: list[str] | None = None) -> None:
 
 def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, rng) -> None:
     from stages.runtime.attention.backends import make_attention
+    from stages.runtime.attention.triton_paged import TritonPagedAttention
 
     cfg = model.config
+    backend = make_attention(attention, "cuda")
+    if args.decode_splits is not None and isinstance(backend, TritonPagedAttention):
+        backend = TritonPagedAttention(num_splits=args.decode_splits)
     spare = sum(p // 16 + 2 for p in args.prefill) * args.prefill_seqs  # blocks of the prefill probes
     r = LocalV15Runner(model, max_running=B + args.prefill_seqs, num_kv_blocks=B * (args.context // 16 + 8) + spare,
                        prefill_chunk_tokens=4096, max_prefill_tokens_per_step=B * args.context,
-                       cuda_graphs=graphs, attention=make_attention(attention, "cuda"),
+                       cuda_graphs=graphs, attention=backend,
                        prefill_graphs=graphs and args.prefill_graphs, mixed_step_tokens=args.mixed,
                        fused_sampling=args.fused_sampling, overlap_steps=args.overlap,
                        kv_cache_dtype=torch.float8_e4m3fn if args.kv_fp8 else None)
@@ -148,6 +155,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " fused-kv-writes" if args.fused_kv_writes else ""
     tag += f" fp8-{args.fp8}" if args.fp8 != "none" else ""
     tag += " kv-fp8" if args.kv_fp8 else ""
+    tag += f" decode-splits-{args.decode_splits}" if args.decode_splits is not None else ""
     print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "
           f"{B * 0.08 / step_ms * 1e3:7.1f} audio-s/s", flush=True)
     if graphs and r.frame_graphs is not None:

@@ -3,12 +3,15 @@
 One decode row per sequence over a paged cache filled round-robin (so every sequence's blocks
 are scattered through the pool, as in the server), the Local-v1.5 backbone's heads (32 query, 8
 KV, head size 128, blocks of 16 keys) at `--seqs` sequences of `--context` keys. Each variant
-(cache dtype x keys per tile x warps x pipeline stages) is timed over `--iters` launches and
+(cache dtype x keys per tile x warps x pipeline stages x key splits) is timed over `--iters` launches and
 printed with the bytes of keys and values it had to read per launch, the rate that makes, its
 max |difference| from the reference over the same stored values, and its time against the
 first variant (the shipped one: bf16, Triton's defaults). On an H200 a layer at 88 sequences
 took ~37 us as shipped, 36 layers 1.33 ms of an 8 ms step: whether a float8 cache with wider
-tiles halves that is what this answers. `--quick` runs a tiny shape on whatever device there is
+tiles halves that is what this answers (the sixteenth session: at 88 x 400 keys, 0.66x with 2
+stages). With one program a sequence and KV head and no split below 256 programs, 44 or 88
+sequences run 352 or 704 programs of 7 serial tiles each at 1.6-1.7 TB/s: whether splitting
+their keys (flash-decoding, the fifth field) loads the memory better is the next question. `--quick` runs a tiny shape on whatever device there is
 (the CPU through Triton's interpreter: TRITON_INTERPRET=1 before triton is imported).
 """
 
@@ -26,32 +29,39 @@ from stages.runtime.attention.triton_paged import TritonPagedAttention
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
 
 CACHE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
-DEFAULT_VARIANTS = ("bf16,-,4,- bf16,64,4,2 bf16,64,8,3 bf16,128,8,3 fp8,-,4,- fp8,128,4,2 "
-                    "fp8,128,4,3 fp8,128,8,3 fp8,256,8,2 fp8,64,4,3")
+DEFAULT_VARIANTS = ("bf16,-,4,- bf16,-,4,-,2 bf16,-,4,-,4 bf16,-,4,-,8 bf16,32,4,-,4 bf16,64,8,-,4 "
+                    "fp8,-,4,- fp8,-,4,-,2 fp8,-,4,-,4 fp8,64,4,3,4")
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One configuration: cache dtype name, keys per tile, warps and stages (None: the default)."""
+    """One configuration: cache dtype name, keys per tile, warps, stages and key splits of each
+    sequence (None: the default; splits by default as the server picks them from shapes)."""
 
     cache: str
     block_n: int | None
     num_warps: int
     num_stages: int | None
+    num_splits: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> "Variant":
-        """`cache,block_n,warps,stages`, `-` for a default: `fp8,128,8,3`, `bf16,-,4,-`."""
-        cache, block_n, warps, stages = text.split(",")
+        """`cache,block_n,warps,stages[,splits]`, `-` for a default: `fp8,128,8,3`, `bf16,-,4,-,4`."""
+        fields = text.split(",")
+        if len(fields) not in (4, 5):
+            raise ValueError(f"variant {text!r}: cache,keys per tile,warps,stages[,splits]")
+        cache, block_n, warps, stages = fields[:4]
         if cache not in CACHE_DTYPES:
             raise ValueError(f"cache dtype {cache!r}: one of {sorted(CACHE_DTYPES)}")
+        splits = fields[4] if len(fields) == 5 else "-"
         return cls(cache, None if block_n == "-" else int(block_n), int(warps),
-                   None if stages == "-" else int(stages))
+                   None if stages == "-" else int(stages), None if splits == "-" else int(splits))
 
     def __str__(self) -> str:
         def show(x):
             return "-" if x is None else str(x)
-        return f"{self.cache},{show(self.block_n)},{self.num_warps},{show(self.num_stages)}"
+        text = f"{self.cache},{show(self.block_n)},{self.num_warps},{show(self.num_stages)}"
+        return text if self.num_splits is None else f"{text},{self.num_splits}"
 
 
 @dataclass
@@ -105,7 +115,7 @@ def run(seqs: int, context: int, heads: int, kv_heads: int, head_dim: int, block
     for variant in variants:
         k, v = pools[variant.cache]
         attention = TritonPagedAttention(block_n=variant.block_n, num_warps=variant.num_warps,
-                                         num_stages=variant.num_stages)
+                                         num_stages=variant.num_stages, num_splits=variant.num_splits)
         got = attention(q, k, v, meta, scale).float()
         error = (got - want[variant.cache]).abs().max().item()
         us = 1000.0 * time_ms(lambda: attention(q, k, v, meta, scale), iters, device, warmup=3)
@@ -116,8 +126,8 @@ def run(seqs: int, context: int, heads: int, kv_heads: int, head_dim: int, block
 def report(results: list[Result], seqs: int, context: int) -> str:
     """One line per variant: us a launch, MB read, GB/s, max error and time against the first."""
     base = results[0].us
-    lines = [f"decode attention, {seqs} sequences x {context} keys: cache,keys per tile,warps,stages "
-             f"(- = default)"]
+    lines = [f"decode attention, {seqs} sequences x {context} keys: cache,keys per tile,warps,stages"
+             f"[,splits] (- = default)"]
     for r in results:
         lines.append(f"  {str(r.variant):<14} {r.us:9.1f} us  {r.bytes_read / 1e6:8.1f} MB  "
                      f"{r.bytes_read / r.us / 1e3:7.0f} GB/s  max err {r.max_error:.2e}  "
@@ -128,9 +138,9 @@ def report(results: list[Result], seqs: int, context: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", type=int, nargs="+", default=[88, 44])
-    ap.add_argument("--context", type=int, nargs="+", default=[400, 1000])
+    ap.add_argument("--context", type=int, nargs="+", default=[250, 400, 1000])
     ap.add_argument("--variants", default=DEFAULT_VARIANTS,
-                    help="space-separated cache,keys per tile,warps,stages ('-' for a default)")
+                    help="space-separated cache,keys per tile,warps,stages[,splits] ('-' for a default)")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="a tiny shape, a few launches (any device)")
     args = ap.parse_args()

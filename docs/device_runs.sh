@@ -796,13 +796,16 @@ PY
   summaries
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1
-  # skips it): the cache in bf16 and float8, keys per tile, warps and stages (ATTN_VARIANTS: its
-  # --variants); then, unless NOSTEP=1, the step at 88 rows as shipped (fused projections), with a
-  # float8 KV cache, and with that cache stored from inside the layers (talker.fused_kv_writes)
+  # skips it): the cache in bf16 and float8, keys per tile, warps, stages and key splits
+  # (ATTN_VARIANTS: its --variants); then, unless NOSTEP=1, the step at 88 rows once per flag set
+  # of ATTN_STEPS ('|' between sets; by default as shipped, with the decode rows' keys split 2 and
+  # 4 ways, and with a float8 KV cache stored from inside the layers)
   [ -n "${NOKERNELS:-}" ] || timeout $(( $(left) - 20 )) python3 -m bench.paged_attention \
     ${ATTN_VARIANTS:+--variants "$ATTN_VARIANTS"} 2>&1 | grep -v -i warn | tee "$R/paged_attention.txt"
-  [ -n "${NOSTEP:-}" ] || talker_steps "--fused-projections" "--fused-projections --kv-fp8" \
-    "--fused-projections --fused-kv-writes --kv-fp8"
+  if [ -z "${NOSTEP:-}" ]; then
+    IFS='|' read -r -a steps <<< "${ATTN_STEPS:---fused-projections|--fused-projections --decode-splits 2|--fused-projections --decode-splits 4|--fused-projections --fused-kv-writes --kv-fp8}"
+    talker_steps "${steps[@]}"
+  fi
   ;;
 projstep)  # the talker's step at 88 rows, compiled, no server, as shipped (plain local attention, one
   # step ahead) and with the backbone's projections fused and its KV stores in the layers
