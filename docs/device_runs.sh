@@ -799,7 +799,10 @@ attn)  # the talker's paged attention alone, a decode layer (no server, no check
   # skips it): the cache in bf16 and float8, keys per tile, warps, stages and key splits
   # (ATTN_VARIANTS: its --variants); then, unless NOSTEP=1, the step at 88 rows once per flag set
   # of ATTN_STEPS ('|' between sets; by default as shipped, with the decode rows' keys split 2 and
-  # 4 ways, and with a float8 KV cache stored from inside the layers)
+  # 4 ways, and with a float8 KV cache stored from inside the layers); first, unless NOTESTS=1,
+  # the GPU test of the compiled layer half's KV stores (no pool copied, a float8 pool too)
+  [ -n "${NOTESTS:-}" ] || timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/stages/test_fused_kv_writes.py 2>&1 | tail -6 | tee "$R/tests_attn.txt"
   [ -n "${NOKERNELS:-}" ] || timeout $(( $(left) - 20 )) python3 -m bench.paged_attention \
     ${ATTN_VARIANTS:+--variants "$ATTN_VARIANTS"} 2>&1 | grep -v -i warn | tee "$R/paged_attention.txt"
   if [ -z "${NOSTEP:-}" ]; then
