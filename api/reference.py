@@ -113,8 +113,8 @@ class ReferenceLoader:
     process's event loop held meanwhile); a clip read from a file or a URL by the SHA-256 of its
     bytes, which may change under the same name. Identical bytes decode to identical samples, so
     a repeat is known without decoding its audio; its waveform is decoded only if the reference
-    cache misses. Refused clips are not remembered: a
-    repeat is refused again with the same error."""
+    cache misses. Refused clips are not remembered: a repeat is refused again with the same
+    error."""
 
     def __init__(self, policy: ReferencePolicy, memo_size: int = 4096) -> None:
         self.policy = policy

@@ -7,12 +7,12 @@ KV, head size 128, blocks of 16 keys) at `--seqs` sequences of `--context` keys.
 printed with the bytes of keys and values it had to read per launch, the rate that makes, its
 max |difference| from the reference over the same stored values, and its time against the
 first variant (the shipped one: bf16, Triton's defaults). On an H200 a layer at 88 sequences
-took ~37 us as shipped, 36 layers 1.33 ms of an 8 ms step: whether a float8 cache with wider
-tiles halves that is what this answers (the sixteenth session: at 88 x 400 keys, 0.66x with 2
-stages). With one program a sequence and KV head and no split below 256 programs, 44 or 88
-sequences run 352 or 704 programs of 7 serial tiles each at 1.6-1.7 TB/s: whether splitting
-their keys (flash-decoding, the fifth field) loads the memory better is the next question. `--quick` runs a tiny shape on whatever device there is
-(the CPU through Triton's interpreter: TRITON_INTERPRET=1 before triton is imported).
+took ~37 us as shipped, 36 layers 1.33 ms of an 8 ms step; a float8 cache read with 2 pipeline
+stages took 0.66x the bf16 time at 88 x 400 keys. With one program a sequence and KV head and
+no split below 256 programs, 44 or 88 sequences run 352 or 704 programs of 7 serial tiles each
+at 1.6-1.7 TB/s: whether splitting their keys (flash-decoding, the fifth field) loads the
+memory better is what the splits answer. `--quick` runs a tiny shape on whatever device there
+is (the CPU through Triton's interpreter: TRITON_INTERPRET=1 before triton is imported).
 """
 
 from __future__ import annotations
