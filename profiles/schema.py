@@ -179,7 +179,8 @@ class TalkerConfig(_Section):
         "the MLP's gate and up as another (weights stacked after loading): three kernels fewer a "
         "layer, each wider; the same products, summed in the order the wider kernel picks (an "
         "H200's step alone at 88 rows: 0.52 ms fewer kernels, 6.10 against 6.62; served at C=128 "
-        "1.08x audio-s/s in two calls); on in high-concurrency")] = False
+        "1.08x audio-s/s in two calls; at C=1 in low-latency 1.13x); on in high-concurrency and "
+        "low-latency")] = False
     fused_kv_writes: Annotated[bool, doc(
         "Local-v1.5 talker: each backbone layer's new keys and values are stored in the paged cache "
         "by the compiled kernels that compute them (the layer's first half) instead of two copies "
