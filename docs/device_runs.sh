@@ -102,8 +102,13 @@
 #   bash docs/device_runs.sh clientprocs # one server as shipped, C=128 and 64, the default client
 #                                       # processes against one per 8 clients: the client's share
 #                                       # of first audio (the server's own from /metrics beside it)
-#   bash docs/device_runs.sh attn       # the talker's paged attention alone (bf16 and float8 cache,
-#                                       # tiles, warps, stages), then the step with a float8 cache
+#   bash docs/device_runs.sh attn       # the GPU test of the in-layer KV stores; the talker's paged
+#                                       # attention alone (bf16 and float8 cache, tiles, warps,
+#                                       # stages, key splits), then the step by ATTN_STEPS
+#   BASE=DIR bash docs/device_runs.sh build
+#                                       # the build in DIR (an earlier commit's tree, carried)
+#                                       # against this one, PROFILE, C=128 and 64 (CS), PASSES (2)
+#                                       # each: a changed code default, which no --set can switch
 #   bash docs/device_runs.sh projstep   # the talker step at 88 rows as shipped and with the
 #                                       # backbone's projections fused and KV stores in its layers
 #   bash docs/device_runs.sh flags      # high-concurrency as shipped against it with FLAGS (and
@@ -848,6 +853,12 @@ flags)  # the shipped profile (PROFILE, high-concurrency) against it with FLAGS 
   checkpoint
   PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped "" alt "${FLAGS:?serve options}" \
     ${FLAGS2:+alt2 "$FLAGS2"} ${FLAGS3:+alt3 "$FLAGS3"}
+  summaries
+  ;;
+build)  # the build in BASE against this one, one server each (base, shipped), both with PROFILE
+  checkpoint
+  SERVER_TREE=${BASE:?a tree of the earlier build} PASSES=${PASSES:-2} compare "${CS:-128 64}" base ""
+  PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped ""
   summaries
   ;;
 gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
