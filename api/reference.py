@@ -145,10 +145,6 @@ class ReferenceLoader:
         self._remember(sent if inline else key, known)
         return prepared
 
-    async def fetch(self, locator: str, *, param: str = "ref_audio") -> bytes:
-        """The encoded bytes named by ``locator`` (no decoding yet)."""
-        return (await self._fetch(locator.strip(), param))[0]
-
     async def _fetch(self, text: str, param: str) -> tuple[bytes, bool]:
         """The encoded bytes named by stripped ``text``, and whether they were inline (a data: URL
         or bare base64: the same text always holds the same bytes)."""

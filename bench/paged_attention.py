@@ -74,7 +74,6 @@ class Result:
     max_error: float
 
 
-
 def filled_cache(spec: KVCacheSpec, seqs: int, context: int, device: torch.device,
                  seed: int = 0) -> PagedKVCache:
     """A one-layer bf16 cache with `seqs` sequences of `context` keys, grown a block at a time in

@@ -105,6 +105,13 @@ def test_the_compiled_layer_half_stores_in_place_on_cuda(pool_dtype):
     _, code = run_and_get_code(compiled, layer, x, cos, sin, keys, values, slots)
     kernels = set(re.findall(r"def (triton_\w+)\(", "\n".join(code)))
     assert kernels and not [k for k in kernels if "copy_" in k], kernels
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    compiled(layer, x, cos, sin, keys, values, slots)  # a pool rewritten out of place needs its size again
+    torch.cuda.synchronize()
+    pool_bytes = keys.numel() * keys.element_size()
+    assert torch.cuda.max_memory_allocated() - before < pool_bytes // 4
     stored = keys.float()  # float8 has no eager abs or count_nonzero
     want_k = stored.view(-1, CFG.num_kv_heads, CFG.head_dim)[slots]
     assert want_k.abs().sum() > 0 and stored.count_nonzero() == want_k.count_nonzero()
