@@ -253,7 +253,7 @@ class CodecConfig(_Section):
     ring_attention: Annotated[bool, doc(
         "on CUDA, streaming decode attends over the slots' ring caches in place (a Triton kernel "
         "applying the window) instead of copying each row's rings out and masking (up to "
-        "`ring_attention_max_frames`); on in high-concurrency")] = False
+        "`ring_attention_max_frames`); on in high-concurrency and low-latency")] = False
     ring_attention_max_frames: Annotated[PositiveInt | None, doc(
         "with `ring_attention`: only chunks of at most this many frames attend in place, longer "
         "ones copy the rings out (on an H200, 128 rows: a 1-frame replay 23.4 -> 10.8 ms in "
@@ -275,14 +275,14 @@ class CodecConfig(_Section):
     fused_ring_writes: Annotated[bool, doc(
         "with ring_attention: each decoder layer rotates q and k and writes its rings in one "
         "Triton kernel, not five small torch ops (92 layers in the full v2 decoder: a small "
-        "replay is mostly such launches); on in high-concurrency, with fused_norms")] = False
+        "replay is mostly such launches); on in high-concurrency and low-latency, with fused_norms")] = False
     fused_norms: Annotated[bool, doc(
         "with fused_ring_writes: each decoder layer's residual adds and the LayerNorms that read "
         "them run as one Triton kernel a pair (the FFN half's add with the next layer's first "
         "LayerNorm): nine kernels a layer instead of eleven, the residual stream read and "
         "written once a pair (with fused_ring_writes, an H200's replays at 80 rows took 0.72x the "
         "time at 1, 2 and 15 frames; served, 0.79-0.83x the codec's time a frame, 1.02-1.04x the audio "
-        "seconds a second over four passes each at C=128 and 64); on in high-concurrency")] = False
+        "seconds a second over four passes each at C=128 and 64); on in high-concurrency and low-latency")] = False
     fused_attention: Annotated[bool, doc(
         "with fused_ring_writes: each decoder layer's ring attention runs in the kernel that "
         "rotates and writes the rings (one program a row and head writes its chunk, then attends; "
@@ -299,7 +299,8 @@ class CodecConfig(_Section):
         "null = encode_batch")] = None
     encode_graphs: Annotated[bool, doc(
         "reference encoding replays CUDA graphs per (batch bucket, length bucket of 4-32 s), "
-        "captured at start-up (CUDA only; ~11 s for the full v2 codec); on in high-concurrency")] = False
+        "captured at start-up (CUDA only; ~11 s for the full v2 codec); on in high-concurrency and "
+        "low-latency")] = False
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the codec process; null = torch's default")] = None
     sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None
