@@ -104,7 +104,10 @@ def test_the_compiled_layer_half_stores_in_place_on_cuda(pool_dtype):
     compiled = torch.compile(attention_inputs_stored, dynamic=True)
     _, code = run_and_get_code(compiled, layer, x, cos, sin, keys, values, slots)
     kernels = set(re.findall(r"def (triton_\w+)\(", "\n".join(code)))
-    assert kernels and not [k for k in kernels if "copy_" in k], kernels
+    # a copy of a pool is named `..._copy_...` or `..._index_copy_...`; `_to_copy` is a cast (the
+    # float8 rows' conversion before their store), not a copy of anything
+    copies = [k for k in kernels if re.search(r"(?<!_to)_copy_", k)]
+    assert kernels and not copies, kernels
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
