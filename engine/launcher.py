@@ -236,8 +236,9 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
                                                  profile.talker.max_running), len(devices))
     mps = await asyncio.to_thread(maybe_start, profile.engine.mps, devices[0])
     env = tuple(mps.env.items()) if mps is not None else ()
-    if mps is None and (profile.talker.sm_percent or profile.codec.sm_percent):
-        log.warning("talker.sm_percent / codec.sm_percent need MPS (engine.mps on cuda): ignored")
+    if mps is None and any(getattr(profile, stage).sm_percent or getattr(profile, stage).mps_priority != "normal"
+                           for stage in ("talker", "codec")):
+        log.warning("talker/codec sm_percent and mps_priority need MPS (engine.mps on cuda): ignored")
     os.environ.update(worker_environment())  # inherited by every worker spawned below
     ctx = mp.get_context("spawn")
     workers = [ReplicaWorkers() for _ in devices]

@@ -92,14 +92,24 @@ class MpsDaemon:
 
 
 SM_SHARE_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+PRIORITY_VAR = "CUDA_MPS_CLIENT_PRIORITY"
+PRIORITY_LEVELS = {"normal": "0", "below_normal": "1"}  # the MPS client priority levels
 
 
-def client_env(env: tuple[tuple[str, str], ...], sm_percent: int | None) -> tuple[tuple[str, str], ...]:
+def client_env(env: tuple[tuple[str, str], ...], sm_percent: int | None,
+               priority: str = "normal") -> tuple[tuple[str, str], ...]:
     """A worker's environment `env` (the daemon's `env`; empty without MPS) with its share of the
-    GPU's SMs (`talker.sm_percent`, `codec.sm_percent`) when MPS runs and a share is set."""
-    if not env or sm_percent is None:
+    GPU's SMs (`talker.sm_percent`, `codec.sm_percent`) when a share is set, and its MPS client
+    priority (`talker.mps_priority`, `codec.mps_priority`) when below normal: the MPS server
+    then schedules the other stage's ready work first. Nothing is added without MPS."""
+    if not env:
         return env
-    return (*env, (SM_SHARE_VAR, str(sm_percent)))
+    extra: list[tuple[str, str]] = []
+    if sm_percent is not None:
+        extra.append((SM_SHARE_VAR, str(sm_percent)))
+    if priority != "normal":
+        extra.append((PRIORITY_VAR, PRIORITY_LEVELS[priority]))
+    return (*env, *extra)
 
 
 def maybe_start(wanted: bool, device: str) -> MpsDaemon | None:

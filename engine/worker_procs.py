@@ -65,7 +65,8 @@ def spawn_replica(ctx: Any, profile: Profile, variant: type[Variant], model_dir:
                   clients: int, env: tuple[tuple[str, str], ...], workers: ReplicaWorkers) -> None:
     """Start the codec, then the talker of `replica` on `device`; each goes into `workers` as
     soon as it is started (so a failure half-way leaves nothing unreaped). `env`: the MPS
-    daemon's client environment (empty without MPS), each stage's SM share added."""
+    daemon's client environment (empty without MPS), each stage's SM share and client priority
+    added."""
     for stage, inbox, outbox, target in (
             ("codec", channels.to_codec, channels.from_codec, codec.main),
             ("talker", channels.to_talker, channels.from_talker, talker.main)):
@@ -74,7 +75,8 @@ def spawn_replica(ctx: Any, profile: Profile, variant: type[Variant], model_dir:
                           device=device, instance=instance, inbox=inbox.spec(),
                           to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
                           num_clients=clients if stage == "codec" else 0,
-                          env=client_env(env, getattr(profile, stage).sm_percent),
+                          env=client_env(env, getattr(profile, stage).sm_percent,
+                                         getattr(profile, stage).mps_priority),
                           replica=replica)
         name = worker_name(stage, replica)
         proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{name}", daemon=True)

@@ -59,6 +59,12 @@ SM_PERCENT_DOC = (
     "stage's kernels may occupy at once, in percent (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set "
     "before CUDA initialises): the two stages then contend for fewer SMs, each step or decode "
     "on its own share; ignored without MPS; null = all of them. Not measured yet")
+MpsPriority = Literal["normal", "below_normal"]
+MPS_PRIORITY_DOC = (
+    "on cuda under MPS (engine.mps), this stage's MPS client priority (CUDA_MPS_CLIENT_PRIORITY, "
+    "set before CUDA initialises): below_normal lets the other stage's ready kernels go first "
+    "(the codec below the talker: its dispatches slow the talker's steps less, its own calls "
+    "take longer); ignored without MPS. Not measured yet")
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Bytes = Annotated[int, msgspec.Meta(ge=4096)]
@@ -222,6 +228,7 @@ class TalkerConfig(_Section):
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the talker process; null = torch's default")] = None
     sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None
+    mps_priority: Annotated[MpsPriority, doc(MPS_PRIORITY_DOC)] = "normal"
     batch_invariant: Annotated[bool, doc(
         "a request's logits do not depend on the batch it shares, so a seed gives the same speech "
         "at any load: the talker's linears, norms, sampling scans and small attention run Triton "
@@ -304,6 +311,7 @@ class CodecConfig(_Section):
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the codec process; null = torch's default")] = None
     sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None
+    mps_priority: Annotated[MpsPriority, doc(MPS_PRIORITY_DOC)] = "normal"
     client_stall_s: Annotated[float, doc(
         "longest the codec waits for room in an API process's PCM ring before failing that "
         "process's requests (a stuck API process must not stall every stream)",

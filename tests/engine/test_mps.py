@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from engine.mps import CONTROL, SM_SHARE_VAR, MpsDaemon, client_env, maybe_start
+from engine.mps import CONTROL, PRIORITY_VAR, SM_SHARE_VAR, MpsDaemon, client_env, maybe_start
 
 needs_mps = pytest.mark.skipif(
     shutil.which(CONTROL) is None or not os.path.exists("/dev/nvidiactl"),
@@ -36,13 +36,15 @@ def test_private_daemon_starts_and_stops() -> None:
 
 @pytest.mark.gpu
 @needs_mps
-async def test_engine_on_cuda_with_mps(demo_model_dir) -> None:
+@pytest.mark.parametrize("extra", [[], ["codec.mps_priority=below_normal"]])
+async def test_engine_on_cuda_with_mps(demo_model_dir, extra) -> None:
+    """A request end to end with both workers MPS clients, the codec's at below-normal priority too."""
     from engine.launcher import launch
     from profiles import load_profile
     from speech.job import SpeechJob
     from tests.engine.conftest import collect
 
-    handle = await launch(load_profile("cpu", ["model.device=cuda", "engine.mps=true"]),
+    handle = await launch(load_profile("cpu", ["model.device=cuda", "engine.mps=true", *extra]),
                           demo_model_dir)
     try:
         assert handle.mps is not None
@@ -84,3 +86,22 @@ def test_a_stage_gets_its_sm_share_only_under_mps(tmp_path) -> None:
     for bad in ("0", "101"):
         with pytest.raises(ProfileError, match="sm_percent"):
             load_profile("high-concurrency", [f"talker.sm_percent={bad}"])
+
+
+def test_a_stage_below_normal_priority_reaches_its_worker_only_under_mps(tmp_path) -> None:
+    """`codec.mps_priority: below_normal` reaches the codec worker as the MPS client priority 1,
+    beside its SM share when both are set; the talker at normal priority gets nothing extra; and
+    without the daemon nothing is set. An unknown level is a profile error."""
+    from profiles import ProfileError, load_profile
+
+    daemon = MpsDaemon()
+    daemon.root = str(tmp_path)
+    env = tuple(daemon.env.items())
+    profile = load_profile("high-concurrency", ["codec.mps_priority=below_normal", "codec.sm_percent=80"])
+    assert (profile.talker.mps_priority, profile.codec.mps_priority) == ("normal", "below_normal")
+    assert client_env(env, profile.talker.sm_percent, profile.talker.mps_priority) == env
+    assert dict(client_env(env, profile.codec.sm_percent, profile.codec.mps_priority)) == {
+        **daemon.env, SM_SHARE_VAR: "80", PRIORITY_VAR: "1"}
+    assert client_env((), profile.codec.sm_percent, profile.codec.mps_priority) == ()
+    with pytest.raises(ProfileError, match="mps_priority"):
+        load_profile("high-concurrency", ["codec.mps_priority=lowest"])
