@@ -2,7 +2,8 @@
 
 One random-weight talker, the same inputs (random prompt rows through the backbone, random codes
 through the local block, teacher-forced), computed four ways: fp32 (the reference), bf16 (as
-served), bf16 with float8 matmuls in the backbone and in every layer, and, through the paged
+served), bf16 with float8 matmuls in the backbone and in every layer (both schemes of
+`talker.fp8_scheme`: the weights alone rounded, and the inputs too), and, through the paged
 serving path (half of each sequence prefilled, the rest decoded a row a step), over a bf16 and
 a float8 KV cache (`talker.kv_cache_dtype`). Each line gives a way's distance from fp32, so
 float8's error reads against the error bf16 already has:
@@ -108,12 +109,14 @@ def main(argv: list[str] | None = None) -> None:
     ref = outputs(model, rows, codes)
     model = model.to(torch.bfloat16)
     print(f"{'weights':16s} {'hidden rel':>10s} {'logits rel':>10s} {'KL(T)':>9s} {'top-1':>6s} {'top-k':>6s}")
-    ways = [("bf16", "none", None), ("fp8 backbone", "backbone", None), ("fp8 all", "all", None),
-            ("bf16, KV bf16", "none", torch.bfloat16), ("bf16, KV fp8", "none", torch.float8_e4m3fn),
-            ("fp8 all, KV fp8", "all", torch.float8_e4m3fn)]
-    for name, which, kv_dtype in ways:
+    ways = [("bf16", "none", "w8a16", None), ("fp8 backbone", "backbone", "w8a16", None),
+            ("fp8 all", "all", "w8a16", None), ("w8a8 backbone", "backbone", "w8a8", None),
+            ("w8a8 all", "all", "w8a8", None),
+            ("bf16, KV bf16", "none", "w8a16", torch.bfloat16), ("bf16, KV fp8", "none", "w8a16", torch.float8_e4m3fn),
+            ("fp8 all, KV fp8", "all", "w8a16", torch.float8_e4m3fn)]
+    for name, which, scheme, kv_dtype in ways:
         way = copy.deepcopy(model)
-        way.use_fp8_weights(which)
+        way.use_fp8_weights(which, scheme)
         m = compare(*outputs(way, rows, codes, kv_dtype), *ref, args.temperature, args.top_k)
         print(f"{name:16s} {m['hidden_rel']:10.4f} {m['logits_rel']:10.4f} {m['kl']:9.2e} {m['top1']:6.3f} "
               f"{m['topk']:6.3f}", flush=True)

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="each backbone layer's KV stores inside its compiled first half (talker.fused_kv_writes)")
     ap.add_argument("--fp8", choices=["none", "backbone", "all"], default="none",
                     help="matmuls from float8 weights (talker.fp8_weights)")
+    ap.add_argument("--fp8-scheme", choices=["w8a16", "w8a8"], default="w8a16",
+                    help="how the float8 matmuls multiply (talker.fp8_scheme)")
     ap.add_argument("--kv-fp8", action="store_true", help="a float8 KV cache (talker.kv_cache_dtype: fp8)")
     ap.add_argument("--decode-splits", type=int, default=None, metavar="N",
                     help="the Triton attention splits every decode row's keys N ways (flash-decoding), "
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     model.local_transformer.attend_plainly(args.local_attention == "plain")
     if args.fused_projections:
         fuse_projections(model.transformer)
-    model.use_fp8_weights(args.fp8)
+    model.use_fp8_weights(args.fp8, args.fp8_scheme)
     model.transformer.store_kv_in_layers(args.fused_kv_writes)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
@@ -153,7 +155,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " overlap" if args.overlap else ""
     tag += " fused-projections" if args.fused_projections else ""
     tag += " fused-kv-writes" if args.fused_kv_writes else ""
-    tag += f" fp8-{args.fp8}" if args.fp8 != "none" else ""
+    tag += f" fp8-{args.fp8}-{args.fp8_scheme}" if args.fp8 != "none" else ""
     tag += " kv-fp8" if args.kv_fp8 else ""
     tag += f" decode-splits-{args.decode_splits}" if args.decode_splits is not None else ""
     print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "

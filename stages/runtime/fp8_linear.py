@@ -3,20 +3,26 @@
 A served talker step at a hundred rows is bound by reading its weights (an H200's backbone
 matmuls at 88 rows run at ~65% of the memory bandwidth), so the same products from float8
 weights could take about half the time. `Fp8Linear` holds `W [out, in]` as float8 e4m3 with one
-fp32 scale per output row (`W ≈ weight_fp8 * weight_scale`), quantizes its input per row at run
-time (one scale per row, from the row's largest magnitude) and multiplies with
-`torch._scaled_mm` (rowwise scales, fp32 accumulation; output in the input's dtype, through bf16
-on CUDA): W8A8 "dynamic per token, per channel", the scheme of the peers' FP8 checkpoints without
-block scales. Measured on an H200 at 88 rows, cuBLAS runs these products with 128x128 tiles and
-they take longer than the bf16 ones (docs/performance.md): the gain needs a kernel for few rows.
+fp32 scale per output row (`W ≈ weight_fp8 * weight_scale`) and multiplies by one of two schemes
+(`talker.fp8_scheme`):
+
+* "w8a16" (the default): the input stays as it is; on CUDA a Triton kernel made for few rows
+  (`stages.runtime.fp8_matmul`) upcasts the weights' tiles in registers, elsewhere torch
+  multiplies by the upcast weights. Only the weights are rounded.
+* "w8a8": the input is quantized per row at run time too (one scale per row, from the row's
+  largest magnitude) and `torch._scaled_mm` multiplies (rowwise scales, fp32 accumulation;
+  output through bf16 on CUDA): "dynamic per token, per channel", the scheme of the peers' FP8
+  checkpoints without block scales. Measured on an H200 at 88 rows, cuBLAS runs these products
+  with 128x128 tiles and they take longer than the bf16 ones (docs/performance.md).
 
 Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; on
-random inputs one product lands ~4% from the full-precision one. What that does to a model's
-outputs is measured, not assumed (`bench.fp8_fidelity`, docs/performance.md).
+random inputs one product lands ~4% from the full-precision one with both operands quantized.
+What that does to a model's outputs is measured, not assumed (`bench.fp8_fidelity`,
+docs/performance.md).
 
-`quantize_linears(module, names)` swaps the named linears of a module for `Fp8Linear`s after
-loading (serving only: the state dict no longer has the checkpoint's weights). One device: a
-tensor-parallel linear is refused.
+`quantize_linears(module, names, scheme)` swaps the named linears of a module for `Fp8Linear`s
+after loading (serving only: the state dict no longer has the checkpoint's weights). One device:
+a tensor-parallel linear is refused.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from stages.runtime.fp8_matmul import w8a16_mm
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _TINY = 1e-12  # an all-zero row's scale: any positive value gives zeros back
+SCHEMES = ("w8a16", "w8a8")
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,11 +48,13 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Fp8Linear(nn.Module):
-    """y [..., out] = x [..., in] @ W^T (+ bias), W in float8 with a scale per output row, x
-    quantized per row at run time; y in x's dtype."""
+    """y [..., out] = x [..., in] @ W^T (+ bias), W in float8 with a scale per output row; x
+    quantized per row at run time too with `scheme` "w8a8"; y in x's dtype."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, scheme: str = "w8a16") -> None:
         super().__init__()
+        if scheme not in SCHEMES:
+            raise ValueError(f"float8 scheme {scheme!r}: one of {SCHEMES}")
         w_fp8, w_scale = quantize_rows(weight.detach())  # [out, in], [out, 1]
         if w_fp8.shape[0] % 16 or w_fp8.shape[1] % 16:
             raise ValueError(f"a float8 matmul needs sizes divisible by 16, not {tuple(w_fp8.shape)}")
@@ -51,33 +62,41 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_scale", w_scale.t().contiguous())  # [1, out] fp32
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.in_features, self.out_features = w_fp8.shape[1], w_fp8.shape[0]
+        self.scheme = scheme
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        x_fp8, x_scale = quantize_rows(x.reshape(-1, self.in_features))  # [M, in], [M, 1]
-        # the second operand column-major: weight_fp8 [out, in] row-major, transposed; CUDA's
-        # rowwise-scaled kernels write bf16 only
-        out = torch.bfloat16 if x.is_cuda else x.dtype
-        y = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
-                             out_dtype=out).to(x.dtype)  # [M, out]
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        if self.scheme == "w8a16":
+            if x.is_cuda:
+                y = w8a16_mm(x2.contiguous(), self.weight_fp8, self.weight_scale.view(-1))  # [M, out]
+            else:
+                y = (x2 @ self.weight_fp8.to(x.dtype).t()) * self.weight_scale.to(x.dtype)
+        else:
+            x_fp8, x_scale = quantize_rows(x2)  # [M, in], [M, 1]
+            # the second operand column-major: weight_fp8 [out, in] row-major, transposed; CUDA's
+            # rowwise-scaled kernels write bf16 only
+            out = torch.bfloat16 if x.is_cuda else x.dtype
+            y = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
+                                 out_dtype=out).to(x.dtype)  # [M, out]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, float8 e4m3"
+        return f"in_features={self.in_features}, out_features={self.out_features}, float8 e4m3, {self.scheme}"
 
 
-def as_fp8(linear: nn.Module) -> Fp8Linear:
+def as_fp8(linear: nn.Module, scheme: str = "w8a16") -> Fp8Linear:
     """The float8 twin of a `nn.Linear` (tensor-parallel linears are refused: one device)."""
     if isinstance(linear, Fp8Linear):
         return linear
     if type(linear) is not nn.Linear:
         raise TypeError(f"float8 weights replace nn.Linear layers, not {type(linear).__name__}")
-    return Fp8Linear(linear.weight, linear.bias)
+    return Fp8Linear(linear.weight, linear.bias, scheme)
 
 
-def quantize_linears(module: nn.Module, names: Iterable[str]) -> int:
+def quantize_linears(module: nn.Module, names: Iterable[str], scheme: str = "w8a16") -> int:
     """Replace every submodule of `module` whose own name is in `names` (e.g. "q_proj",
     "gate_up_proj") by its `Fp8Linear`; returns how many were replaced."""
     wanted = set(names)
@@ -85,5 +104,5 @@ def quantize_linears(module: nn.Module, names: Iterable[str]) -> int:
                for name, child in parent.named_children()
                if name in wanted and not isinstance(child, Fp8Linear)]
     for parent, name in targets:
-        setattr(parent, name, as_fp8(getattr(parent, name)))
+        setattr(parent, name, as_fp8(getattr(parent, name), scheme))
     return len(targets)

@@ -17,11 +17,12 @@ from tests.stages.test_local_v15_runner import mixed_requests, run
 @torch.no_grad()
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_float8_linear_multiplies_its_quantized_operands(bias):
-    """The product of the dequantized operands (each row of x and of W to within 1/16 of itself),
-    a few percent from the full-precision product, and an all-zero row gives zeros, not NaN."""
+    """w8a8: the product of the dequantized operands (each row of x and of W to within 1/16 of
+    itself), a few percent from the full-precision product, and an all-zero row gives zeros, not
+    NaN."""
     torch.manual_seed(0)
     linear = nn.Linear(64, 48, bias=bias)
-    fp8 = as_fp8(linear)
+    fp8 = as_fp8(linear, "w8a8")
     assert fp8.weight_fp8.dtype == FP8 and fp8.weight_scale.shape == (1, 48)
     x = torch.randn(3, 5, 64)
     x[1, 2] = 0.0
@@ -37,6 +38,29 @@ def test_a_float8_linear_multiplies_its_quantized_operands(bias):
     exact = linear(x)
     assert ((y - exact).norm() / exact.norm()).item() < 0.06
     assert as_fp8(fp8) is fp8
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_w8a16_linear_multiplies_its_input_by_the_dequantized_weights(bias):
+    """w8a16 (the default): x as it is times the dequantized weights, closer to the exact product
+    than with x quantized too; an all-zero row gives zeros."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=bias)
+    fp8 = as_fp8(linear)
+    assert fp8.scheme == "w8a16"
+    x = torch.randn(3, 5, 64)
+    x[1, 2] = 0.0
+    y = fp8(x)
+    assert y.shape == (3, 5, 48) and y.dtype == x.dtype
+    want = x @ (fp8.weight_fp8.float() * fp8.weight_scale.t()).t() + (linear.bias if bias else 0.0)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(y[1, 2], linear.bias if bias else torch.zeros(48))
+    exact = linear(x)
+    both = as_fp8(linear, "w8a8")(x)
+    assert ((y - exact).norm() / exact.norm()).item() < ((both - exact).norm() / exact.norm()).item() < 0.06
+    with pytest.raises(ValueError, match="scheme"):
+        as_fp8(linear, "w4a16")
 
 
 def test_shapes_a_float8_matmul_cannot_take_are_refused():
@@ -64,16 +88,18 @@ def test_the_talker_swaps_the_named_matmuls_only():
         model.use_fp8_weights("heads")
 
 
-def test_a_runner_with_fp8_weights_serves_outputs_near_full_precision(local_v15_dir):
+@pytest.mark.parametrize("scheme", ["w8a16", "w8a8"])
+def test_a_runner_with_fp8_weights_serves_outputs_near_full_precision(local_v15_dir, scheme):
     """Built from the profile (after the fused projections), the runner serves the mixed requests
     to their ends, and its model's teacher-forced logits stay near the loaded model's: float8
     moves the sampled distribution by a small KL and keeps most tokens' most likely code."""
     reqs = mixed_requests(local_v15_dir)
     plain = load_talker_runner(local_v15_dir, load_profile("cpu"), "cpu")
     runner = load_talker_runner(local_v15_dir, load_profile(
-        "cpu", ["talker.fp8_weights=all", "talker.fused_projections=true"]), "cpu")
+        "cpu", ["talker.fp8_weights=all", "talker.fused_projections=true", f"talker.fp8_scheme={scheme}"]), "cpu")
     layer = runner.model.transformer.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, Fp8Linear) and isinstance(layer.mlp.gate_up_proj, Fp8Linear)
+    assert layer.mlp.gate_up_proj.scheme == scheme
     frames, finish = run(runner, reqs)
     want_frames, want_finish = run(plain, reqs)
     assert set(finish) == set(want_finish) == set(reqs)
@@ -94,12 +120,12 @@ def test_a_runner_with_fp8_weights_serves_outputs_near_full_precision(local_v15_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @torch.no_grad()
 def test_on_cuda_a_float8_linear_multiplies_its_quantized_operands():
-    """CUDA's rowwise-scaled float8 kernel computes the dequantized operands' product (to bf16's
-    rounding of the output), bf16 and fp32 inputs alike."""
+    """CUDA's rowwise-scaled float8 kernel (w8a8) computes the dequantized operands' product (to
+    bf16's rounding of the output), bf16 and fp32 inputs alike."""
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
         linear = nn.Linear(2560, 1024, bias=True, device="cuda").to(dtype)
-        fp8 = as_fp8(linear)
+        fp8 = as_fp8(linear, "w8a8")
         x = torch.randn(88, 2560, device="cuda").to(dtype)
         sx = x.float().abs().amax(-1, keepdim=True) / 448.0
         xq = (x.float() / sx).to(FP8).float() * sx

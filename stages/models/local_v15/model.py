@@ -188,17 +188,18 @@ class LocalV15Talker(nn.Module):
         self.embed_rows = torch.compile(self.embed_rows, dynamic=True, backend=backend)
         self.decode_frame = torch.compile(self.decode_frame, dynamic=True, backend=backend)
 
-    def use_fp8_weights(self, which: str) -> int:
-        """Serve `which` matmuls from float8 weights (`stages.runtime.fp8_linear`): "none",
-        "backbone" (every Qwen3 layer's projections, fused or not) or "all" (the local block's
-        too). Embeddings, heads and norms stay as loaded. Returns how many linears were swapped."""
+    def use_fp8_weights(self, which: str, scheme: str = "w8a16") -> int:
+        """Serve `which` matmuls from float8 weights (`stages.runtime.fp8_linear`, its `scheme`):
+        "none", "backbone" (every Qwen3 layer's projections, fused or not) or "all" (the local
+        block's too). Embeddings, heads and norms stay as loaded. Returns how many linears were
+        swapped."""
         if which not in ("none", "backbone", "all"):
             raise ValueError(f"fp8 weights for {which!r}: expected none, backbone or all")
         swapped = 0
         if which in ("backbone", "all"):
-            swapped += quantize_linears(self.transformer, BACKBONE_LINEARS)
+            swapped += quantize_linears(self.transformer, BACKBONE_LINEARS, scheme)
         if which == "all":
-            swapped += quantize_linears(self.local_transformer, LOCAL_LINEARS)
+            swapped += quantize_linears(self.local_transformer, LOCAL_LINEARS, scheme)
         return swapped
 
     def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:

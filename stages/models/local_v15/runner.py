@@ -632,13 +632,13 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     reduction kernels and is specialised for a batch of one), `model.dtype`, the local steps'
     attention (`talker.local_attention`), the backbone's fused projections
     (`talker.fused_projections`) and KV stores (`talker.fused_kv_writes`), float8 weights
-    (`talker.fp8_weights`, after the projections are fused)."""
+    (`talker.fp8_weights` by `talker.fp8_scheme`, after the projections are fused)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
         model.local_transformer.attend_plainly()
     if profile.talker.fused_projections:
         fuse_projections(model.transformer)
-    model.use_fp8_weights(profile.talker.fp8_weights)
+    model.use_fp8_weights(profile.talker.fp8_weights, profile.talker.fp8_scheme)
     model.transformer.store_kv_in_layers(profile.talker.fused_kv_writes)
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
