@@ -105,6 +105,10 @@
 #   bash docs/device_runs.sh attn       # the GPU test of the in-layer KV stores; the talker's paged
 #                                       # attention alone (bf16 and float8 cache, tiles, warps,
 #                                       # stages, key splits), then the step by ATTN_STEPS
+#   bash docs/device_runs.sh fp8mm      # the GPU tests of the float8 matmuls; each talker weight
+#                                       # shape alone, bf16 / w8a16 kernel / w8a8 (bench.fp8_matmul);
+#                                       # the step at 88 rows as shipped, with float8 backbone and
+#                                       # all (w8a16), then FP8_STEPS
 #   BASE=DIR bash docs/device_runs.sh build
 #                                       # the build in DIR (an earlier commit's tree, carried)
 #                                       # against this one, PROFILE, C=128 and 64 (CS), PASSES (2)
@@ -800,6 +804,18 @@ for name in names:
 PY
   summaries
   ;;
+fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme: w8a16): its GPU tests
+  # (eager, compiled, graphs; the float8 linear and the compiled talker against eager), the talker's
+  # weight shapes alone against bf16 and w8a8 (FP8MM_ROWS), then the step at 88 rows per flag set of
+  # FP8_STEPS ('|' between sets; by default as shipped, float8 backbone, float8 everywhere)
+  [ -n "${NOTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/stages/test_fp8_matmul.py tests/stages/test_fp8_weights.py > "$R/tests_fp8mm.txt" 2>&1
+  [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_fp8mm.txt" | head -30
+  timeout $(( $(left) - 30 )) python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344} 2>&1 \
+    | grep -v -i warn | tee "$R/fp8_matmul.txt"
+  IFS='|' read -r -a steps <<< "${FP8_STEPS:---fused-projections|--fused-projections --fp8 backbone|--fused-projections --fp8 all}"
+  talker_steps "${steps[@]}"
+  ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1
   # skips it): the cache in bf16 and float8, keys per tile, warps, stages and key splits
   # (ATTN_VARIANTS: its --variants); then, unless NOSTEP=1, the step at 88 rows once per flag set
@@ -807,7 +823,8 @@ attn)  # the talker's paged attention alone, a decode layer (no server, no check
   # 4 ways, and with a float8 KV cache stored from inside the layers); first, unless NOTESTS=1,
   # the GPU test of the compiled layer half's KV stores (no pool copied, a float8 pool too)
   [ -n "${NOTESTS:-}" ] || timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/stages/test_fused_kv_writes.py 2>&1 | tail -6 | tee "$R/tests_attn.txt"
+    tests/stages/test_fused_kv_writes.py > "$R/tests_attn.txt" 2>&1
+  [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_attn.txt" | head -30
   [ -n "${NOKERNELS:-}" ] || timeout $(( $(left) - 20 )) python3 -m bench.paged_attention \
     ${ATTN_VARIANTS:+--variants "$ATTN_VARIANTS"} 2>&1 | grep -v -i warn | tee "$R/paged_attention.txt"
   if [ -z "${NOSTEP:-}" ]; then
