@@ -7,8 +7,12 @@ bf16: `F.linear` on the bf16 weights (cuBLAS, as served), `w8a16_mm` on float8 w
 Triton kernel of `talker.fp8_scheme: w8a16`) and the w8a8 scheme (rows quantized, then
 `torch._scaled_mm`). Each is timed as a CUDA graph of `--iters` calls (no host launch cost), and
 printed with the rate at which it read its weights and its time against bf16's. The last lines
-add one decode step's matmuls up (36 backbone layers, the local block 12 times a frame).
-CUDA only.
+add one decode step's matmuls up (36 backbone layers, the local block 12 times a frame). With
+`--sweep ROWS` each shape is first run at ROWS rows over a grid of launch configurations around
+`plan`'s (channels and inputs a tile, input splits) and the fastest three are printed against
+`plan`'s own: what to change in `plan` if a shape is slow. `--quick` runs one tiny shape on the
+CPU through Triton's interpreter (TRITON_INTERPRET=1 before triton is imported): the code path,
+not a time.
 """
 
 from __future__ import annotations
@@ -18,17 +22,21 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from bench.timing import time_ms
 from stages.runtime.fp8_linear import quantize_rows
-from stages.runtime.fp8_matmul import plan, w8a16_mm
+from stages.runtime.fp8_matmul import MIN_SPLIT_K, launch, plan, w8a16_mm
 
 # (name, out channels, in channels, times a decode step): Local-v1.5 full size
 SHAPES = (("qkv", 6144, 2560, 36), ("o", 2560, 4096, 36), ("gate_up", 19456, 2560, 36), ("down", 2560, 9728, 36),
           ("local c_attn", 7680, 2560, 12), ("local c_proj", 2560, 2560, 12), ("local fc_in", 9728, 2560, 12),
           ("local fc_out", 2560, 9728, 12))
+QUICK_SHAPES = (("tiny", 64, 1024, 1),)
 
 
 def graph_us(fn, iters: int) -> float:
-    """Mean us of `fn` replayed from one CUDA graph of `iters` calls."""
+    """Mean us of `fn` replayed from one CUDA graph of `iters` calls (on the CPU: host-timed calls)."""
+    if not torch.cuda.is_available():
+        return time_ms(fn, iters, torch.device("cpu"), warmup=1) * 1e3
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -46,16 +54,51 @@ def graph_us(fn, iters: int) -> float:
     return begin.elapsed_time(end) * 1e3 / (5 * iters)
 
 
+def sweep(rows: int, iters: int, dev: torch.device, shapes=SHAPES) -> None:
+    """Per shape at `rows` rows: the fastest launch configurations of a grid around `plan`'s."""
+    for name, n, k, _ in shapes:
+        w_fp8, w_scale = quantize_rows(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02)
+        scale = w_scale.reshape(-1).contiguous()
+        x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+        base = plan(rows, n, k)
+        bm, _, _, split, warps, stages = base
+        configs = {base}
+        for bn in (32, 64, 128):
+            for bk in (64, 128, 256):
+                for s in {max(1, split // 2), split, split * 2, split * 4}:
+                    if k // s >= MIN_SPLIT_K // 2:
+                        configs.add((bm, bn, bk, s, warps, stages))
+        timed = []
+        for config in sorted(configs):
+            try:
+                timed.append((graph_us(lambda: launch(x, w_fp8, scale, config), iters), config))
+            except Exception as e:  # a tile too large for the SM's shared memory: skipped
+                print(f"  {name} {config}: {type(e).__name__}", flush=True)
+        timed.sort()
+        mine = next(t for t, c in timed if c == base)
+        best = " ; ".join(f"{c} {t:.1f} us" for t, c in timed[:3])
+        print(f"sweep {name:13s} {n:5d}x{k:<5d} rows {rows}: plan {base} {mine:.1f} us ({n * k / mine / 1e3:.0f} GB/s)"
+              f" | fastest: {best}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 44, 88, 128, 344])
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--sweep", type=int, default=None, metavar="ROWS", help="first, a tile sweep at ROWS rows")
+    ap.add_argument("--quick", action="store_true", help="one tiny shape on the CPU (Triton's interpreter)")
     args = ap.parse_args()
-    dev = torch.device("cuda")
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; us a call from a graph, GB/s of weights read")
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.quick:
+        args.rows, args.iters = [3], 1
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU (interpreter)"
+    print(f"torch {torch.__version__}, {name}; us a call from a graph, GB/s of weights read")
+    if args.sweep:
+        sweep(3 if args.quick else args.sweep, args.iters, dev, shapes)
     step = {m: [0.0, 0.0, 0.0] for m in args.rows}
-    for name, n, k, per_step in SHAPES:
-        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+    for name, n, k, per_step in shapes:
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02  # [n, k]
         w_fp8, w_scale = quantize_rows(w)  # [n, k], [n, 1]
         scale_row, scale_col = w_scale.reshape(-1).contiguous(), w_scale.t().contiguous()
         w_t = w_fp8.t()

@@ -85,13 +85,12 @@ def plan(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
     return block_m, block_n, block_k, split, 4 if block_m <= 64 else 8, 4 if block_m <= 64 else 3
 
 
-@triton_op("mossvox::w8a16_mm", mutates_args=())
-def w8a16_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (bf16/fp16/fp32, rows contiguous) @ (weight [N, K] float8 e4m3 * scale [N] fp32)^T
-    -> [M, N] in x's dtype."""
+def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+           config: tuple[int, int, int, int, int, int]) -> torch.Tensor:
+    """`w8a16_mm` with the launch `config` given (as `plan` returns it): the bench's tile sweep."""
     m, k = x.shape
     n = weight.shape[0]
-    block_m, block_n, block_k, split, warps, stages = plan(m, n, k)
+    block_m, block_n, block_k, split, warps, stages = config
     interpret = x.device.type == "cpu"
     if split == 1:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -105,3 +104,11 @@ def w8a16_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torc
     if split == 1:
         return out
     return out.sum(0).to(x.dtype)
+
+
+@triton_op("mossvox::w8a16_mm", mutates_args=())
+def w8a16_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (bf16/fp16/fp32, rows contiguous) @ (weight [N, K] float8 e4m3 * scale [N] fp32)^T
+    -> [M, N] in x's dtype."""
+    m, k = x.shape
+    return launch(x, weight, scale, plan(m, weight.shape[0], k))

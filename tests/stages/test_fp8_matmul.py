@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stages.runtime.fp8_linear import quantize_rows
-from stages.runtime.fp8_matmul import MIN_SPLIT_K, TARGET_PROGRAMS, plan, w8a16_mm
+from stages.runtime.fp8_matmul import MIN_SPLIT_K, TARGET_PROGRAMS, launch, plan, w8a16_mm
 
 
 def _operands(m, n, k, dtype, device="cpu"):
@@ -33,6 +33,19 @@ def test_the_kernel_multiplies_x_by_the_dequantized_weights(m, n, k, dtype):
     assert got.shape == (m, n) and got.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16: the output's rounding
     assert ((got.double() - want).norm() / want.norm()).item() < tol
+
+
+def test_every_launch_configuration_the_bench_sweeps_gives_the_same_product():
+    """Tiles of 32-128 channels and 64-256 inputs, 1-4 input splits, row tiles larger than the
+    rows: any of them may become `plan`'s choice after a GPU sweep (`bench.fp8_matmul --sweep`)."""
+    x, w, scale, want = _operands(7, 96, 768, torch.float32)
+    for block_m in (16, 32):
+        for block_n in (32, 64, 128):
+            for block_k in (64, 128, 256):
+                for split in (1, 2, 4):
+                    got = launch(x, w, scale, (block_m, block_n, block_k, split, 4, 3))
+                    err = ((got.double() - want).norm() / want.norm()).item()
+                    assert err < 1e-5, (block_m, block_n, block_k, split, err)
 
 
 def test_the_plan_splits_the_inputs_only_when_the_channels_are_few():
