@@ -8,7 +8,7 @@ Triton kernel of `talker.fp8_scheme: w8a16`) and the w8a8 scheme (rows quantized
 `torch._scaled_mm`). Each is timed as a CUDA graph of `--iters` calls (no host launch cost), and
 printed with the rate at which it read its weights and its time against bf16's. The last lines
 add one decode step's matmuls up (36 backbone layers, the local block 12 times a frame). With
-`--sweep ROWS` each shape is first run at ROWS rows over a grid of launch configurations around
+`--sweep ROWS...` each shape is first run at each ROWS rows over a grid of launch configurations around
 `plan`'s (channels and inputs a tile, input splits) and the fastest three are printed against
 `plan`'s own: what to change in `plan` if a shape is slow. `--quick` runs one tiny shape on the
 CPU through Triton's interpreter (TRITON_INTERPRET=1 before triton is imported): the code path,
@@ -63,11 +63,13 @@ def sweep(rows: int, iters: int, dev: torch.device, shapes=SHAPES) -> None:
         base = plan(rows, n, k)
         bm, _, _, split, warps, stages = base
         configs = {base}
-        for bn in (32, 64, 128):
+        # wider channel tiles read each row tile of x from L2 fewer times per weight byte (x's
+        # tile is BLOCK_M x BLOCK_K bf16 beside BLOCK_N x BLOCK_K float8 of weights)
+        for bn in (32, 64, 128, 256):
             for bk in (64, 128, 256):
                 for s in {max(1, split // 2), split, split * 2, split * 4}:
                     if k // s >= MIN_SPLIT_K // 2:
-                        configs.add((bm, bn, bk, s, warps, stages))
+                        configs.add((bm, bn, bk, s, 8 if bn == 256 else warps, stages))
         timed = []
         for config in sorted(configs):
             try:
@@ -85,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 44, 88, 128, 344])
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--sweep", type=int, default=None, metavar="ROWS", help="first, a tile sweep at ROWS rows")
+    ap.add_argument("--sweep", type=int, nargs="*", default=[], metavar="ROWS", help="first, a tile sweep at each ROWS")
     ap.add_argument("--quick", action="store_true", help="one tiny shape on the CPU (Triton's interpreter)")
     args = ap.parse_args()
     shapes = QUICK_SHAPES if args.quick else SHAPES
@@ -94,8 +96,8 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU (interpreter)"
     print(f"torch {torch.__version__}, {name}; us a call from a graph, GB/s of weights read")
-    if args.sweep:
-        sweep(3 if args.quick else args.sweep, args.iters, dev, shapes)
+    for rows in args.sweep:
+        sweep(3 if args.quick else rows, args.iters, dev, shapes)
     step = {m: [0.0, 0.0, 0.0] for m in args.rows}
     for name, n, k, per_step in shapes:
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02  # [n, k]

@@ -106,7 +106,7 @@
 #                                       # attention alone (bf16 and float8 cache, tiles, warps,
 #                                       # stages, key splits), then the step by ATTN_STEPS
 #   bash docs/device_runs.sh fp8mm      # the GPU tests of the float8 matmuls; each talker weight
-#                                       # shape alone, a tile sweep at 88 rows, then bf16 / w8a16
+#                                       # shape alone, a tile sweep at 44 and 88 rows, then bf16 / w8a16
 #                                       # kernel / w8a8 (bench.fp8_matmul);
 #                                       # the step at 88 rows as shipped, with float8 backbone and
 #                                       # all (w8a16), then FP8_STEPS
@@ -812,7 +812,7 @@ fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme: w
   [ -n "${NOTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/stages/test_fp8_matmul.py tests/stages/test_fp8_weights.py > "$R/tests_fp8mm.txt" 2>&1
   [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_fp8mm.txt" | head -30
-  timeout $(( $(left) - 30 )) python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344} --sweep ${SWEEP_ROWS:-88} 2>&1 \
+  timeout $(( $(left) - 30 )) python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344} --sweep ${SWEEP_ROWS:-44 88} 2>&1 \
     | grep -v -i warn | tee "$R/fp8_matmul.txt"
   IFS='|' read -r -a steps <<< "${FP8_STEPS:---fused-projections|--fused-projections --fp8 backbone|--fused-projections --fp8 all}"
   talker_steps "${steps[@]}"
