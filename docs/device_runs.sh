@@ -105,11 +105,11 @@
 #   bash docs/device_runs.sh attn       # the GPU test of the in-layer KV stores; the talker's paged
 #                                       # attention alone (bf16 and float8 cache, tiles, warps,
 #                                       # stages, key splits), then the step by ATTN_STEPS
-#   bash docs/device_runs.sh fp8mm      # the GPU tests of the float8 matmuls; each talker weight
-#                                       # shape alone, a tile sweep at 44 and 88 rows, then bf16 / w8a16
-#                                       # kernel / w8a8 (bench.fp8_matmul);
-#                                       # the step at 88 rows as shipped, with float8 backbone and
-#                                       # all (w8a16), then FP8_STEPS
+#   bash docs/device_runs.sh fp8mm      # the GPU tests of the float8 matmuls; the step at 88 rows
+#                                       # as shipped, with a float8 backbone, float8 everywhere
+#                                       # (w8a16, then w8a8); each talker weight shape alone: a
+#                                       # tile sweep at 88 rows, then bf16 / w8a16 / w8a8 / w8a8 by
+#                                       # cuBLAS (bench.fp8_matmul)
 #   BASE=DIR bash docs/device_runs.sh build
 #                                       # the build in DIR (an earlier commit's tree, carried)
 #                                       # against this one, PROFILE, C=128 and 64 (CS), PASSES (2)
@@ -805,17 +805,19 @@ for name in names:
 PY
   summaries
   ;;
-fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme: w8a16): its GPU tests
-  # (eager, compiled, graphs; the float8 linear and the compiled talker against eager), the talker's
-  # weight shapes alone against bf16 and w8a8 (FP8MM_ROWS), then the step at 88 rows per flag set of
-  # FP8_STEPS ('|' between sets; by default as shipped, float8 backbone, float8 everywhere)
+fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme): its GPU tests (eager,
+  # compiled, graphs; the float8 linear and the compiled talker against eager), the step at 88 rows
+  # per flag set of FP8_STEPS ('|' between sets; by default as shipped, a float8 backbone, float8
+  # everywhere by w8a16 and by w8a8), then the talker's weight shapes alone (FP8MM_ROWS; first a
+  # tile sweep at SWEEP_ROWS), at most FP8MM_S (200) seconds
   [ -n "${NOTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/stages/test_fp8_matmul.py tests/stages/test_fp8_weights.py > "$R/tests_fp8mm.txt" 2>&1
   [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_fp8mm.txt" | head -30
-  timeout $(( $(left) - 30 )) python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344} --sweep ${SWEEP_ROWS:-44 88} 2>&1 \
-    | grep -v -i warn | tee "$R/fp8_matmul.txt"
-  IFS='|' read -r -a steps <<< "${FP8_STEPS:---fused-projections|--fused-projections --fp8 backbone|--fused-projections --fp8 all}"
+  IFS='|' read -r -a steps <<< "${FP8_STEPS:---fused-projections|--fused-projections --fp8 backbone|--fused-projections --fp8 all|--fused-projections --fp8 all --fp8-scheme w8a8}"
   talker_steps "${steps[@]}"
+  t=$(( $(left) - 10 )); [ "$t" -gt "${FP8MM_S:-200}" ] && t=${FP8MM_S:-200}
+  [ "$t" -gt 30 ] && timeout "$t" python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344} \
+    --sweep ${SWEEP_ROWS:-88} --sweep-w8a8 2>&1 | grep -v -i warn | tee "$R/fp8_matmul.txt"
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1
   # skips it): the cache in bf16 and float8, keys per tile, warps, stages and key splits

@@ -10,10 +10,11 @@ fp32 scale per output row (`W ≈ weight_fp8 * weight_scale`) and multiplies by 
   (`stages.runtime.fp8_matmul`) upcasts the weights' tiles in registers, elsewhere torch
   multiplies by the upcast weights. Only the weights are rounded.
 * "w8a8": the input is quantized per row at run time too (one scale per row, from the row's
-  largest magnitude) and `torch._scaled_mm` multiplies (rowwise scales, fp32 accumulation;
-  output through bf16 on CUDA): "dynamic per token, per channel", the scheme of the peers' FP8
-  checkpoints without block scales. Measured on an H200 at 88 rows, cuBLAS runs these products
-  with 128x128 tiles and they take longer than the bf16 ones (docs/performance.md).
+  largest magnitude) and the float8 products are summed in fp32: "dynamic per token, per
+  channel", the scheme of the peers' FP8 checkpoints without block scales. On CUDA the same
+  Triton kernel multiplies up to `W8A8_TRITON_ROWS` rows (cuBLAS's `torch._scaled_mm` runs
+  128x128 tiles, slower than bf16 at 88 rows on an H200: docs/performance.md); more rows, and
+  the CPU, go through `torch._scaled_mm` (rowwise scales, output through bf16 on CUDA).
 
 Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; on
 random inputs one product lands ~4% from the full-precision one with both operands quantized.
@@ -32,7 +33,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from stages.runtime.fp8_matmul import w8a16_mm
+from stages.runtime.fp8_matmul import W8A8_TRITON_ROWS, w8a8_mm, w8a16_mm
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -74,11 +75,14 @@ class Fp8Linear(nn.Module):
                 y = (x2 @ self.weight_fp8.to(x.dtype).t()) * self.weight_scale.to(x.dtype)
         else:
             x_fp8, x_scale = quantize_rows(x2)  # [M, in], [M, 1]
-            # the second operand column-major: weight_fp8 [out, in] row-major, transposed; CUDA's
-            # rowwise-scaled kernels write bf16 only
-            out = torch.bfloat16 if x.is_cuda else x.dtype
-            y = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
-                                 out_dtype=out).to(x.dtype)  # [M, out]
+            if x.is_cuda and x2.shape[0] <= W8A8_TRITON_ROWS:  # few rows: the kernel's narrow tiles
+                y = w8a8_mm(x_fp8, x_scale.view(-1), self.weight_fp8, self.weight_scale.view(-1), x.dtype)
+            else:
+                # the second operand column-major: weight_fp8 [out, in] row-major, transposed;
+                # CUDA's rowwise-scaled kernels write bf16 only
+                out = torch.bfloat16 if x.is_cuda else x.dtype
+                y = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
+                                     out_dtype=out).to(x.dtype)  # [M, out]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
