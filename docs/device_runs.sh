@@ -816,7 +816,7 @@ fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme): 
   IFS='|' read -r -a steps <<< "${FP8_STEPS:---fused-projections|--fused-projections --fp8 backbone|--fused-projections --fp8 all|--fused-projections --fp8 all --fp8-scheme w8a8}"
   talker_steps "${steps[@]}"
   t=$(( $(left) - 10 )); [ "$t" -gt "${FP8MM_S:-200}" ] && t=${FP8MM_S:-200}
-  [ "$t" -gt 30 ] && timeout "$t" python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344} \
+  [ "$t" -gt 30 ] && timeout "$t" python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344 2048} \
     --sweep ${SWEEP_ROWS:-88} --sweep-w8a8 2>&1 | grep -v -i warn | tee "$R/fp8_matmul.txt"
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1

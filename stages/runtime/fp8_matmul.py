@@ -82,8 +82,11 @@ def plan(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for x [m, k] @ W [n, k]^T,
     from shapes only: every row in one tile up to 128 rows (the weights read once), 64 channels
     a tile, and the inputs split while the programs stay under `TARGET_PROGRAMS` and a split
-    keeps `MIN_SPLIT_K` inputs."""
+    keeps `MIN_SPLIT_K` inputs. More rows than a tile (a prefill's) is a compute-bound product:
+    128 x 128 tiles, as a GEMM's."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128  # comparisons: m may be symbolic
+    if m > 128:
+        return 128, 128, 64, 1, 8, 3
     block_n = 64
     block_k = 128 if block_m <= 64 else 64
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)

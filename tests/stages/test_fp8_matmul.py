@@ -74,7 +74,8 @@ def test_the_plan_splits_the_inputs_only_when_the_channels_are_few():
         block_m, block_n, _, split, _, _ = plan(88, n, k)
         programs = -(-n // block_n) * split
         assert split > 1 and k // split >= MIN_SPLIT_K and programs <= TARGET_PROGRAMS, (n, k, split)
-    assert plan(1, 2560, 4096)[0] == 16 and plan(300, 2560, 4096)[0] == 128  # a prefill: row tiles of 128
+    assert plan(1, 2560, 4096)[0] == 16
+    assert plan(300, 2560, 4096) == (128, 128, 64, 1, 8, 3)  # a prefill: a GEMM's tiles, no split
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
