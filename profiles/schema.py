@@ -214,7 +214,8 @@ class TalkerConfig(_Section):
         "with fp8_weights: w8a16 multiplies the inputs as they are by the upcast weights (on "
         "CUDA a Triton kernel for few rows that reads the float8 tiles and splits the inputs "
         "when the channels are few; only the weights rounded); w8a8 quantizes the inputs per row "
-        "too and multiplies with cuBLAS's rowwise-scaled float8 kernel")] = "w8a16"
+        "too and multiplies float8 by float8 (the same kernel up to 256 rows, cuBLAS's "
+        "rowwise-scaled kernel for more)")] = "w8a16"
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "
