@@ -42,7 +42,7 @@ def _fp8_weight_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,  # >1: out is fp32 partials [SPLIT_K, M, N], summed by the caller
     X_FP8: tl.constexpr,  # x is float8 too, with a scale a row (w8a8): float8 products
-    DOT_FP32: tl.constexpr,  # upcast the operands to fp32 (the CPU interpreter's bf16 tl.dot is wrong)
+    DOT_FP32: tl.constexpr,  # fp32 operands and products: fp32 rows, and the CPU interpreter (its bf16 tl.dot is wrong)
 ):
     """Program (n tile, m tile, split) -> out[rows, channels] of its split's inputs."""
     pid_n = tl.program_id(0)
@@ -105,7 +105,8 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     n = weight.shape[0]
     out_dtype = out_dtype or x.dtype
     block_m, block_n, block_k, split, warps, stages = config
-    interpret = x.device.type == "cpu"
+    # fp32 products in fp32 (not TF32) on CUDA too; on the CPU the interpreter needs them
+    exact = x.device.type == "cpu" or x.dtype == torch.float32
     if split == 1:
         out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     else:
@@ -114,7 +115,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     wrap_triton(_fp8_weight_kernel)[grid](
         x, scale if x_scale is None else x_scale, weight, scale, out, m, n, k, x.stride(0),
         weight.stride(0), n, m * n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLIT_K=split, X_FP8=x_scale is not None, DOT_FP32=interpret, num_warps=warps,
+        SPLIT_K=split, X_FP8=x_scale is not None, DOT_FP32=exact, num_warps=warps,
         num_stages=stages)
     if split == 1:
         return out
