@@ -110,6 +110,9 @@
 #                                       # (w8a16, then w8a8); each talker weight shape alone: a
 #                                       # tile sweep at 88 rows, then bf16 / w8a16 / w8a8 / w8a8 by
 #                                       # cuBLAS (bench.fp8_matmul)
+#   bash docs/device_runs.sh ceilings   # the stages alone at the shapes, as high-concurrency
+#                                       # runs them: the talker's step at 128 rows (CEIL_FLAGS added)
+#                                       # and the codec's B=128 replays of 1 and 15 frames
 #   BASE=DIR bash docs/device_runs.sh build
 #                                       # the build in DIR (an earlier commit's tree, carried)
 #                                       # against this one, PROFILE, C=128 and 64 (CS), PASSES (2)
@@ -804,6 +807,16 @@ for name in names:
     prev = now
 PY
   summaries
+  ;;
+ceilings)  # the stage ceilings beside the server's figures: the talker's decode step alone at 128 rows
+  # (compiled, graphs, one step ahead, plain local attention, fused projections; CEIL_FLAGS more
+  # bench flags, e.g. "--fp8 backbone"), then the codec's B=128 replays of 1 and 15 frames with
+  # high-concurrency's paths (ring attention in place, fused ring writes and norms)
+  timeout $(( $(left) / 2 )) python3 -m bench.local_v15_profile_step --batch 128 --attention triton --compile \
+    --top 12 --local-attention plain --overlap --fused-projections ${CEIL_FLAGS:-} 2>&1 | grep -v -i warn \
+    | tee "$R/ceiling_talker.txt" | grep -E "^B=|kernel time"
+  timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 128 --grid 1,15 --iters 5 \
+    --ring-attention --fused-writes --fused-norms 2>&1 | grep -v "^exactness" | tee "$R/ceiling_codec.txt" | tail -6
   ;;
 fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme): its GPU tests (eager,
   # compiled, graphs; the float8 linear and the compiled talker against eager), the step at 88 rows
