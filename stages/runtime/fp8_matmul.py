@@ -1,4 +1,4 @@
-"""A matmul from float8 weights for few rows: `y = x @ (W_fp8 * scale)^T`, x in bf16 or fp32.
+"""Matmuls from float8 weights for few rows: `y = x @ (W_fp8 * scale)^T`, x in bf16 or fp32.
 
 The talker's decode step multiplies a few dozen rows by every weight of the backbone: the time
 is the weights' bytes, so float8 weights could take half of it. cuBLAS runs the float8 products
@@ -18,9 +18,9 @@ inputs), so a decode step's graph replays the same launch.
 The same kernel takes float8 rows with a scale a row (`w8a8_mm`, `talker.fp8_scheme: w8a8` at
 up to `W8A8_TRITON_ROWS` rows): then the products are float8 on the tensor cores and x's tile is
 half the bytes. Both are `torch.library.triton_op`s: eager calls launch the kernel, and
-torch.compile traces into them (the split sum fused by inductor). On the CPU the kernel runs under Triton's
-interpreter only (TRITON_INTERPRET=1, the tests); `Fp8Linear` computes the same product with
-torch there.
+torch.compile traces into them (the split sum fused by inductor). On the CPU the kernel runs
+under Triton's interpreter only (TRITON_INTERPRET=1, the tests); `Fp8Linear` computes the same
+products with torch there.
 """
 
 from __future__ import annotations
