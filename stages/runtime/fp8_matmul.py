@@ -10,7 +10,7 @@ accumulation; the scale per output channel is applied once at the end. x is not 
 ("W8A16"): the only rounding added to bf16's is the weights' own.
 
 When the output channels give too few programs to load the memory (o_proj and down_proj of the
-4B backbone: 2560 channels, 40 tiles of 64), the inputs are split `SPLIT_K` ways: each program
+4B backbone: 2560 channels, 20 tiles of 128), the inputs are split `SPLIT_K` ways: each program
 writes an fp32 partial product and the partials are summed by torch (inside a compiled layer
 half, fused with what follows). Every launch parameter follows from shapes only (rows, channels,
 inputs), so a decode step's graph replays the same launch.
@@ -80,20 +80,23 @@ def _fp8_weight_kernel(
 
 def plan(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for x [m, k] @ W [n, k]^T,
-    from shapes only: every row in one tile up to 128 rows (the weights read once), 64 channels
-    a tile, and the inputs split while the programs stay under `TARGET_PROGRAMS` and a split
-    keeps `MIN_SPLIT_K` inputs. More rows than a tile (a prefill's) is a compute-bound product:
-    128 x 128 tiles, as a GEMM's."""
+    from shapes only: every row in one tile up to 128 rows (the weights read once) and the
+    inputs split while the programs stay under `TARGET_PROGRAMS` and a split keeps `MIN_SPLIT_K`
+    inputs. Every channel tile reads all of x's rows again (from L2): at 88 rows a 64-channel
+    tile of float8 weights comes with ~2.75 bytes of x a weight byte, a 128-channel tile with
+    half that, so past 16 rows the tiles are 128 channels wide (fewer programs, made up by
+    splits); at 16 rows or fewer x is small and 64 channels give more programs. More rows than a
+    tile (a prefill's) is a compute-bound product: 128 x 128 tiles, as a GEMM's."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128  # comparisons: m may be symbolic
     if m > 128:
         return 128, 128, 64, 1, 8, 3
-    block_n = 64
+    block_n = 64 if block_m == 16 else 128
     block_k = 128 if block_m <= 64 else 64
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split = 1
     while tiles * split * 2 <= TARGET_PROGRAMS and k // (split * 2) >= MIN_SPLIT_K:
         split *= 2
-    return block_m, block_n, block_k, split, 4 if block_m <= 64 else 8, 4 if block_m <= 64 else 3
+    return block_m, block_n, block_k, split, 4 if block_m <= 32 else 8, 4 if block_m <= 64 else 3
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
