@@ -2,15 +2,15 @@
 
 For each of the Local-v1.5 talker's weight shapes (the backbone's fused q/k/v, o, fused gate/up
 and down projections, and the local block's four) at each row count of `--rows` (a decode step's
-rows; 344 is a mixed step's 256 prompt tokens beside 88 rows), three ways of one product in
+rows; 344 is a mixed step's 256 prompt tokens beside 88 rows), four ways of one product in
 bf16: `F.linear` on the bf16 weights (cuBLAS, as served), `w8a16_mm` on float8 weights (the
 Triton kernel of `talker.fp8_scheme: w8a16`), and the w8a8 scheme twice, rows quantized then
 the same kernel's float8 products (`w8a8_mm`, as served up to 256 rows) or cuBLAS's
 `torch._scaled_mm`. Each is timed as a CUDA graph of `--iters` calls (no host launch cost), and
 printed with the rate at which it read its weights and its time against bf16's. The last lines
 add one decode step's matmuls up (36 backbone layers, the local block 12 times a frame). With
-`--sweep ROWS...` each shape is first run at each ROWS rows over a grid of launch configurations around
-`plan`'s (channels and inputs a tile, input splits) and the fastest three are printed against
+`--sweep ROWS...` each shape is first run at each ROWS rows over a grid of launch
+configurations around `plan`'s (channels and inputs a tile, input splits) and the fastest three are printed against
 `plan`'s own: what to change in `plan` if a shape is slow. `--quick` runs one tiny shape on the
 CPU through Triton's interpreter (TRITON_INTERPRET=1 before triton is imported): the code path,
 not a time.
@@ -23,7 +23,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from bench.timing import time_ms
+from bench.timing import graph_us
 from stages.runtime.fp8_linear import quantize_rows
 from stages.runtime.fp8_matmul import MIN_SPLIT_K, launch, plan, w8a8_mm, w8a16_mm
 
@@ -32,27 +32,6 @@ SHAPES = (("qkv", 6144, 2560, 36), ("o", 2560, 4096, 36), ("gate_up", 19456, 256
           ("local c_attn", 7680, 2560, 12), ("local c_proj", 2560, 2560, 12), ("local fc_in", 9728, 2560, 12),
           ("local fc_out", 2560, 9728, 12))
 QUICK_SHAPES = (("tiny", 64, 1024, 1),)
-
-
-def graph_us(fn, iters: int) -> float:
-    """Mean us of `fn` replayed from one CUDA graph of `iters` calls (on the CPU: host-timed calls)."""
-    if not torch.cuda.is_available():
-        return time_ms(fn, iters, torch.device("cpu"), warmup=1) * 1e3
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) * 1e3 / (5 * iters)
 
 
 def sweep(rows: int, iters: int, dev: torch.device, shapes=SHAPES, float8_rows: bool = False) -> None:
@@ -79,14 +58,15 @@ def sweep(rows: int, iters: int, dev: torch.device, shapes=SHAPES, float8_rows: 
         timed = []
         for config in sorted(configs):
             try:
-                timed.append((graph_us(lambda: launch(x, w_fp8, scale, config, x_scale, torch.bfloat16), iters), config))
+                us = graph_us(lambda: launch(x, w_fp8, scale, config, x_scale, torch.bfloat16), iters)
+                timed.append((us, config))
             except Exception as e:  # a tile too large for the SM's shared memory: skipped
                 print(f"  {name} {config}: {type(e).__name__}", flush=True)
         timed.sort()
         mine = next(t for t, c in timed if c == base)
         best = " ; ".join(f"{c} {t:.1f} us" for t, c in timed[:3])
-        print(f"sweep {'w8a8' if float8_rows else 'w8a16'} {name:13s} {n:5d}x{k:<5d} rows {rows}: plan {base} {mine:.1f} us ({n * k / mine / 1e3:.0f} GB/s)"
-              f" | fastest: {best}", flush=True)
+        print(f"sweep {'w8a8' if float8_rows else 'w8a16'} {name:13s} {n:5d}x{k:<5d} rows {rows}: plan {base}"
+              f" {mine:.1f} us ({n * k / mine / 1e3:.0f} GB/s) | fastest: {best}", flush=True)
 
 
 def main() -> None:
@@ -132,7 +112,8 @@ def main() -> None:
             for i, t in enumerate(times):
                 step[m][i] += t * per_step / 1e3
             bm, bn, bk, split, warps, stages = plan(m, n, k)
-            print(f"{name:13s} {n:5d}x{k:<5d} rows {m:4d} | bf16 {times[0]:7.1f} us {n * k * 2 / times[0] / 1e3:5.0f} GB/s"
+            print(f"{name:13s} {n:5d}x{k:<5d} rows {m:4d} | bf16 {times[0]:7.1f} us"
+                  f" {n * k * 2 / times[0] / 1e3:5.0f} GB/s"
                   f" | w8a16 {times[1]:7.1f} us {n * k / times[1] / 1e3:5.0f} GB/s {times[1] / times[0]:5.2f}x"
                   f" (tile {bm}x{bn}x{bk}, split {split}, err {err:.1e})"
                   f" | w8a8 {times[2]:7.1f} us {times[2] / times[0]:5.2f}x, cuBLAS {times[3]:7.1f} us"
