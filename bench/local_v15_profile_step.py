@@ -7,7 +7,8 @@ For each batch B: B requests with `--context`-row prompts are prefilled, then de
 replayed from the runner's CUDA graphs; it prints the median step, the local loop + sampling
 alone (the runner's frame graph on the same hidden states) and, from `torch.profiler` over a few
 replays, the kernels grouped by name (the whole step's, then the frame graph's alone): time per
-step, share, launches per step. Attention kernels are chosen as in the server's workers (no
+step, share, launches per step; after each table, one period in launch order (a backbone layer,
+a local position: `--layer-anchor`, `--position-anchor`), every kernel with the idle gap before it. Attention kernels are chosen as in the server's workers (no
 cuDNN, `stages.workers.common.attention_without_plans`). The weights are random: the figures
 measure the machinery, not speech.
 """
@@ -40,8 +41,9 @@ def _median_ms(fn, iters: int) -> float:
     return float(np.median(times)) * 1e3
 
 
-def kernel_table(fn, steps: int, top: int = 25) -> str:
-    """Kernels of `steps` calls of fn grouped by name: ms per step, share, launches per step."""
+def kernel_table(fn, steps: int, top: int = 25, period: str | None = None) -> str:
+    """Kernels of `steps` calls of fn grouped by name: ms per step, share, launches per step;
+    with `period`, then every kernel of one period in launch order (`kernel_period`)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -49,14 +51,42 @@ def kernel_table(fn, steps: int, top: int = 25) -> str:
             fn()
         torch.cuda.synchronize()
     total, count = defaultdict(float), defaultdict(int)
+    kernels = []  # (name, start us, duration us)
     for ev in prof.events():
         if ev.device_type.name == "CUDA":
-            total[ev.name] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+            us = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+            total[ev.name] += us
             count[ev.name] += 1
+            kernels.append((ev.name, ev.time_range.start, us))
     all_us = sum(total.values())
     lines = [f"  kernel time per step {all_us / steps / 1e3:.2f} ms, launches per step {sum(count.values()) / steps:.0f}"]
     for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"  {us / steps / 1e3:8.3f} ms {100 * us / all_us:5.1f}% x{count[name] / steps:5.0f}  {name[:110]}")
+    if period:
+        lines.append(kernel_period(kernels, period))
+    return "\n".join(lines)
+
+
+def kernel_period(kernels: list[tuple[str, float, float]], anchor: str, which: int = 2) -> str:
+    """One period of a repeating kernel sequence, in launch order: from the `which`-th kernel
+    whose name contains `anchor` to the next one (a backbone layer from one paged attention
+    launch to the next; a local position from one of its kernels to the next), each kernel with
+    the idle gap before it and its duration, then the period's launches, kernel time and gaps.
+    `kernels`: (name, start us, duration us) of a profile, in any order."""
+    ordered = sorted(kernels, key=lambda k: k[1])
+    starts = [i for i, k in enumerate(ordered) if anchor in k[0]]
+    if len(starts) <= which:
+        return f"  one period from {anchor!r}: fewer than {which + 1} launches of it"
+    period = ordered[starts[which]:starts[which + 1]]
+    lines = [f"  one period from {anchor!r} (its launch {which}), in launch order: gap before, duration, kernel"]
+    gaps = busy = 0.0
+    end = period[0][1]
+    for name, start, dur in period:
+        gap = max(0.0, start - end)  # kernels that overlap (other streams) count no gap
+        gaps, busy, end = gaps + gap, busy + dur, max(end, start + dur)
+        lines.append(f"    {gap:7.2f} us {dur:7.2f} us  {name[:100]}")
+    gaps += max(0.0, ordered[starts[which + 1]][1] - end)  # before the next period's first launch
+    lines.append(f"  the period: {len(period)} launches, {busy:.1f} us of kernels, {gaps:.1f} us between them")
     return "\n".join(lines)
 
 
@@ -98,6 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mixed", type=int, default=0, metavar="TOKENS",
                     help="a step's decode rows and up to this many prompt tokens replay one mixed graph "
                          "(talker.mixed_step_tokens; the probes of --prefill take that path when they fit)")
+    ap.add_argument("--layer-anchor", default="_paged_attention_kernel", metavar="NAME",
+                    help="after the step's table, one backbone layer's kernels in launch order, from one "
+                         "launch of a kernel named so to the next ('' for none)")
+    ap.add_argument("--position-anchor", default="silu", metavar="NAME",
+                    help="after the frame graph's table, one local position's kernels the same way")
     args = ap.parse_args(argv)
     attention_without_plans()  # as the server's workers
     torch.manual_seed(0)
@@ -166,9 +201,10 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
         r.frame_graphs.run(h, slots, frames)
         local_ms = _median_ms(lambda: r.frame_graphs.run(h, slots, frames), 10)
         print(f"{tag} local loop + sampling alone (frame graph) {local_ms:7.2f} ms", flush=True)
-        print(kernel_table(r.step, args.steps, top=args.top), flush=True)
+        print(kernel_table(r.step, args.steps, top=args.top, period=args.layer_anchor), flush=True)
         print(f"{tag} the frame graph's kernels (local loop + sampling):", flush=True)
-        print(kernel_table(lambda: r.frame_graphs.run(h, slots, frames), args.steps, top=args.top), flush=True)
+        print(kernel_table(lambda: r.frame_graphs.run(h, slots, frames), args.steps, top=args.top,
+                           period=args.position_anchor), flush=True)
     for P in args.prefill:
         print(prefill_probe(r, P, tag, rng, args.prefill_seqs), flush=True)
     r = None  # frees the runner's KV pool and graphs before the next variant

@@ -16,7 +16,7 @@ def _operands(m, n, k, dtype, device="cpu"):
     w_fp8, w_scale = quantize_rows(torch.randn(n, k, generator=g))  # [n, k], [n, 1]
     x = torch.randn(m, k, generator=g).to(dtype)
     want = x.double() @ (w_fp8.double() * w_scale.double()).t()  # [m, n]
-    return x.to(device), w_fp8.to(device), w_scale.reshape(-1).to(device), want
+    return x.to(device), w_fp8.to(device), w_scale.reshape(-1).to(device), want.to(device)
 
 
 @pytest.mark.parametrize("m,n,k", [
