@@ -58,13 +58,17 @@ SM_PERCENT_DOC = (
     "on cuda under MPS (engine.mps), the share of the GPU's streaming multiprocessors this "
     "stage's kernels may occupy at once, in percent (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set "
     "before CUDA initialises): the two stages then contend for fewer SMs, each step or decode "
-    "on its own share; ignored without MPS; null = all of them. Not measured yet")
+    "on its own share; ignored without MPS; null = all of them. The codec at 60% on an H200: "
+    "the same audio-s/s at C=128 with 1.45-2x the first audio, 1.04-1.05x at C=64; at 40% it "
+    "fell behind (88-91% smooth), so all")
 MpsPriority = Literal["normal", "below_normal"]
 MPS_PRIORITY_DOC = (
     "on cuda under MPS (engine.mps), this stage's MPS client priority (CUDA_MPS_CLIENT_PRIORITY, "
     "set before CUDA initialises): below_normal lets the other stage's ready kernels go first "
     "(the codec below the talker: its dispatches slow the talker's steps less, its own calls "
-    "take longer); ignored without MPS. Not measured yet")
+    "take longer); ignored without MPS. The codec below_normal on an H200 (high-concurrency): "
+    "the talker's step 0.91x at C=128 and 0.93x at C=64, the codec's dispatches fewer and "
+    "longer; audio-s/s 1.03x and 1.00x, first audio 1.33x and 1.20x later, so normal")
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Bytes = Annotated[int, msgspec.Meta(ge=4096)]
@@ -209,7 +213,10 @@ class TalkerConfig(_Section):
         "multiply: fp8_scheme. A precision change: its distance from the bf16 outputs is "
         "measured in docs/performance.md; CUDA (sm89 and later) or the CPU. With w8a8 on an H200 "
         "at 88 rows cuBLAS's float8 kernel (128x128 tiles) was slower than the bf16 ones it "
-        "replaces (the step 9.2 against 8.0 ms, with the float8 KV cache), so none")] = "none"
+        "replaces (the step 9.2 against 8.0 ms, with the float8 KV cache); the Triton kernel of "
+        "fp8_scheme w8a16 read its weights at 0.4-0.95 TB/s at 88 rows, bf16's cuBLAS at 1.9-4.4 "
+        "(the step 10.8 ms with a float8 backbone, 11.8 with the local block's too, against 7.2 in "
+        "bf16): a memory saving, not a speed-up, so none")] = "none"
     fp8_scheme: Annotated[Literal["w8a16", "w8a8"], doc(
         "with fp8_weights: w8a16 multiplies the inputs as they are by the upcast weights (on "
         "CUDA a Triton kernel for few rows that reads the float8 tiles and splits the inputs "
