@@ -199,6 +199,13 @@ class TalkerConfig(_Section):
         "(88 rows: 5.4 ms more kernels a step; a C=128 server's steps 5x longer); the stores are "
         "now an in-place index_put_ at (block, row), which a GPU test holds to no copy; off "
         "until measured again")] = False
+    fused_qk_rope_store: Annotated[bool, doc(
+        "Local-v1.5 talker: each backbone layer's q/k RMSNorms, RoPE and KV stores in one Triton "
+        "kernel (a program a token and head) after the compiled projections, instead of the "
+        "compiled norms and rotation and two index_copy launches (on an H200 at 88 rows: 72 "
+        "launches and 0.21 ms of the 7.2 ms step for the stores alone); the same values up to "
+        "the rounding of the rotation's products; takes precedence over fused_kv_writes; CUDA "
+        "(the torch ops elsewhere); off until measured")] = False
     kv_cache_dtype: Annotated[Literal["auto", "fp8"], doc(
         "the talker's paged KV cache: \"auto\" (model.dtype) or \"fp8\" (float8 e4m3 without "
         "a scale, values saturated at its range: half the bytes attention reads and twice the "

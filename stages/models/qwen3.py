@@ -25,7 +25,9 @@ one matmul (`qkv_proj`, their weights stacked along the outputs) and the MLP's g
 order the wider matmul's kernel picks; the checkpoint's names stay those above. KV stores in the
 layers (`Qwen3Model.store_kv_in_layers`): the serving path stores each layer's new keys and values
 inside its first half (`attention_inputs_stored`), which a compiled model fuses into the kernels
-that compute them.
+that compute them. Or (`Qwen3Model.store_kv_by_kernel`) the compiled half stops at the
+projections and one Triton kernel a layer applies the q/k norms and RoPE and stores the keys
+and values (`stages.runtime.qk_rope_store`).
 """
 
 from __future__ import annotations
@@ -219,6 +221,12 @@ def attention_inputs_stored(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torc
     return q
 
 
+def attention_projections(layer: Qwen3DecoderLayer, x: torch.Tensor):
+    """The layer up to its q/k/v projection: x [N, H] -> q [N, Hq * D], k, v [N, Hkv * D] (no
+    norms, no RoPE: `qk_rope_store.qk_norm_rope_store` takes them from here)."""
+    return layer.self_attn.project(layer.input_layernorm(x))
+
+
 def attention_outputs(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """The layer after attention: residual x [..., H], attention output o [..., Hq, D] -> [..., H]."""
     x = x + layer.self_attn.o_proj(o.reshape(*x.shape[:-1], -1))
@@ -249,22 +257,31 @@ class Qwen3Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # the serving path's layer halves: before attention (without and with the KV stores), after
-        self._parts = (attention_inputs, attention_inputs_stored, attention_outputs)
+        # the serving path's layer halves: before attention (without and with the KV stores, or up
+        # to the projections), after
+        self._parts = (attention_inputs, attention_inputs_stored, attention_projections, attention_outputs)
         self.kv_stores_in_layers = False  # `store_kv_in_layers`
+        self.kv_stores_by_kernel = False  # `store_kv_by_kernel`
 
     def compile_layers(self, backend: str = "inductor") -> None:
         """Serve through `torch.compile`d layer halves (one compilation shared by every layer,
         dynamic in the token count); attention stays outside, so any `AttentionBackend` works.
         `forward_dense` is unchanged."""
         self._parts = tuple(torch.compile(f, dynamic=True, backend=backend) for f in
-                            (attention_inputs, attention_inputs_stored, attention_outputs))
+                            (attention_inputs, attention_inputs_stored, attention_projections, attention_outputs))
 
     def store_kv_in_layers(self, on: bool = True) -> None:
         """Store each layer's new keys and values in the paged cache inside the layer's first half
         (`attention_inputs_stored`: compiled, the kernels computing k and v write them) instead of
         two copies after it. The same values in the same slots either way."""
         self.kv_stores_in_layers = on
+
+    def store_kv_by_kernel(self, on: bool = True) -> None:
+        """Each layer's q/k norms, RoPE and KV stores in one Triton kernel after its compiled
+        projections (`stages.runtime.qk_rope_store`; the torch ops where Triton cannot run):
+        the same values up to the rounding of the rotation's products. Takes precedence over
+        `store_kv_in_layers`."""
+        self.kv_stores_by_kernel = on
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
@@ -279,11 +296,17 @@ class Qwen3Model(nn.Module):
         """Serving path: write this step's K/V into the paged cache, attend over each sequence."""
         backend = backend or ReferenceAttention()
         cos, sin = self._rope(meta.positions, embeds.dtype)  # [N, D]
-        before, before_stored, after = self._parts
+        before, before_stored, projections, after = self._parts
+        if self.kv_stores_by_kernel:  # imports Triton: only when asked (its CPU interpreter must be chosen first)
+            from stages.runtime.qk_rope_store import qk_norm_rope_store
         x = embeds
         for i, layer in enumerate(self.layers):
             keys, values = cache.keys[i], cache.values[i]
-            if self.kv_stores_in_layers:
+            if self.kv_stores_by_kernel:
+                attn = layer.self_attn
+                q = qk_norm_rope_store(*projections(layer, x), attn.q_norm.weight, attn.k_norm.weight,
+                                       attn.q_norm.eps, cos, sin, keys, values, meta.slot_mapping)
+            elif self.kv_stores_in_layers:
                 q = before_stored(layer, x, cos, sin, keys, values, meta.slot_mapping)
             else:
                 q, k, v = before(layer, x, cos, sin)
