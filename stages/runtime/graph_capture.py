@@ -124,6 +124,7 @@ def decode_metadata(packed: torch.Tensor, block_size: int) -> AttentionMetadata:
         seq_lens_host=(M * block_size,) * B,  # upper bound; the graph path reads tensors only
         max_query_len=1,
         max_seq_len=M * block_size,
+        every_row_attends=True,  # padding rows decode the scratch block: every row is a sequence's
     )
 
 

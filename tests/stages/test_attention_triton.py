@@ -291,3 +291,36 @@ def test_pipeline_stages_follow_the_cache_element_size_unless_set():
     assert [auto.stages_per_loop(d) for d in (torch.float8_e4m3fn, torch.float8_e5m2)] == [2, 2]
     assert [auto.stages_per_loop(d) for d in (torch.bfloat16, torch.float32)] == [None, None]
     assert TritonPagedAttention(num_stages=3).stages_per_loop(torch.float8_e4m3fn) == 3
+
+
+def test_the_output_is_cleared_only_where_some_row_attends_nothing(monkeypatch):
+    """Every row of an eager step's q is a sequence's token (`every_row_attends`), so the kernels
+    write the whole output and no fill kernel runs first (one launch a layer fewer); metadata
+    without that promise (the prefill and mixed graphs', whose padding rows no sequence covers)
+    gets its output cleared, and the result is the same."""
+    cache = make_cache(torch.float32, 16)
+    fill_contexts(cache, {0: 9, 1: 5, 2: 13})
+    batch = [(0, 1), (1, 3), (2, 1)]
+    meta, q, want = check(TritonPagedAttention(), cache, batch, torch.float32, 16)
+    fills = []
+    zeros_like = torch.zeros_like
+    monkeypatch.setattr(torch, "zeros_like", lambda *a, **k: fills.append(1) or zeros_like(*a, **k))
+    assert meta.every_row_attends
+    got = TritonPagedAttention()(q, cache.keys[0], cache.values[0], meta, 16**-0.5)
+    assert not fills
+    padded = dataclasses.replace(meta, every_row_attends=False)
+    again = TritonPagedAttention()(q, cache.keys[0], cache.values[0], padded, 16**-0.5)
+    assert len(fills) == 1
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(again, want, rtol=0, atol=0)
+
+
+def test_a_decode_graphs_padding_rows_attend_the_scratch_block():
+    """The packed inputs of a decode graph give every row, padding included, a sequence (the
+    scratch block): its metadata promises every row attends."""
+    from stages.runtime.graph_capture import decode_metadata, pack_decode_inputs
+
+    packed = pack_decode_inputs([0, 1], [3, 4], [5, 6], [21, 34], [6, 7], [[5, 1], [8]], batch=4, blocks=2,
+                                scratch_slot=9, scratch_block=15, block_size=BS)
+    meta = decode_metadata(packed, BS)
+    assert meta.every_row_attends and meta.decode_seqs.tolist() == [0, 1, 2, 3]

@@ -43,6 +43,9 @@ class AttentionMetadata:
     seq_lens_host: tuple[int, ...]
     max_query_len: int
     max_seq_len: int
+    # host: every row of q is a new token of some sequence (no padding rows), so an attention
+    # kernel writes every row of its output and need not clear it first
+    every_row_attends: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -107,6 +110,7 @@ def build_attention_metadata(
         seq_lens_host=tuple(slens),
         max_query_len=max(qlens),
         max_seq_len=max(slens),
+        every_row_attends=True,  # exactly the batch's new tokens, no padding
     )
 
 

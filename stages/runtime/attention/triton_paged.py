@@ -250,7 +250,9 @@ class TritonPagedAttention:
         return launches + 1
 
     def __call__(self, q, k_pool, v_pool, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        out = torch.zeros_like(q)  # rows no sequence covers (prefill graphs' padding) stay finite
+        # rows no sequence covers (prefill and mixed graphs' padding) are cleared to stay finite;
+        # where every row attends (decode steps, graphed or not) the kernels write them all
+        out = torch.empty_like(q) if meta.every_row_attends else torch.zeros_like(q)
         n_dec = meta.decode_seqs.shape[0]
         if n_dec and self.decode_as_prefill:
             self._launch(q, k_pool, v_pool, meta, scale, out, meta.decode_seqs, block_m=self.block_m, tiles=1, splits=1)
