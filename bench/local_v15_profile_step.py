@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--qk-rope-store", action="store_true",
                     help="each backbone layer's q/k norms, RoPE and KV stores in one Triton kernel "
                          "(talker.fused_qk_rope_store)")
+    ap.add_argument("--deferred-residuals", action="store_true",
+                    help="with --qk-rope-store, each layer's residual sums in the next norm's kernel "
+                         "(talker.deferred_residuals)")
     ap.add_argument("--fp8", choices=["none", "backbone", "all"], default="none",
                     help="matmuls from float8 weights (talker.fp8_weights)")
     ap.add_argument("--fp8-scheme", choices=["w8a16", "w8a8"], default="w8a16",
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     model.use_fp8_weights(args.fp8, args.fp8_scheme)
     model.transformer.store_kv_in_layers(args.fused_kv_writes)
     model.transformer.store_kv_by_kernel(args.qk_rope_store)
+    model.transformer.defer_residuals(args.deferred_residuals)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
     variants = [(name, False) for name in args.attention] + ([(args.attention[-1], True)] if args.compile else [])
@@ -195,6 +199,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " fused-projections" if args.fused_projections else ""
     tag += " fused-kv-writes" if args.fused_kv_writes else ""
     tag += " qk-rope-store" if args.qk_rope_store else ""
+    tag += " deferred-residuals" if args.deferred_residuals else ""
     tag += f" fp8-{args.fp8}-{args.fp8_scheme}" if args.fp8 != "none" else ""
     tag += " kv-fp8" if args.kv_fp8 else ""
     tag += f" decode-splits-{args.decode_splits}" if args.decode_splits is not None else ""

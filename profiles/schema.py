@@ -206,6 +206,12 @@ class TalkerConfig(_Section):
         "launches and 0.21 ms of the 7.2 ms step for the stores alone); the same values up to "
         "the rounding of the rotation's products; takes precedence over fused_kv_writes; CUDA "
         "(the torch ops elsewhere); off until measured")] = False
+    deferred_residuals: Annotated[bool, doc(
+        "Local-v1.5 talker, with fused_qk_rope_store: each backbone layer leaves its two residual "
+        "sums to the next layer's input norm (the last layer's to the final norm), so the sums "
+        "ride in the norms' kernels; compiled for CUDA, x + o_proj(o) and x + down(h) were each an "
+        "addmm that first copied x into its output (74 device copies a step at 88 rows on an "
+        "H200); the same sums rounded once instead of twice; off until measured")] = False
     kv_cache_dtype: Annotated[Literal["auto", "fp8"], doc(
         "the talker's paged KV cache: \"auto\" (model.dtype) or \"fp8\" (float8 e4m3 without "
         "a scale, values saturated at its range: half the bytes attention reads and twice the "
@@ -622,6 +628,9 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
     if t.batch_invariant and t.local_attention == "plain":
         out.append(("talker.batch_invariant needs talker.local_attention sdpa (the plain local "
                     "attention's fused sums may be tiled by batch size)", ("talker.batch_invariant", "talker.local_attention")))
+    if t.deferred_residuals and not t.fused_qk_rope_store:
+        out.append(("talker.deferred_residuals needs talker.fused_qk_rope_store (the layers' path "
+                    "through the projections and one kernel)", ("talker.deferred_residuals", "talker.fused_qk_rope_store")))
     if t.overlap_steps and t.max_step_ms is not None:
         out.append(("talker.max_step_ms needs talker.overlap_steps off (its step-cost model is measured "
                     "step by step)", ("talker.max_step_ms", "talker.overlap_steps")))

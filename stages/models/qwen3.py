@@ -227,6 +227,29 @@ def attention_projections(layer: Qwen3DecoderLayer, x: torch.Tensor):
     return layer.self_attn.project(layer.input_layernorm(x))
 
 
+def attention_projections_after(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor, mlp: torch.Tensor):
+    """`attention_projections` after the residual sums the layer before deferred
+    (`attention_outputs_deferred`): x [N, H] + its attention's o [N, H] + its MLP's output
+    [N, H] -> (that sum, q, k, v)."""
+    x = x + o + mlp
+    return (x, *attention_projections(layer, x))
+
+
+def attention_outputs_deferred(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor):
+    """The layer after attention without its residual sums: residual x [N, H], attention output
+    o [N, Hq, D] -> (o_proj's output [N, H], the MLP's output [N, H]), which the next layer's
+    first half (or the final norm) adds to x. Compiled for CUDA, `x + o_proj(o)` kept for later
+    is a matmul whose sum goes into the norm's kernel; as `attention_outputs` has it, inductor
+    makes both sums an `addmm` that first copies x into its output (two device copies a layer)."""
+    o = layer.self_attn.o_proj(o.reshape(*x.shape[:-1], -1))
+    return o, layer.mlp(layer.post_attention_layernorm(x + o))
+
+
+def final_norm_after(norm: RMSNorm, x: torch.Tensor, o: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
+    """The final norm of x [N, H] after the last layer's deferred residual sums (one kernel compiled)."""
+    return norm(x + o + mlp)
+
+
 def attention_outputs(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """The layer after attention: residual x [..., H], attention output o [..., Hq, D] -> [..., H]."""
     x = x + layer.self_attn.o_proj(o.reshape(*x.shape[:-1], -1))
@@ -247,6 +270,13 @@ class Qwen3DecoderLayer(nn.Module):
         return attention_outputs(self, x, attend(*attention_inputs(self, x, cos, sin)))
 
 
+# the serving path's layer halves, compiled together (`Qwen3Model.compile_layers`): before attention
+# (without and with the KV stores, up to the projections, the same after the deferred sums), after
+# (with and without the residual sums), the final norm after the last deferred sums
+SERVING_PARTS = (attention_inputs, attention_inputs_stored, attention_projections, attention_projections_after,
+                 attention_outputs, attention_outputs_deferred, final_norm_after)
+
+
 class Qwen3Model(nn.Module):
     """Embedding table, decoder layers and final norm (no LM head: variants own their heads)."""
 
@@ -257,18 +287,16 @@ class Qwen3Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # the serving path's layer halves: before attention (without and with the KV stores, or up
-        # to the projections), after
-        self._parts = (attention_inputs, attention_inputs_stored, attention_projections, attention_outputs)
+        self._parts = SERVING_PARTS
         self.kv_stores_in_layers = False  # `store_kv_in_layers`
         self.kv_stores_by_kernel = False  # `store_kv_by_kernel`
+        self.residuals_deferred = False  # `defer_residuals`
 
     def compile_layers(self, backend: str = "inductor") -> None:
         """Serve through `torch.compile`d layer halves (one compilation shared by every layer,
         dynamic in the token count); attention stays outside, so any `AttentionBackend` works.
         `forward_dense` is unchanged."""
-        self._parts = tuple(torch.compile(f, dynamic=True, backend=backend) for f in
-                            (attention_inputs, attention_inputs_stored, attention_projections, attention_outputs))
+        self._parts = tuple(torch.compile(f, dynamic=True, backend=backend) for f in SERVING_PARTS)
 
     def store_kv_in_layers(self, on: bool = True) -> None:
         """Store each layer's new keys and values in the paged cache inside the layer's first half
@@ -283,6 +311,13 @@ class Qwen3Model(nn.Module):
         `store_kv_in_layers`."""
         self.kv_stores_by_kernel = on
 
+    def defer_residuals(self, on: bool = True) -> None:
+        """With `store_kv_by_kernel`: each layer leaves its two residual sums to the next layer's
+        first half (`attention_outputs_deferred`, `attention_projections_after`), where they go
+        into the input norm's kernel, and the last layer's to the final norm: no `addmm` copies.
+        The same sums, rounded once instead of twice."""
+        self.residuals_deferred = on
+
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
@@ -296,9 +331,12 @@ class Qwen3Model(nn.Module):
         """Serving path: write this step's K/V into the paged cache, attend over each sequence."""
         backend = backend or ReferenceAttention()
         cos, sin = self._rope(meta.positions, embeds.dtype)  # [N, D]
-        before, before_stored, projections, after = self._parts
+        before, before_stored, projections, _, after, _, _ = self._parts
         if self.kv_stores_by_kernel:  # imports Triton: only when asked (its CPU interpreter must be chosen first)
             from stages.runtime.qk_rope_store import qk_norm_rope_store
+
+            if self.residuals_deferred:
+                return self._forward_deferred(embeds, meta, cache, backend, cos, sin, qk_norm_rope_store)
         x = embeds
         for i, layer in enumerate(self.layers):
             keys, values = cache.keys[i], cache.values[i]
@@ -313,6 +351,21 @@ class Qwen3Model(nn.Module):
                 cache.write(i, meta.slot_mapping, k, v)
             x = after(layer, x, backend(q, keys, values, meta, layer.self_attn.scale))
         return self.norm(x)
+
+    def _forward_deferred(self, x, meta, cache, backend, cos, sin, qk_norm_rope_store) -> torch.Tensor:
+        """`forward` with the KV stores by kernel and the residual sums deferred (`defer_residuals`)."""
+        _, _, projections, projections_after, _, after_deferred, final_norm = self._parts
+        pending = None  # the layer before's attention and MLP outputs, not yet added to x
+        for i, layer in enumerate(self.layers):
+            if pending is None:
+                q, k, v = projections(layer, x)
+            else:
+                x, q, k, v = projections_after(layer, x, *pending)
+            attn = layer.self_attn
+            q = qk_norm_rope_store(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin,
+                                   cache.keys[i], cache.values[i], meta.slot_mapping)
+            pending = after_deferred(layer, x, backend(q, cache.keys[i], cache.values[i], meta, attn.scale))
+        return final_norm(self.norm, x, *pending)
 
     def forward_dense(
         self,

@@ -1,7 +1,8 @@
 """`talker.fused_qk_rope_store`: a backbone layer's q/k norms, RoPE and KV stores in one Triton
 kernel (`stages.runtime.qk_rope_store`), on the CPU through Triton's interpreter: the queries
-and the cache as the torch ops leave them, in a model's serving path, and through a runner
-built from the profile."""
+and the cache as the torch ops leave them, in a model's serving path (with the residual sums
+deferred to the next norm too: `talker.deferred_residuals`), and through a runner built from
+the profile."""
 
 import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
@@ -73,14 +74,17 @@ def test_the_kernel_leaves_the_queries_and_the_cache_as_the_torch_ops(dtype, poo
         assert pools[0][1].float().max() == torch.finfo(FP8).max
 
 
-def test_a_compiled_model_storing_by_the_kernel_serves_as_one_that_copies():
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_compiled_model_storing_by_the_kernel_serves_as_one_that_copies(deferred):
     """Prefill chunks, decode tokens and a late joiner through the serving path with the layer
-    halves compiled (inductor, C++ on the CPU; the runner test below runs them eagerly): every
-    output and cache block as with the torch ops and the copies after them."""
+    halves compiled (inductor, C++ on the CPU; the runner test below runs them eagerly), the
+    residual sums in place or deferred to the next norm: every output and cache block as with
+    the torch ops and the copies after them."""
     want, want_cache = _serve(make_model())
     model = make_model()
     model.compile_layers("inductor")
     model.store_kv_by_kernel()
+    model.defer_residuals(deferred)
     got, cache = _serve(model)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
@@ -91,12 +95,15 @@ def test_a_compiled_model_storing_by_the_kernel_serves_as_one_that_copies():
 
 def test_a_runner_with_the_kernel_makes_the_same_frames(local_v15_dir):
     """Four requests of mixed settings and prompt lengths through runners built from the
-    profile both ways (four: each step's kernels run in Triton's interpreter here)."""
+    profile both ways, the kernel with the residual sums deferred (four requests: each step's
+    kernels run in Triton's interpreter here)."""
     reqs = dict(list(mixed_requests(local_v15_dir).items())[:4])
     frames, finish = {}, {}
     for on in (False, True):
-        runner = load_talker_runner(local_v15_dir, load_profile("cpu", [f"talker.fused_qk_rope_store={on}"]), "cpu")
+        overrides = [f"talker.fused_qk_rope_store={on}", f"talker.deferred_residuals={on}"]
+        runner = load_talker_runner(local_v15_dir, load_profile("cpu", overrides), "cpu")
         assert runner.model.transformer.kv_stores_by_kernel == on
+        assert runner.model.transformer.residuals_deferred == on
         frames[on], finish[on] = run(runner, reqs)
     assert finish[True] == finish[False] and len(finish[False]) == len(reqs)
     for rid in reqs:
@@ -124,3 +131,28 @@ def test_on_cuda_the_kernel_replays_from_a_graph_as_the_torch_ops(pool_dtype):
     tol = dict(rtol=0.13, atol=0.02) if pool_dtype == FP8 else dict(rtol=1e-2, atol=1e-2)
     for mine, theirs in zip(*pools):
         torch.testing.assert_close(mine.float(), theirs.float(), **tol)
+
+
+def test_deferred_residuals_need_the_kernel_path():
+    with pytest.raises(Exception, match="deferred_residuals needs talker.fused_qk_rope_store"):
+        load_profile("cpu", ["talker.deferred_residuals=true"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@torch.no_grad()
+def test_on_cuda_the_deferred_layer_half_makes_no_addmm():
+    """Compiled by inductor for CUDA, the layer's second half with its residual sums deferred
+    calls no `addmm` (whose out-of-place form copies its input first), where the summing half
+    calls two; both give the same MLP input norm."""
+    from torch._inductor.utils import run_and_get_code
+
+    from stages.models.qwen3 import attention_outputs, attention_outputs_deferred
+
+    layer = make_model().layers[0].cuda().to(torch.bfloat16)
+    x = torch.randn(6, CFG.hidden_size, device="cuda", dtype=torch.bfloat16)
+    o = torch.randn(6, CFG.num_heads, CFG.head_dim, device="cuda", dtype=torch.bfloat16)
+    (o_out, mlp), deferred = run_and_get_code(torch.compile(attention_outputs_deferred, dynamic=True), layer, x, o)
+    summed, plain = run_and_get_code(torch.compile(attention_outputs, dynamic=True), layer, x, o)
+    assert "addmm" not in "\n".join(deferred) and "addmm" in "\n".join(plain)
+    torch.testing.assert_close((x.float() + o_out.float() + mlp.float()), summed.float(), rtol=2e-2, atol=2e-2)

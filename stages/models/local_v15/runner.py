@@ -632,7 +632,8 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     reduction kernels and is specialised for a batch of one), `model.dtype`, the local steps'
     attention (`talker.local_attention`), the backbone's fused projections
     (`talker.fused_projections`) and KV stores (`talker.fused_kv_writes`, or with the q/k norms and
-    RoPE in one kernel: `talker.fused_qk_rope_store`), float8 weights
+    RoPE in one kernel: `talker.fused_qk_rope_store`, and the residual sums deferred:
+    `talker.deferred_residuals`), float8 weights
     (`talker.fp8_weights` by `talker.fp8_scheme`, after the projections are fused)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
@@ -642,6 +643,7 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     model.use_fp8_weights(profile.talker.fp8_weights, profile.talker.fp8_scheme)
     model.transformer.store_kv_in_layers(profile.talker.fused_kv_writes)
     model.transformer.store_kv_by_kernel(profile.talker.fused_qk_rope_store)
+    model.transformer.defer_residuals(profile.talker.deferred_residuals)
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
     return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps,
