@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--attention", nargs="+", default=["padded", "triton"],
                     help="attention backends to compare (stages.runtime.attention.backends.make_attention names)")
     ap.add_argument("--compile", action="store_true", help="last, also with the talker's torch.compile hot paths")
+    ap.add_argument("--compiled-only", action="store_true", help="with --compile, only the compiled variant")
     ap.add_argument("--prefill", type=int, nargs="*", default=[],
                     help="also time a step that prefills one new prompt of this many rows next to the B "
                          "decoding requests, and profile it (host and device time by op)")
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     model.transformer.defer_residuals(args.deferred_residuals)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
-    variants = [(name, False) for name in args.attention] + ([(args.attention[-1], True)] if args.compile else [])
+    variants = [] if args.compile and args.compiled_only else [(name, False) for name in args.attention]
+    variants += [(args.attention[-1], True)] if args.compile else []
     for name, compiled in variants:
         if compiled:
             t0 = time.perf_counter()

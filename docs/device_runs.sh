@@ -110,6 +110,10 @@
 #                                       # (w8a16, then w8a8); each talker weight shape alone: a
 #                                       # tile sweep at 88 rows, then bf16 / w8a16 / w8a8 / w8a8 by
 #                                       # cuBLAS (bench.fp8_matmul)
+#   bash docs/device_runs.sh layers     # the GPU tests of the one-kernel q/k norms, RoPE and KV stores
+#                                       # and of the deferred residual sums; the step at 88 rows as
+#                                       # shipped, with the kernel, and with the sums deferred too, each
+#                                       # with one backbone layer's kernels in launch order
 #   bash docs/device_runs.sh ceilings   # the stages alone at the issue's shapes, as high-concurrency
 #                                       # runs them: the talker's step at 128 rows (CEIL_FLAGS added)
 #                                       # and the codec's B=128 replays of 1 and 15 frames
@@ -296,12 +300,13 @@ known_voices() {  # known_voices PORT NAME SERVE_ARGS...: a high-concurrency ser
   stop_server "$name"
 }
 talker_steps() {  # talker_steps "BENCH FLAGS"...: the talker's step alone at 88 rows, compiled, one
-  # step ahead, plain local attention, once per argument (each line: the step, its kernels)
+  # step ahead, plain local attention, once per argument (each line: the step, its kernels; the
+  # file also one backbone layer's and one local position's kernels in launch order)
   local v
   for v in "$@"; do
     [ "$(left)" -lt 100 ] && { el "no time left for the step with '$v'"; break; }
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
-      --compile --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
+      --compile --compiled-only --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
       | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
   done
 }
@@ -831,6 +836,17 @@ fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme): 
   t=$(( $(left) - 10 )); [ "$t" -gt "${FP8MM_S:-200}" ] && t=${FP8MM_S:-200}
   [ "$t" -gt 30 ] && timeout "$t" python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344 2048} \
     --sweep ${SWEEP_ROWS:-88} --sweep-w8a8 2>&1 | grep -v -i warn | tee "$R/fp8_matmul.txt"
+  ;;
+layers)  # a backbone layer's launches: the GPU tests of the q/k norm, RoPE and KV store kernel, of the
+  # deferred residual sums (no addmm) and of the attention's kernels, then the step at 88 rows once per
+  # flag set of LAYER_STEPS ('|' between sets; by default as shipped, with the kernel, with the kernel
+  # and the sums deferred), each with one layer's kernels in launch order in talker_steps.txt
+  [ -n "${NOTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/stages/test_qk_rope_store.py tests/stages/test_attention_triton.py tests/stages/test_fp8_matmul.py \
+    > "$R/tests_layers.txt" 2>&1
+  [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_layers.txt" | head -30
+  IFS='|' read -r -a steps <<< "${LAYER_STEPS:---fused-projections|--fused-projections --qk-rope-store|--fused-projections --qk-rope-store --deferred-residuals}"
+  talker_steps "${steps[@]}"
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1
   # skips it): the cache in bf16 and float8, keys per tile, warps, stages and key splits
