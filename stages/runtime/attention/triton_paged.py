@@ -56,7 +56,8 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,  # KV block (page) size
     NUM_SPLITS: tl.constexpr,  # >1: write fp32 partials + lse for _combine_splits_kernel
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no tf32), else None (the default)
-    DOT_FP32: tl.constexpr,  # upcast dot operands: set on CPU (interpreter: its bf16 tl.dot is wrong)
+    DOT_FP32: tl.constexpr,  # on CPU (interpreter: its bf16 tl.dot is wrong, its fp32 one is numpy's
+    # matmul, whose bits for a row can depend on where the row sits): fp32 products and sums
 ):
     """Program (tile * NUM_SPLITS + split, i, kv_head) -> rows of group sequence `seqs[i]`."""
     tile = tl.program_id(0) // NUM_SPLITS
@@ -99,7 +100,10 @@ def _paged_attention_kernel(
         kv_mask = n_ok[None, :] & d_ok[:, None]
         k_t = tl.load(k_ptr + (block * stride_kb + in_block * stride_kt + kvh * stride_kh)[None, :] + d[:, None],
                       mask=kv_mask, other=0.0)  # [BLOCK_D, BLOCK_N]
-        s = tl.dot(q, k_t.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [rows, BLOCK_N], log2
+        if DOT_FP32:  # the interpreter: products and sums, a row's the same wherever it sits in the tile
+            s = tl.sum(q[:, :, None] * k_t.to(tl.float32)[None, :, :], 1) * qk_scale
+        else:
+            s = tl.dot(q, k_t.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale  # [rows, BLOCK_N], log2
         allowed = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -109,7 +113,10 @@ def _paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + (block * stride_vb + in_block * stride_vt + kvh * stride_vh)[:, None] + d[None, :],
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        if DOT_FP32:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
 
     has_keys = l_i > 0.0
