@@ -28,7 +28,7 @@ import triton.language as tl
 from stages.runtime.kv_cache import FLOAT8_TYPES, store_kv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_slot"])  # 1 eagerly, a decode graph's packed width there: one kernel
 def _qk_norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, stride_q, stride_k, stride_v,  # this step's projections [N, heads * D]
     q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin,  # norms [D]; tables [N, D]
