@@ -67,8 +67,13 @@ def _interpreting() -> bool:
 
 
 def batch_invariant_supported(device: torch.device | str) -> bool:
-    """Whether the mode's Triton kernels can run on `device`: CUDA with triton importable, or CPU
-    under Triton's interpreter (tests)."""
+    """Whether the mode's Triton kernels can run on `device` (`triton_runs_on`)."""
+    return triton_runs_on(device)
+
+
+def triton_runs_on(device: torch.device | str) -> bool:
+    """Whether Triton kernels can run on `device`: CUDA with triton importable, or CPU under
+    Triton's interpreter (tests)."""
     try:
         import triton  # noqa: F401
     except ImportError:

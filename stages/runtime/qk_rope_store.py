@@ -19,12 +19,11 @@ Triton's interpreter (the tests); `qk_norm_rope_store` falls back to the torch o
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from stages.runtime.batch_invariant import rms_norm, triton_runs_on
 from stages.runtime.kv_cache import FLOAT8_TYPES, store_kv
 
 
@@ -83,10 +82,6 @@ def _qk_norm_rope_store_kernel(
         tl.store(vdst + d, v.to(values_ptr.dtype.element_ty))
 
 
-def _uses_kernel(x: torch.Tensor) -> bool:
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                        k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                        keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -97,9 +92,8 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     rotated queries [N, Hq, D] (q's dtype). One kernel launch on CUDA; the torch ops without it."""
     n, d = cos.shape
     hq, hkv = q.shape[-1] // d, k.shape[-1] // d
-    if not _uses_kernel(q):
-        from stages.runtime.batch_invariant import rms_norm
-        from stages.models.qwen3 import apply_rope_neox
+    if not triton_runs_on(q.device):
+        from stages.models.qwen3 import apply_rope_neox  # the model's own rotation
 
         q = apply_rope_neox(rms_norm(q.reshape(n, hq, d), q_weight, eps), cos, sin)
         k = apply_rope_neox(rms_norm(k.reshape(n, hkv, d), k_weight, eps), cos, sin)
