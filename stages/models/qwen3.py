@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -270,11 +270,21 @@ class Qwen3DecoderLayer(nn.Module):
         return attention_outputs(self, x, attend(*attention_inputs(self, x, cos, sin)))
 
 
-# the serving path's layer halves, compiled together (`Qwen3Model.compile_layers`): before attention
-# (without and with the KV stores, up to the projections, the same after the deferred sums), after
-# (with and without the residual sums), the final norm after the last deferred sums
-SERVING_PARTS = (attention_inputs, attention_inputs_stored, attention_projections, attention_projections_after,
-                 attention_outputs, attention_outputs_deferred, final_norm_after)
+class ServingParts(NamedTuple):
+    """The serving path's layer halves, compiled together (`Qwen3Model.compile_layers`)."""
+
+    inputs: Callable  # before attention, q/k normed and rotated (`attention_inputs`)
+    inputs_stored: Callable  # the same, the KV stores inside (`attention_inputs_stored`)
+    projections: Callable  # up to the projections (`attention_projections`)
+    projections_after: Callable  # the same after the deferred sums (`attention_projections_after`)
+    outputs: Callable  # after attention (`attention_outputs`)
+    outputs_deferred: Callable  # the same, the residual sums left (`attention_outputs_deferred`)
+    final_norm_after: Callable  # the final norm after the last deferred sums (`final_norm_after`)
+
+
+SERVING_PARTS = ServingParts(attention_inputs, attention_inputs_stored, attention_projections,
+                             attention_projections_after, attention_outputs, attention_outputs_deferred,
+                             final_norm_after)
 
 
 class Qwen3Model(nn.Module):
@@ -296,7 +306,7 @@ class Qwen3Model(nn.Module):
         """Serve through `torch.compile`d layer halves (one compilation shared by every layer,
         dynamic in the token count); attention stays outside, so any `AttentionBackend` works.
         `forward_dense` is unchanged."""
-        self._parts = tuple(torch.compile(f, dynamic=True, backend=backend) for f in SERVING_PARTS)
+        self._parts = ServingParts(*(torch.compile(f, dynamic=True, backend=backend) for f in SERVING_PARTS))
 
     def store_kv_in_layers(self, on: bool = True) -> None:
         """Store each layer's new keys and values in the paged cache inside the layer's first half
@@ -331,41 +341,41 @@ class Qwen3Model(nn.Module):
         """Serving path: write this step's K/V into the paged cache, attend over each sequence."""
         backend = backend or ReferenceAttention()
         cos, sin = self._rope(meta.positions, embeds.dtype)  # [N, D]
-        before, before_stored, projections, _, after, _, _ = self._parts
-        if self.kv_stores_by_kernel:  # imports Triton: only when asked (its CPU interpreter must be chosen first)
-            from stages.runtime.qk_rope_store import qk_norm_rope_store
-
-            if self.residuals_deferred:
-                return self._forward_deferred(embeds, meta, cache, backend, cos, sin, qk_norm_rope_store)
+        parts = self._parts
+        if self.kv_stores_by_kernel:
+            return self._forward_by_kernel(embeds, meta, cache, backend, cos, sin)
         x = embeds
         for i, layer in enumerate(self.layers):
             keys, values = cache.keys[i], cache.values[i]
-            if self.kv_stores_by_kernel:
-                attn = layer.self_attn
-                q = qk_norm_rope_store(*projections(layer, x), attn.q_norm.weight, attn.k_norm.weight,
-                                       attn.q_norm.eps, cos, sin, keys, values, meta.slot_mapping)
-            elif self.kv_stores_in_layers:
-                q = before_stored(layer, x, cos, sin, keys, values, meta.slot_mapping)
+            if self.kv_stores_in_layers:
+                q = parts.inputs_stored(layer, x, cos, sin, keys, values, meta.slot_mapping)
             else:
-                q, k, v = before(layer, x, cos, sin)
+                q, k, v = parts.inputs(layer, x, cos, sin)
                 cache.write(i, meta.slot_mapping, k, v)
-            x = after(layer, x, backend(q, keys, values, meta, layer.self_attn.scale))
+            x = parts.outputs(layer, x, backend(q, keys, values, meta, layer.self_attn.scale))
         return self.norm(x)
 
-    def _forward_deferred(self, x, meta, cache, backend, cos, sin, qk_norm_rope_store) -> torch.Tensor:
-        """`forward` with the KV stores by kernel and the residual sums deferred (`defer_residuals`)."""
-        _, _, projections, projections_after, _, after_deferred, final_norm = self._parts
-        pending = None  # the layer before's attention and MLP outputs, not yet added to x
+    def _forward_by_kernel(self, x, meta, cache, backend, cos, sin) -> torch.Tensor:
+        """`forward` with the q/k norms, RoPE and KV stores in one kernel a layer
+        (`store_kv_by_kernel`), the residual sums deferred or not (`defer_residuals`)."""
+        from stages.runtime.qk_rope_store import qk_norm_rope_store  # Triton: only when asked (tests choose its interpreter first)
+
+        parts = self._parts
+        pending = None  # deferred: the layer before's attention and MLP outputs, not yet added to x
         for i, layer in enumerate(self.layers):
             if pending is None:
-                q, k, v = projections(layer, x)
+                q, k, v = parts.projections(layer, x)
             else:
-                x, q, k, v = projections_after(layer, x, *pending)
+                x, q, k, v = parts.projections_after(layer, x, *pending)
             attn = layer.self_attn
             q = qk_norm_rope_store(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin,
                                    cache.keys[i], cache.values[i], meta.slot_mapping)
-            pending = after_deferred(layer, x, backend(q, cache.keys[i], cache.values[i], meta, attn.scale))
-        return final_norm(self.norm, x, *pending)
+            o = backend(q, cache.keys[i], cache.values[i], meta, attn.scale)
+            if self.residuals_deferred:
+                pending = parts.outputs_deferred(layer, x, o)
+            else:
+                x = parts.outputs(layer, x, o)
+        return self.norm(x) if pending is None else parts.final_norm_after(self.norm, x, *pending)
 
     def forward_dense(
         self,
