@@ -42,7 +42,7 @@ from torch import nn
 
 from stages.runtime.attention.backends import ReferenceAttention
 from stages.runtime.attention.metadata import AttentionBackend, AttentionMetadata
-from stages.runtime.batch_invariant import rms_norm
+from stages.runtime.batch_invariant import rms_norm, triton_runs_on
 from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache, scatter_kv
 from stages.runtime.tensor_parallel import TPGroup, column_linear, row_linear
 
@@ -202,9 +202,14 @@ def fuse_projections(module: nn.Module) -> int:
 def attention_inputs(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """The layer up to attention: x [..., H] -> q [..., Hq, D], k, v [..., Hkv, D] (RoPE applied)."""
     attn = layer.self_attn
-    h = layer.input_layernorm(x)
-    lead = h.shape[:-1]  # [N] or [B, S]
-    q, k, v = attn.project(h)
+    return normed_rotated_heads(attn, *attn.project(layer.input_layernorm(x)), cos, sin)
+
+
+def normed_rotated_heads(attn: Qwen3Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         cos: torch.Tensor, sin: torch.Tensor):
+    """Projections q [..., Hq * D], k, v [..., Hkv * D] -> q, k [..., H*, D] normed and rotated,
+    v [..., Hkv, D]."""
+    lead = q.shape[:-1]  # [N] or [B, S]
     q = attn.q_norm(q.reshape(*lead, attn.num_heads, attn.head_dim))
     k = attn.k_norm(k.reshape(*lead, attn.num_kv_heads, attn.head_dim))
     v = v.reshape(*lead, attn.num_kv_heads, attn.head_dim)
@@ -316,7 +321,8 @@ class Qwen3Model(nn.Module):
 
     def store_kv_by_kernel(self, on: bool = True) -> None:
         """Each layer's q/k norms, RoPE and KV stores in one Triton kernel after its compiled
-        projections (`stages.runtime.qk_rope_store`; the torch ops where Triton cannot run):
+        projections (`stages.runtime.qk_rope_store`; the torch ops where Triton cannot run, as
+        `attention_inputs` and the cache's copies):
         the same values up to the rounding of the rotation's products. Takes precedence over
         `store_kv_in_layers`."""
         self.kv_stores_by_kernel = on
@@ -358,9 +364,10 @@ class Qwen3Model(nn.Module):
     def _forward_by_kernel(self, x, meta, cache, backend, cos, sin) -> torch.Tensor:
         """`forward` with the q/k norms, RoPE and KV stores in one kernel a layer
         (`store_kv_by_kernel`), the residual sums deferred or not (`defer_residuals`)."""
-        from stages.runtime.qk_rope_store import qk_norm_rope_store  # Triton: only when asked (tests choose its interpreter first)
-
         parts = self._parts
+        by_kernel = triton_runs_on(x.device)  # else the same through the torch ops
+        if by_kernel:  # imports Triton: only when asked (tests choose its CPU interpreter first)
+            from stages.runtime.qk_rope_store import qk_norm_rope_store
         pending = None  # deferred: the layer before's attention and MLP outputs, not yet added to x
         for i, layer in enumerate(self.layers):
             if pending is None:
@@ -368,8 +375,12 @@ class Qwen3Model(nn.Module):
             else:
                 x, q, k, v = parts.projections_after(layer, x, *pending)
             attn = layer.self_attn
-            q = qk_norm_rope_store(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin,
-                                   cache.keys[i], cache.values[i], meta.slot_mapping)
+            if by_kernel:
+                q = qk_norm_rope_store(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin,
+                                       cache.keys[i], cache.values[i], meta.slot_mapping)
+            else:
+                q, k, v = normed_rotated_heads(attn, q, k, v, cos, sin)
+                cache.write(i, meta.slot_mapping, k, v)
             o = backend(q, cache.keys[i], cache.values[i], meta, attn.scale)
             if self.residuals_deferred:
                 pending = parts.outputs_deferred(layer, x, o)

@@ -14,7 +14,8 @@ intermediate to the input dtype (the rotation's products).
 
 The kernel runs eagerly (and inside a CUDA graph capture); it is not traced by torch.compile,
 which would functionalize the in-place stores into the pools. Without CUDA it runs only under
-Triton's interpreter (the tests); `qk_norm_rope_store` falls back to the torch ops elsewhere.
+Triton's interpreter (the tests); elsewhere the model takes the torch ops
+(`Qwen3Model.store_kv_by_kernel`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.runtime.batch_invariant import rms_norm, triton_runs_on
-from stages.runtime.kv_cache import FLOAT8_TYPES, store_kv
+from stages.runtime.kv_cache import FLOAT8_TYPES
 
 
 @triton.jit(do_not_specialize=["stride_slot"])  # 1 eagerly, a decode graph's packed width there: one kernel
@@ -89,16 +89,9 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     fused matmul's output), the q/k norms' weights [D] and `eps`, RoPE tables cos, sin [N, D];
     stores the normed, rotated keys and the values in one layer's paged cache `keys`, `values`
     [blocks, block_size, Hkv, D] at flat slots `slot_mapping [N]` and returns the normed,
-    rotated queries [N, Hq, D] (q's dtype). One kernel launch on CUDA; the torch ops without it."""
+    rotated queries [N, Hq, D] (q's dtype). One kernel launch (CUDA, or Triton's interpreter)."""
     n, d = cos.shape
     hq, hkv = q.shape[-1] // d, k.shape[-1] // d
-    if not triton_runs_on(q.device):
-        from stages.models.qwen3 import apply_rope_neox  # the model's own rotation
-
-        q = apply_rope_neox(rms_norm(q.reshape(n, hq, d), q_weight, eps), cos, sin)
-        k = apply_rope_neox(rms_norm(k.reshape(n, hkv, d), k_weight, eps), cos, sin)
-        store_kv(keys, values, slot_mapping, k, v.reshape(n, hkv, d))
-        return q
     for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("keys", keys), ("values", values)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name} needs a contiguous last dimension")

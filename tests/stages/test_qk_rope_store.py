@@ -93,6 +93,22 @@ def test_a_compiled_model_storing_by_the_kernel_serves_as_one_that_copies(deferr
         torch.testing.assert_close(cache.values[layer], want_cache.values[layer], rtol=1e-5, atol=1e-5)
 
 
+def test_where_triton_cannot_run_the_model_takes_the_torch_ops(monkeypatch):
+    """On a CPU without Triton's interpreter the option serves through the torch ops: the same
+    outputs and cache, the residual sums deferred too."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU's path")
+    want, want_cache = _serve(make_model())
+    monkeypatch.delenv("TRITON_INTERPRET")
+    model = make_model()
+    model.store_kv_by_kernel()
+    model.defer_residuals()
+    got, cache = _serve(model)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.keys[-1], want_cache.keys[-1], rtol=1e-5, atol=1e-5)
+
+
 def test_a_runner_with_the_kernel_makes_the_same_frames(local_v15_dir):
     """Four requests of mixed settings and prompt lengths through runners built from the
     profile both ways, the kernel with the residual sums deferred (four requests: each step's
