@@ -843,6 +843,7 @@ layers)  # a backbone layer's launches: the GPU tests of the q/k norm, RoPE and 
   # and the sums deferred), each with one layer's kernels in launch order in talker_steps.txt
   [ -n "${NOTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/stages/test_qk_rope_store.py tests/stages/test_attention_triton.py tests/stages/test_fp8_matmul.py \
+    tests/stages/test_fp8_weights.py \
     > "$R/tests_layers.txt" 2>&1
   [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_layers.txt" | head -30
   IFS='|' read -r -a steps <<< "${LAYER_STEPS:---fused-projections|--fused-projections --qk-rope-store|--fused-projections --qk-rope-store --deferred-residuals}"

@@ -33,7 +33,6 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from stages.runtime.fp8_matmul import W8A8_TRITON_ROWS, w8a8_mm, w8a16_mm
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -64,19 +63,24 @@ class Fp8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.in_features, self.out_features = w_fp8.shape[1], w_fp8.shape[0]
         self.scheme = scheme
+        # the Triton kernels (CUDA): imported when a float8 layer is made, not with the model, so
+        # a process that serves bf16 never imports Triton (tests choose its CPU interpreter first)
+        from stages.runtime import fp8_matmul
+
+        self.kernels = fp8_matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         if self.scheme == "w8a16":
             if x.is_cuda:
-                y = w8a16_mm(x2.contiguous(), self.weight_fp8, self.weight_scale.view(-1))  # [M, out]
+                y = self.kernels.w8a16_mm(x2.contiguous(), self.weight_fp8, self.weight_scale.view(-1))  # [M, out]
             else:
                 y = (x2 @ self.weight_fp8.to(x.dtype).t()) * self.weight_scale.to(x.dtype)
         else:
             x_fp8, x_scale = quantize_rows(x2)  # [M, in], [M, 1]
-            if x.is_cuda and x2.shape[0] <= W8A8_TRITON_ROWS:  # few rows: the kernel's narrow tiles
-                y = w8a8_mm(x_fp8, x_scale.view(-1), self.weight_fp8, self.weight_scale.view(-1), x.dtype)
+            if x.is_cuda and x2.shape[0] <= self.kernels.W8A8_TRITON_ROWS:  # few rows: the kernel's narrow tiles
+                y = self.kernels.w8a8_mm(x_fp8, x_scale.view(-1), self.weight_fp8, self.weight_scale.view(-1), x.dtype)
             else:
                 # the second operand column-major: weight_fp8 [out, in] row-major, transposed;
                 # CUDA's rowwise-scaled kernels write bf16 only
