@@ -61,18 +61,25 @@ class LocalAttention(nn.Module):
         return apply_rope_interleaved(q, cos, sin), apply_rope_interleaved(k, cos, sin), v
 
     def step(self, x: torch.Tensor, pos: int, rope: tuple[torch.Tensor, torch.Tensor],
-             keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """x [B, H] at local position `pos`; rope tables [P, D]; keys/values [B, P, heads, D]
-        static per-frame cache."""
+             keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """x [B, H] at local position `pos`; rope tables [P, D]; keys/values: the frame's earlier
+        positions' rotated keys and values, each [B, heads, D], to which this position's are
+        appended. A list, not a preallocated [B, P, heads, D] buffer written in place: compiled,
+        each write into a buffer becomes a functional scatter that copies the whole buffer."""
         q, k, v = self._qkv(x, rope[0][pos], rope[1][pos])  # [B, heads, D]
-        keys[:, pos] = k
-        values[:, pos] = v
-        if self.plain_step:  # one query over at most n_vq keys, in float32: [B, P, heads] -> [B, heads, D]
-            scores = (q.float().unsqueeze(1) * keys[:, : pos + 1].float()).sum(-1) * self.head_dim**-0.5
-            o = (scores.softmax(dim=1).unsqueeze(-1) * values[:, : pos + 1].float()).sum(1).to(x.dtype)
+        keys.append(k)
+        values.append(v)
+        if self.plain_step:  # one query over at most n_vq keys, in float32, key by key
+            qf, scale = q.float(), self.head_dim**-0.5
+            scores = torch.stack([(qf * key.float()).sum(-1) for key in keys], dim=1) * scale  # [B, P, heads]
+            weights = scores.softmax(dim=1)
+            o = weights[:, 0, :, None] * values[0].float()  # [B, heads, D]
+            for j in range(1, len(values)):
+                o = o + weights[:, j, :, None] * values[j].float()
+            o = o.to(x.dtype)
         else:
             o = F.scaled_dot_product_attention(
-                q.unsqueeze(2), keys[:, : pos + 1].transpose(1, 2), values[:, : pos + 1].transpose(1, 2)
+                q.unsqueeze(2), torch.stack(keys, dim=2), torch.stack(values, dim=2)
             )  # [B, heads, 1, D]
         return self.c_proj(o.reshape(x.shape))
 
@@ -112,10 +119,9 @@ class LocalTransformer(nn.Module):
         self.h = nn.ModuleList(LocalBlock(cfg) for _ in range(cfg.num_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def new_cache(self, batch: int, length: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Static per-frame KV: per block, keys and values [B, length, heads, D]."""
-        shape = (batch, length, self.config.num_heads, self.config.head_dim)
-        return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.h]
+    def new_cache(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """A frame's KV, empty: per block, its positions' keys and values (`LocalAttention.step`)."""
+        return [([], []) for _ in self.h]
 
     def attend_plainly(self, on: bool = True) -> None:
         """A frame's local steps attend by elementwise products and sums (float32) instead of
@@ -131,8 +137,9 @@ class LocalTransformer(nn.Module):
         return rope_interleaved_tables(positions, self.config.head_dim, self.config.rope_base, like.dtype)
 
     def step(self, x: torch.Tensor, pos: int, rope: tuple[torch.Tensor, torch.Tensor],
-             cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """One local position for a batch: x [B, H] -> ln_f output [B, H]."""
+             cache: list[tuple[list[torch.Tensor], list[torch.Tensor]]]) -> torch.Tensor:
+        """One local position for a batch: x [B, H] -> ln_f output [B, H]; `cache` from
+        `new_cache`, positions taken in order."""
         for block, (keys, values) in zip(self.h, cache):
             x = x + block.attn.step(block.ln_1(x), pos, rope, keys, values)
             x = x + block.mlp(block.ln_2(x))
@@ -222,7 +229,7 @@ class LocalV15Talker(nn.Module):
         carry codes that the caller drops."""
         n_vq = self.config.n_vq
         local = self.local_transformer
-        cache = local.new_cache(h.shape[0], n_vq, h)
+        cache = local.new_cache()
         rope = local.rope_tables(n_vq, h)
         y = local.step(h, 0, rope, cache)  # [B, H]
         stop = sampler.stop(self.local_text_lm_head(y))
