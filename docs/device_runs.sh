@@ -114,6 +114,9 @@
 #                                       # and of the deferred residual sums; the step at 88 rows as
 #                                       # shipped, with the kernel, and with the sums deferred too, each
 #                                       # with one backbone layer's kernels in launch order
+#   BASE=DIR bash docs/device_runs.sh buildstep
+#                                       # the talker's step alone at 88 rows (high-concurrency's
+#                                       # paths) from the build in DIR and from this one, ROUNDS (2)
 #   bash docs/device_runs.sh ceilings   # the stages alone at the issue's shapes, as high-concurrency
 #                                       # runs them: the talker's step at 128 rows (CEIL_FLAGS added)
 #                                       # and the codec's B=128 replays of 1 and 15 frames
@@ -301,13 +304,15 @@ known_voices() {  # known_voices PORT NAME SERVE_ARGS...: a high-concurrency ser
 }
 talker_steps() {  # talker_steps "BENCH FLAGS"...: the talker's step alone at 88 rows, compiled, one
   # step ahead, plain local attention, once per argument (each line: the step, its kernels; the
-  # file also one backbone layer's and one local position's kernels in launch order)
-  local v
+  # file also one backbone layer's and one local position's kernels in launch order);
+  # STEP_TREE=DIR: DIR's build (its lines in the file after a line naming it)
+  local v tree=${STEP_TREE:-.}
   for v in "$@"; do
     [ "$(left)" -lt 100 ] && { el "no time left for the step with '$v'"; break; }
-    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch 88 --attention triton \
-      --compile --compiled-only --top 12 --local-attention plain --overlap $v 2>&1 | grep -v -i warn \
-      | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
+    [ "$tree" = . ] || echo "build of $tree:" | tee -a "$R/talker_steps.txt"
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step \
+      --batch 88 --attention triton --compile --compiled-only --top 12 --local-attention plain --overlap $v) 2>&1 \
+      | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time|^build of"
   done
 }
 summaries() {  # per line of windows.txt (NAME C START END): its timeline over that window, one line
@@ -848,6 +853,14 @@ layers)  # a backbone layer's launches: the GPU tests of the q/k norm, RoPE and 
   [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_layers.txt" | head -30
   IFS='|' read -r -a steps <<< "${LAYER_STEPS:---fused-projections|--fused-projections --qk-rope-store|--fused-projections --qk-rope-store --deferred-residuals}"
   talker_steps "${steps[@]}"
+  ;;
+buildstep)  # the talker's step alone at 88 rows, high-concurrency's paths (the kernel, the deferred sums),
+  # from the build in BASE and from this one, alternating, ROUNDS (2) each: a code change no flag switches
+  v="--fused-projections --qk-rope-store --deferred-residuals"
+  for i in $(seq "${ROUNDS:-2}"); do
+    STEP_TREE=${BASE:?a tree of the earlier build} talker_steps "$v"
+    talker_steps "$v"
+  done
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1
   # skips it): the cache in bf16 and float8, keys per tile, warps, stages and key splits
