@@ -6,6 +6,8 @@ Splits the events into passes (activity separated by at least `--gap` seconds wi
 and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) and prints, per pass (with `--window`, only the events between two
 `time.monotonic()` readings, as one pass):
 - the talker: steps, busy share of the pass, rows per step, step time with and without prefill,
+  and where the runner timed its steps on the GPU, their spans there and the GPU's idle time
+  between them (the talker's stream waiting for the host),
   the host time around each step (inbox drain, admission, emitting chunks: its median is the
   busy figure, its mean also counts the idle waits of the drain), prompt tokens prefilled and
   taken from the prefix cache;
@@ -143,6 +145,16 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             "allocating_step_max_ms": max((e["dur"] for e in steps if e.get("allocs", 0) > 0),
                                           default=0.0) * 1e3,
         }
+        timed = [e for e in steps if e.get("gpu_steps")]
+        if timed:  # the steps as the GPU timed them (CUDA events, `stages.runtime.step_clock`)
+            out["talker"] |= {
+                "gpu_step_ms": _scale(_stats([e["gpu_span"] / e["gpu_steps"] for e in timed]), 1e3),
+                # the talker's stream idle between a step's end and the next one's start, the
+                # pass's first step (its wait for the first requests) left out
+                "gpu_idle_ms_per_step": _scale(_stats([e["gpu_idle"] / e["gpu_steps"] for e in timed[1:]]), 1e3),
+                "gpu_busy": sum(e["gpu_span"] for e in timed) / window,
+                "gpu_idle_share": sum(e["gpu_idle"] for e in timed[1:]) / window,
+            }
     if disp:
         lengths = defaultdict(int)
         for e in disp:

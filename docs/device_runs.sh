@@ -332,6 +332,9 @@ print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "m
       "calls of", round(k.get("rows_per_call", 0), 1), "rows,", round(100 * k.get("padding_share", 0)), "% padding,",
       round(k.get("decode_us_per_frame", 0)),
       "us/frame | busy", round(g["talker_busy"], 2), round(g["codec_busy"], 2),
+      "| talker on the GPU: step", ms(t.get("gpu_step_ms", {})), "p90", ms(t.get("gpu_step_ms", {}), "p90"),
+      "idle before it", ms(t.get("gpu_idle_ms_per_step", {})), "p90", ms(t.get("gpu_idle_ms_per_step", {}), "p90"),
+      "busy", round(t.get("gpu_busy", 0.0), 2), "idle", round(t.get("gpu_idle_share", 0.0), 2),
       "| steps over 100 ms", t.get("steps_over_100ms"), "graphs recorded", t.get("graphs_recorded"),
       "compiles", t.get("compiles"), "triton kernels", t.get("triton_kernels"), "gc ms", round(t.get("gc_ms", 0.0), 1),
       "allocating steps", t.get("allocating_steps"), "longest", round(t.get("allocating_step_max_ms", 0.0), 1))

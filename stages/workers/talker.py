@@ -97,6 +97,8 @@ class TalkerLoop:
         `kernels`: `triton_kernel_counter`'s function (a step's new Triton kernels, same places)."""
         self.runner = runner
         self.timeline = timeline
+        if timeline is not None and hasattr(runner, "time_steps"):
+            runner.time_steps()  # each step's GPU span and the GPU's idle time before it, for the timeline
         self.inbox, self.to_codec, self.to_coord = inbox, to_codec, to_coord
         self.schedule = schedule
         self.n_vq = n_vq
@@ -156,12 +158,22 @@ class TalkerLoop:
                                     graphs, compiles, kernels, gc_s, kernel_names(self._kernels, kernels_at))
             if self.timeline is not None:
                 self.timeline.add("talker_step", t0, dur=t1 - t0, emit=time.monotonic() - t1,
+                                  **self._gpu_times(),
                                   drain=t_drained - t_wait, admit=t0 - t_drained, batch=batch,
                                   frames=len(events), decode=decode, prefill=prefill,
                                   cached=getattr(sched, "last_cached", 0), admitted=admitted,
                                   graphs=graphs, compiles=compiles, kernels=kernels, gc=gc_s, allocs=allocs)
         self._report_slots()
         return not (self.shutdown is not None and not self.has_work())
+
+    def _gpu_times(self) -> dict[str, float]:
+        """For the timeline, the steps read back in this iteration as the GPU timed them (runners
+        with `time_steps`, on CUDA): their spans and the idle time before them, in seconds."""
+        gpu = getattr(self.runner, "take_step_times", list)()  # [(idle ms or None, span ms)]
+        if not gpu:
+            return {}
+        return {"gpu_idle": sum(i for i, _ in gpu if i is not None) / 1e3,
+                "gpu_span": sum(d for _, d in gpu) / 1e3, "gpu_steps": len(gpu)}
 
     def _step_allocs(self) -> int:
         """The caching allocator's device allocations so far, read only while a timeline records

@@ -69,6 +69,7 @@ def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_
     # the CPU profile records no graph and compiles nothing while serving: no step stalled for one
     assert talker["graphs_recorded"] == 0 and talker["compiles"] == 0 and talker["triton_kernels"] == 0
     assert 0 <= talker["steps_over_100ms"] <= talker["steps"]
+    assert "gpu_step_ms" not in talker  # on the CPU no step is timed by CUDA events
     host = talker["host_ms_per_step"]
     assert host["n"] == talker["steps"] and host["p50"] <= host["max"]
     assert main([str(timeline_dir), "--gap", "30", "--json", str(tmp_path / "t.json")]) == 0
@@ -88,3 +89,22 @@ def test_padding_share_counts_the_frames_calls_padded():
     assert padded["padding_share"] == pytest.approx(14 / 30)
     cut = summarize([dispatch(0.0, [[16, 1]])])["codec"]
     assert cut["padding_share"] == 0.0
+
+
+def test_steps_timed_on_the_gpu_give_their_spans_and_the_idle_time_between_them():
+    """Three talker steps the runner timed on the GPU (10 ms each; 0, 2 and 4 ms idle before
+    them) and one iteration that read none back: the idle figures leave out the pass's first step
+    (its wait for the first requests) and the untimed iteration."""
+    def step(t: float, **gpu) -> dict:
+        return {"k": "talker_step", "t": t, "dur": 0.009, "emit": 0.0, "drain": 0.0, "admit": 0.0,
+                "batch": 4, "frames": 4, "prefill": 0, **gpu}
+
+    events = [step(0.0, gpu_idle=0.5, gpu_span=0.010, gpu_steps=1), step(0.012, gpu_idle=0.002, gpu_span=0.010, gpu_steps=1),
+              step(0.024), step(0.026, gpu_idle=0.004, gpu_span=0.010, gpu_steps=1)]
+    talker = summarize(events)["talker"]
+    assert talker["gpu_step_ms"]["n"] == 3 and talker["gpu_step_ms"]["mean"] == pytest.approx(10.0)
+    assert talker["gpu_idle_ms_per_step"]["n"] == 2
+    assert talker["gpu_idle_ms_per_step"]["mean"] == pytest.approx(3.0)
+    window = 0.026 + 0.009
+    assert talker["gpu_idle_share"] == pytest.approx(0.006 / window)
+    assert talker["gpu_busy"] == pytest.approx(0.030 / window)

@@ -85,6 +85,10 @@ def test_profile_switch_and_no_overlap_without_graphs(local_v15_model, local_v15
     monkeypatch.undo()
     # without graphs a decode row is packed from the host rows: no step can be planned ahead
     assert not LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=16, overlap_steps=True).overlap_steps
+    # timing steps on the GPU is a CUDA matter: on the CPU nothing is timed
+    runner = LocalV15Runner(local_v15_model, max_running=2, num_kv_blocks=16)
+    runner.time_steps()
+    assert runner._clock is None and runner.take_step_times() == []
 
 
 @pytest.mark.gpu
@@ -111,6 +115,16 @@ def test_one_step_ahead_from_captured_graphs_on_the_gpu():
     got = run(ahead, arrivals)
     assert ahead.overlap_steps and ahead._result_buffers and ahead._result_buffers[0].is_pinned()
     assert got == plain and all(evs[-1][1] for evs in got.values())
+    # timed on the GPU (for a timeline), both ways: the same events, and each step read back
+    # gives its span and the GPU's idle time before it (none for the first)
+    for overlap in (False, True):
+        timed = LocalV15Runner(model, overlap_steps=overlap, **kw)
+        timed.time_steps()
+        assert run(timed, arrivals) == plain
+        times = timed.take_step_times()
+        assert len(times) >= max(len(evs) for evs in plain.values()) and timed.take_step_times() == []
+        assert times[0][0] is None and all(idle >= 0 for idle, _ in times[1:])
+        assert all(span > 0 for _, span in times)
 
 
 def test_the_talker_loop_one_step_ahead_sends_the_same_chunks(local_v15_model, local_v15_dir):

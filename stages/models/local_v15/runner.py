@@ -61,6 +61,7 @@ from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
 from stages.runtime.sampling import K_CAP, SamplingSlots, noise_key, sample_tokens
 from stages.runtime.scheduled_runner import ScheduledRunner, in_kernel_mode
+from stages.runtime.step_clock import StepClock
 from stages.runtime.talker_runner import FrameEvent
 
 MIXED_MIN_DECODE = 16  # a mixed step decodes at least this many requests: below it the two
@@ -182,6 +183,7 @@ class LocalV15Runner(ScheduledRunner):
         self.overlap_steps = overlap_steps and use_graphs  # decode rows must come from `next_row`
         self.fused_sampling = fused_sampling
         self._pending: _PendingStep | None = None  # the step launched and not read back yet
+        self._clock: StepClock | None = None  # each step's GPU span and idle time (`time_steps`)
         self._ending: dict[int, _Request] = {}  # left at launch (forced length, cap), last events pending
         self._result_buffers: list[torch.Tensor] = []  # pinned, made on first use
         self._result_turn = 0
@@ -280,6 +282,16 @@ class LocalV15Runner(ScheduledRunner):
 
     # ---- one step ------------------------------------------------------------------------------
 
+    def time_steps(self, on: bool = True) -> None:
+        """Time each step on the GPU (CUDA only; `take_step_times`): two timing events a step,
+        for a timeline."""
+        self._clock = StepClock() if on and self.device.type == "cuda" else None
+
+    def take_step_times(self) -> list[tuple[float | None, float]]:
+        """(GPU idle before, GPU span) in ms of each step read back since the last call: the
+        idle time None for the first step timed; empty unless `time_steps`."""
+        return self._clock.take() if self._clock is not None else []
+
     @in_kernel_mode
     def step(self) -> list[FrameEvent]:
         """One scheduler step's frames. With `overlap_steps` the events are those of the step
@@ -288,11 +300,16 @@ class LocalV15Runner(ScheduledRunner):
             return self._step_ahead()
         if not self._requests:
             return []
+        start = self._clock.mark() if self._clock is not None else None
         launched = self._launch()
         if launched is None:
             return []
         ready, stop, codes, order = launched
-        out = self._finish_device(ready, stop, codes).cpu().numpy()  # the step's one host copy
+        out = self._finish_device(ready, stop, codes)
+        end = self._clock.mark() if start is not None else None
+        out = out.cpu().numpy()  # the step's one host copy
+        if start is not None:
+            self._clock.finished(start, end)
         return self._finish_host(ready, out, order)
 
     def _launch(self):
@@ -339,9 +356,12 @@ class LocalV15Runner(ScheduledRunner):
             pending = None
         launched = None
         if self._requests:
+            start = self._clock.mark() if self._clock is not None else None
             step = self._launch()
             if step is not None:
                 launched = self._enqueue_results(*step)
+                if start is not None:
+                    launched.marks = (start, self._clock.mark())
         if pending is not None:
             events += self._complete(pending)
         self._pending = launched
@@ -393,6 +413,8 @@ class LocalV15Runner(ScheduledRunner):
         """The events of a launched step, once its results are on the host."""
         if pending.event is not None:
             pending.event.synchronize()
+        if pending.marks is not None:
+            self._clock.finished(*pending.marks)
         out = pending.out.numpy() if isinstance(pending.out, torch.Tensor) else pending.out
         events = []
         for i in pending.order:
@@ -614,6 +636,7 @@ class _PendingStep:
     rows: list[int]  # each ready request's placeholder row index
     order: list[int]  # events in schedule order
     ended: dict[int, str]  # rid -> finish reason known at launch (forced length, frame cap)
+    marks: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # its start and end (`time_steps`)
 
 
 def _host_finish(r: _Request) -> str | None:
