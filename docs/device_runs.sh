@@ -116,7 +116,8 @@
 #                                       # with one backbone layer's kernels in launch order
 #   BASE=DIR bash docs/device_runs.sh buildstep
 #                                       # the talker's step alone at 88 rows (high-concurrency's
-#                                       # paths) from the build in DIR and from this one, ROUNDS (2)
+#                                       # paths) from the build in DIR and from this one, ROUNDS (2);
+#                                       # then this one's with EXTRA (--fused-sampling)
 #   bash docs/device_runs.sh ceilings   # the stages alone at the shapes, as high-concurrency
 #                                       # runs them: the talker's step at 128 rows (CEIL_FLAGS added)
 #                                       # and the codec's B=128 replays of 1 and 15 frames
@@ -858,12 +859,14 @@ layers)  # a backbone layer's launches: the GPU tests of the q/k norm, RoPE and 
   talker_steps "${steps[@]}"
   ;;
 buildstep)  # the talker's step alone at 88 rows, high-concurrency's paths (the kernel, the deferred sums),
-  # from the build in BASE and from this one, alternating, ROUNDS (2) each: a code change no flag switches
+  # from the build in BASE and from this one, alternating, ROUNDS (2) each: a code change no flag switches;
+  # then this build's step with EXTRA added (default --fused-sampling; EXTRA=none: not)
   v="--fused-projections --qk-rope-store --deferred-residuals"
   for i in $(seq "${ROUNDS:-2}"); do
     STEP_TREE=${BASE:?a tree of the earlier build} talker_steps "$v"
     talker_steps "$v"
   done
+  [ "${EXTRA:-}" = none ] || talker_steps "$v ${EXTRA:---fused-sampling}"
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1
   # skips it): the cache in bf16 and float8, keys per tile, warps, stages and key splits
