@@ -823,12 +823,13 @@ PY
   summaries
   ;;
 ceilings)  # the stage ceilings beside the server's figures: the talker's decode step alone at 128 rows
-  # (compiled, graphs, one step ahead, plain local attention, fused projections; CEIL_FLAGS more
-  # bench flags, e.g. "--fp8 backbone"), then the codec's B=128 replays of 1 and 15 frames with
+  # (compiled, graphs, one step ahead, plain local attention, fused projections, the q/k norm, RoPE
+  # and KV store kernel, deferred residual sums; CEIL_FLAGS more bench flags, e.g. "--fp8 backbone"),
+  # then the codec's B=128 replays of 1 and 15 frames with
   # high-concurrency's paths (ring attention in place, fused ring writes and norms)
   timeout $(( $(left) / 2 )) python3 -m bench.local_v15_profile_step --batch 128 --attention triton --compile \
-    --top 12 --local-attention plain --overlap --fused-projections ${CEIL_FLAGS:-} 2>&1 | grep -v -i warn \
-    | tee "$R/ceiling_talker.txt" | grep -E "^B=|kernel time"
+    --top 12 --local-attention plain --overlap --fused-projections --qk-rope-store --deferred-residuals \
+    ${CEIL_FLAGS:-} 2>&1 | grep -v -i warn | tee "$R/ceiling_talker.txt" | grep -E "^B=|kernel time"
   timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 128 --grid 1,15 --iters 5 \
     --ring-attention --fused-writes --fused-norms 2>&1 | grep -v "^exactness" | tee "$R/ceiling_codec.txt" | tail -6
   ;;
