@@ -41,11 +41,10 @@ def test_a_runner_with_plain_local_attention_makes_the_same_frames(local_v15_dir
         np.testing.assert_array_equal(frames["plain"][rid], frames["sdpa"][rid], err_msg=str(rid))
 
 
-
 def test_a_compiled_frame_writes_no_cache_buffer():
     """The local loop as torch.compile sees it after functionalization: a frame's keys and values
     are kept position by position, so no write into a [B, P, heads, D] buffer becomes a scatter
-    that copies the whole buffer (13 positions, two buffers a block: the frame graph's largest
+    that copies the whole buffer (12 positions, two buffers a block: the frame graph's largest
     pointwise kernels on an H200 before)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
