@@ -117,7 +117,8 @@
 #   BASE=DIR bash docs/device_runs.sh buildstep
 #                                       # the talker's step alone at 88 rows (high-concurrency's
 #                                       # paths) from the build in DIR and from this one, ROUNDS (2);
-#                                       # then this one's with EXTRA (--fused-sampling)
+#                                       # then this one's with EXTRA (--fused-sampling); first the
+#                                       # GPU tests of the paths it changed (NOTESTS=1: none)
 #   bash docs/device_runs.sh ceilings   # the stages alone at the shapes, as high-concurrency
 #                                       # runs them: the talker's step at 128 rows (CEIL_FLAGS added)
 #                                       # and the codec's B=128 replays of 1 and 15 frames
@@ -861,7 +862,13 @@ layers)  # a backbone layer's launches: the GPU tests of the q/k norm, RoPE and 
   ;;
 buildstep)  # the talker's step alone at 88 rows, high-concurrency's paths (the kernel, the deferred sums),
   # from the build in BASE and from this one, alternating, ROUNDS (2) each: a code change no flag switches;
-  # then this build's step with EXTRA added (default --fused-sampling; EXTRA=none: not)
+  # then this build's step with EXTRA added (default --fused-sampling; EXTRA=none: not); first, unless
+  # NOTESTS=1, the GPU tests of the compiled talker (its local loop plain and by SDPA) and the steps one ahead
+  # (the step timing of the timelines)
+  [ -n "${NOTESTS:-}" ] || timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/stages/test_talker_compile.py tests/stages/test_overlap_steps.py \
+    > "$R/tests_buildstep.txt" 2>&1
+  [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_buildstep.txt" | head -30
   v="--fused-projections --qk-rope-store --deferred-residuals"
   for i in $(seq "${ROUNDS:-2}"); do
     STEP_TREE=${BASE:?a tree of the earlier build} talker_steps "$v"
