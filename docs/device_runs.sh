@@ -117,7 +117,7 @@
 #   BASE=DIR bash docs/device_runs.sh buildstep
 #                                       # the talker's step alone at 88 rows (high-concurrency's
 #                                       # paths) from the build in DIR and from this one, ROUNDS (2);
-#                                       # then this one's with EXTRA (--fused-sampling); first the
+#                                       # then this one's with EXTRA (--fused-sampling); then the
 #                                       # GPU tests of the paths it changed (NOTESTS=1: none)
 #   bash docs/device_runs.sh ceilings   # the stages alone at the shapes, as high-concurrency
 #                                       # runs them: the talker's step at 128 rows (CEIL_FLAGS added)
@@ -862,19 +862,20 @@ layers)  # a backbone layer's launches: the GPU tests of the q/k norm, RoPE and 
   ;;
 buildstep)  # the talker's step alone at 88 rows, high-concurrency's paths (the kernel, the deferred sums),
   # from the build in BASE and from this one, alternating, ROUNDS (2) each: a code change no flag switches;
-  # then this build's step with EXTRA added (default --fused-sampling; EXTRA=none: not); first, unless
-  # NOTESTS=1, the GPU tests of the compiled talker (its local loop plain and by SDPA) and the steps one ahead
-  # (the step timing of the timelines)
-  [ -n "${NOTESTS:-}" ] || timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/stages/test_talker_compile.py tests/stages/test_overlap_steps.py \
-    > "$R/tests_buildstep.txt" 2>&1
-  [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_buildstep.txt" | head -30
+  # then this build's step with EXTRA added (default --fused-sampling; EXTRA=none: not); last, unless
+  # NOTESTS=1, the GPU tests of the compiled talker (its local loop plain and by SDPA) and the steps one
+  # ahead (the step timing of the timelines), in the time left: on a fresh machine they compile for
+  # over four minutes, which first took the whole 240 s they had before the steps (twentieth session)
   v="--fused-projections --qk-rope-store --deferred-residuals"
   for i in $(seq "${ROUNDS:-2}"); do
     STEP_TREE=${BASE:?a tree of the earlier build} talker_steps "$v"
     talker_steps "$v"
   done
   [ "${EXTRA:-}" = none ] || talker_steps "$v ${EXTRA:---fused-sampling}"
+  [ -n "${NOTESTS:-}" ] || timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/stages/test_talker_compile.py tests/stages/test_overlap_steps.py \
+    > "$R/tests_buildstep.txt" 2>&1
+  [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_buildstep.txt" | head -30
   ;;
 attn)  # the talker's paged attention alone, a decode layer (no server, no checkpoint; NOKERNELS=1
   # skips it): the cache in bf16 and float8, keys per tile, warps, stages and key splits
