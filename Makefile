@@ -22,8 +22,11 @@ venv: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/mossvox serve $(ARGS)
 
+# The suite runs over every core (pytest-xdist; a module's tests stay in one worker, so a server a
+# module starts is started once); JOBS=0 runs it in this process.
+JOBS ?= auto
 test: $(STAMP) chromium
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(JOBS) --dist loadscope $(ARGS)
 
 # The demo-page test drives headless Chromium; it skips (saying why) when none can be installed.
 chromium:
