@@ -205,15 +205,16 @@ class TalkerConfig(_Section):
         "compiled norms and rotation and two index_copy launches (on an H200 at 88 rows: 72 "
         "launches and 0.21 ms of the 7.2 ms step for the stores alone); the same values up to "
         "the rounding of the rotation's products; takes precedence over fused_kv_writes; CUDA "
-        "(the torch ops elsewhere); on in high-concurrency with deferred_residuals (an H200's "
+        "(the torch ops elsewhere); on in both tuned profiles with deferred_residuals (an H200's "
         "step at 88 rows: 6.69 ms against 7.46 alone, 6.54 with the sums deferred)")] = False
     deferred_residuals: Annotated[bool, doc(
         "Local-v1.5 talker, with fused_qk_rope_store: each backbone layer leaves its two residual "
         "sums to the next layer's input norm (the last layer's to the final norm), so the sums "
         "ride in the norms' kernels; compiled for CUDA, x + o_proj(o) and x + down(h) were each an "
         "addmm that first copied x into its output (74 device copies a step at 88 rows on an "
-        "H200); the same sums rounded once instead of twice; on in high-concurrency (served with "
-        "the kernel at C=64 1.03-1.08x audio-s/s, at C=128 1.02-1.06x, in two calls)")] = False
+        "H200); the same sums rounded once instead of twice; on in both tuned profiles (served with "
+        "the kernel in high-concurrency at C=64 1.03-1.08x audio-s/s, at C=128 1.02-1.06x; in "
+        "low-latency at C=1 1.05x with first audio 0.95x, C=16 1.04-1.08x, C=128 1.08x)")] = False
     kv_cache_dtype: Annotated[Literal["auto", "fp8"], doc(
         "the talker's paged KV cache: \"auto\" (model.dtype) or \"fp8\" (float8 e4m3 without "
         "a scale, values saturated at its range: half the bytes attention reads and twice the "
