@@ -168,6 +168,9 @@
 #                                       # graphs; high-concurrency as shipped (prefill graphs), with a
 #                                       # step budget (talker.max_step_ms 60; STEP_MS=...), then with
 #                                       # eager prefill as before: C=16 and 64 each, timelines
+#   bash docs/device_runs.sh codecmix   # a C=64 dispatch alone as served: the served chunk mix padded
+#                                       # and cut into rows, the replay grid at 16 and 64 rows x 1,
+#                                       # 2, 15 frames, the kernel table of 64 rows x 2 frames
 #   bash docs/device_runs.sh codecsmall # the codec's replay grid at the batches a C=128 dispatch has
 #                                       # (16, 32 rows x 1, 4, 15 frames), ring attention in place,
 #                                       # without and with compiled layers (the fixed cost per replay)
@@ -193,7 +196,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -912,6 +915,14 @@ codecprof)  # where a served codec call's time goes: the kernel table and the ke
       --chunk "$t" --iters 3 --ring-attention --profile 2>&1 | grep -v "^exactness" \
       | tee "$R/codec_prof_${ROWS:-24}x$t.txt" | tail -36
   done
+  ;;
+codecmix)  # a C=64 dispatch alone, as served (ring attention in place, fused ring writes and norms): the
+  # served mix (MIX: chunks of 1-15 frames, ~17 a dispatch) padded and cut into rows, the replay
+  # grid at ROWS (16,64) x 1, 2, 15 frames (fixed part, per row, per frame), then the kernel table
+  # of ROWS' last x 2 frames, the shape a cut C=64 dispatch replays (~60 rows of 2 frames)
+  timeout $(( $(left) - 20 )) python3 -m bench.codec --version v2 --size full --batches "${ROWS:-16,64}" \
+    --chunk 2 --iters 5 --grid 1,2,15 --ring-attention --fused-writes --fused-norms --profile \
+    --dispatch "${MIX:-1x3,2x3,4x3,8x3,15x5}" 2>&1 | grep -v "^exactness" | tee "$R/codec_mix.txt" | tail -60
   ;;
 split)  # chunks cut into shorter replays (codec.split_chunks): first one C=128-like dispatch through
   # the runner, padded and cut (no server), then the shipped profile against it, PASSES (2) each
