@@ -24,6 +24,41 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(1)
 
 
+# The modules that keep a worker busy longest on a two-core CPU machine (about a minute or more
+# each: Triton's interpreter, six servers at once, replicas killed and restarted), longest first.
+# A parallel run hands them out first: pytest-xdist's loadscope order (most tests first) left the
+# batch-invariance modules (one and three tests, 60 and 160 s) for the end, where one worker ran
+# them alone while the other had finished.
+LONG_MODULES = (
+    "tests/stages/test_batch_invariant_runners.py",
+    "tests/api/test_variants_server.py",
+    "tests/stages/test_codec_ring_attention.py",
+    "tests/stages/test_sampling_kernel.py",
+    "tests/api/test_speech_e2e.py",
+    "tests/stages/test_local_v15_graph_path.py",
+    "tests/stages/test_batch_invariant_realtime.py",
+    "tests/engine/test_replicas.py",
+    "tests/stages/test_qk_rope_store.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` (make test) with `LONG_MODULES` handed out before every other module."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongModulesFirst(LoadScopeScheduling):
+        def _assign_work_unit(self, node) -> None:
+            for module in reversed(LONG_MODULES):
+                if module in self.workqueue:
+                    self.workqueue.move_to_end(module, last=False)
+            super()._assign_work_unit(node)
+
+    return LongModulesFirst(config, log)
+
+
 def golden_dir(name: str) -> Path:
     """The golden fixture folder `name`, or skip the test with the reason when it is absent."""
     path = GOLDEN_ROOT / name
