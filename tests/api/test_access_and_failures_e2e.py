@@ -25,7 +25,10 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("data"), "--api-key", KEY, "--api-key", "sk-test-2", sets=(
-        "admission.max_running=2", "admission.max_queued=0", "admission.retry_after_s=3")).start()
+        "admission.max_running=2", "admission.max_queued=0", "admission.retry_after_s=3",
+        # the worker-death test waits out the restart: no second of backoff before it begins
+        # (/ready is 503 while the new workers load either way)
+        "engine.restart_backoff_s=0.05")).start()
     yield s
     s.stop()
 
