@@ -555,7 +555,9 @@ class Coordinator:
             self._ring_recheck = asyncio.get_running_loop().call_later(0.05, self._update_ring_gauge)
 
     def ring_bytes(self) -> int:
-        """Bytes in use in the rings this process holds (a racy snapshot)."""
-        rings = [c for r in self.replicas for c in r.channels.all()] + self._client_rings
+        """Bytes in use in the rings this process holds (a racy snapshot). A replica that is down
+        is left out: its workers are gone, so what its rings still hold will never be read and is
+        no backlog (the rings go with the replica's restart or the engine's stop)."""
+        rings = [c for r in self.replicas if r.up for c in r.channels.all()] + self._client_rings
         return sum(ch.statistics().used_bytes for ch in rings if not ch.closed)
 

@@ -19,15 +19,12 @@ def demo_model_dir(tmp_path_factory):
     return ensure_demo_model(tmp_path_factory.mktemp("demo-cache"))
 
 
-async def settle(client, timeout: float = 10.0, *, stays: tuple[str, ...] = ()) -> dict:
-    """Wait until every leak gauge reads zero (records still in flight land); last snapshot.
-    `stays`: gauges that cannot return to zero in the caller's situation (it says why), not
-    waited for (else every call would wait out `timeout`)."""
+async def settle(client, timeout: float = 10.0) -> dict:
+    """Wait until every leak gauge reads zero (records still in flight land); last snapshot."""
     deadline = time.monotonic() + timeout
-    gauges = [g for g in LEAK_GAUGES if g not in stays]
     while True:
         snap = client.counters()
-        if all(snap[g] == 0 for g in gauges) and snap["client_ring_bytes"] == 0:
+        if all(snap[g] == 0 for g in LEAK_GAUGES) and snap["client_ring_bytes"] == 0:
             return snap
         if time.monotonic() > deadline:
             return snap
