@@ -51,9 +51,10 @@ def pytest_xdist_make_scheduler(config, log):
 
     class LongModulesFirst(LoadScopeScheduling):
         def _assign_work_unit(self, node) -> None:
-            for module in reversed(LONG_MODULES):
-                if module in self.workqueue:
-                    self.workqueue.move_to_end(module, last=False)
+            queue = getattr(self, "workqueue", None)  # xdist's own queue (an OrderedDict in 3.x);
+            for module in reversed(LONG_MODULES):  # without it, xdist's order as it is
+                if queue is not None and module in queue:
+                    queue.move_to_end(module, last=False)
             super()._assign_work_unit(node)
 
     return LongModulesFirst(config, log)
