@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-graphs", action="store_true", help="prefill chunks replay PrefillGraphs")
     ap.add_argument("--fused-sampling", action="store_true",
                     help="each head samples in one Triton kernel (talker.fused_sampling)")
-    ap.add_argument("--local-attention", choices=["sdpa", "plain"], default="sdpa",
+    ap.add_argument("--local-attention", choices=["sdpa", "plain", "kernel"], default="sdpa",
                     help="how the local steps attend (talker.local_attention)")
     ap.add_argument("--fused-projections", action="store_true",
                     help="each backbone layer's q/k/v and gate/up as one matmul each (talker.fused_projections)")
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     with torch.device("cuda"):
         model = build_talker_module(full_size_config()).to(torch.bfloat16).eval()
     model.local_transformer.attend_plainly(args.local_attention == "plain")
+    model.local_transformer.attend_by_kernel(args.local_attention == "kernel")
     if args.fused_projections:
         fuse_projections(model.transformer)
     model.use_fp8_weights(args.fp8, args.fp8_scheme)
@@ -196,7 +197,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     step_ms = _median_ms(r.step, 10)
     tag = f"B={B:4d} attention={attention:7s} compile={compiled!s:5} graphs={graphs!s:5}"
     tag += " fused-sampling" if args.fused_sampling else ""
-    tag += " plain-local" if args.local_attention == "plain" else ""
+    tag += {"plain": " plain-local", "kernel": " kernel-local"}.get(args.local_attention, "")
     tag += " overlap" if args.overlap else ""
     tag += " fused-projections" if args.fused_projections else ""
     tag += " fused-kv-writes" if args.fused_kv_writes else ""

@@ -168,6 +168,10 @@
 #                                       # graphs; high-concurrency as shipped (prefill graphs), with a
 #                                       # step budget (talker.max_step_ms 60; STEP_MS=...), then with
 #                                       # eager prefill as before: C=16 and 64 each, timelines
+#   bash docs/device_runs.sh localattn  # the local attention kernel (talker.local_attention: kernel):
+#                                       # its GPU tests, the kernel alone by rows and heads a program,
+#                                       # then the talker's step alone at ROWS (48) with the plain
+#                                       # local attention and with the kernel
 #   bash docs/device_runs.sh codecmix   # a C=64 dispatch alone as served: the served chunk mix padded
 #                                       # and cut into rows, the replay grid at 16 and 64 rows x 1,
 #                                       # 2, 15 frames, the kernel table of 64 rows x 2 frames
@@ -196,7 +200,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -914,6 +918,18 @@ codecprof)  # where a served codec call's time goes: the kernel table and the ke
     timeout $(( $(left) - 20 )) python3 -m bench.codec --version v2 --size full --batches "${ROWS:-24}" \
       --chunk "$t" --iters 3 --ring-attention --profile 2>&1 | grep -v "^exactness" \
       | tee "$R/codec_prof_${ROWS:-24}x$t.txt" | tail -36
+  done
+  ;;
+localattn)  # the local attention kernel: the compiled talker's GPU tests with it, the kernel alone
+  # (bench.local_attend), then the step alone at ROWS rows (C=64 serves ~43) plain, then kernel
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_talker_compile.py -k kernel 2>&1 \
+    | tail -4 | tee "$R/tests_localattn.txt"
+  timeout 120 python3 -m bench.local_attend --rows 48 88 2>&1 | grep -v -i warn | tee "$R/local_attend.txt"
+  for v in "--local-attention plain" "--local-attention kernel"; do
+    [ "$(left)" -lt 130 ] && { el "localattn: no time left for '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch "${ROWS:-48}" --context 200 \
+      --attention triton --compile --compiled-only --top 14 --overlap --fused-projections --qk-rope-store \
+      --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
   done
   ;;
 codecmix)  # a C=64 dispatch alone, as served (ring attention in place, fused ring writes and norms): the

@@ -177,12 +177,14 @@ class TalkerConfig(_Section):
         "the torch sampler's chain of small kernels; the same tokens but where float rounding "
         "decides, each still a function of its own row (CUDA, or Triton's CPU interpreter); off "
         "until measured")] = False
-    local_attention: Annotated[Literal["sdpa", "plain"], doc(
+    local_attention: Annotated[Literal["sdpa", "plain", "kernel"], doc(
         "Local-v1.5 talker: how a frame's local steps attend (one query over at most 12 keys): "
         "\"sdpa\" (scaled_dot_product_attention: on CUDA a flash kernel a position, 0.68 of the "
         "2.17 ms of an H200's compiled local loop at 88 rows) or \"plain\" (elementwise products "
-        "and sums in float32, which torch.compile fuses into a few small kernels; not with "
-        "batch_invariant); plain in high-concurrency (an H200 at 88 rows: the compiled local loop "
+        "and sums in float32, which torch.compile fuses into a few small kernels) or \"kernel\" "
+        "(one Triton kernel a position: the rotations, scores, softmax and weighted values from the "
+        "input projection's outputs; CUDA, or Triton's CPU interpreter); plain and kernel not with "
+        "batch_invariant; plain in high-concurrency (an H200 at 88 rows: the compiled local loop "
         "1.57 against 2.11 ms of kernels; served one step ahead, 1.20-1.26x audio-s/s at C=128)")] = "sdpa"
     fused_projections: Annotated[bool, doc(
         "Local-v1.5 talker: each backbone layer's q, k and v projections run as one matmul and "
@@ -628,9 +630,10 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
     if t.batch_invariant and t.tensor_parallel > 1:
         out.append(("talker.batch_invariant needs talker.tensor_parallel 1 (an all-reduce may pick its "
                      "algorithm by message size)", ("talker.batch_invariant", "talker.tensor_parallel")))
-    if t.batch_invariant and t.local_attention == "plain":
+    if t.batch_invariant and t.local_attention != "sdpa":
         out.append(("talker.batch_invariant needs talker.local_attention sdpa (the plain local "
-                    "attention's fused sums may be tiled by batch size)", ("talker.batch_invariant", "talker.local_attention")))
+                    "attention's fused sums may be tiled by batch size; the kernel is not checked for it)",
+                    ("talker.batch_invariant", "talker.local_attention")))
     if t.deferred_residuals and not t.fused_qk_rope_store:
         out.append(("talker.deferred_residuals needs talker.fused_qk_rope_store (the layers' path "
                     "through the projections and one kernel)", ("talker.deferred_residuals", "talker.fused_qk_rope_store")))

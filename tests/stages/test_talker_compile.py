@@ -56,21 +56,32 @@ def _cuda_pair():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("local_attention", ["sdpa", "plain"])
+@pytest.mark.parametrize("local_attention", ["sdpa", "plain", "kernel"])
 def test_inductor_compiled_talker_matches_eager_on_cuda(local_attention):
     """The real compiler (inductor, Triton kernels) on CUDA: fp32 with TF32 off, greedy requests
     emit the eager codes (the tiny model's logits are far apart next to fp32 reassociation); with
-    the local steps attending plainly (`talker.local_attention: plain`) too, against the eager
-    talker's SDPA."""
+    the local steps attending plainly (`talker.local_attention: plain`) or by the kernel
+    (`kernel`, traced into the compiled loop) too, against the eager talker's SDPA."""
     from stages.models.local_v15.model import GreedyFrameSampler
 
     eager, compiled = _cuda_pair()
     compiled.local_transformer.attend_plainly(local_attention == "plain")
+    compiled.local_transformer.attend_by_kernel(local_attention == "kernel")
     h = torch.randn(6, eager.config.hidden_size, device="cuda")
     with torch.inference_mode():
         stop_e, codes_e = eager.decode_frame(h, GreedyFrameSampler())
         stop_c, codes_c = compiled.decode_frame(h, GreedyFrameSampler())
     assert torch.equal(stop_e, stop_c) and torch.equal(codes_e, codes_c)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_compiled_talker_with_the_local_attention_kernel_through_a_runner_on_cuda():
+    """The local attention kernel in the compiled loop as a runner steps it (prefill, decode,
+    forced stops): greedy requests emit the eager talker's codes, fp32, TF32 off."""
+    eager, compiled = _cuda_pair()
+    compiled.local_transformer.attend_by_kernel()
+    assert_same_codes(_codes(eager, greedy=True), _codes(compiled, greedy=True))
 
 
 @pytest.mark.gpu

@@ -53,6 +53,7 @@ class LocalAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # q | k | v
         self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.plain_step = False  # `step` attends by products and sums, not SDPA (`LocalTransformer.attend_plainly`)
+        self.kernel_step = False  # `step` attends in one Triton kernel (`LocalTransformer.attend_by_kernel`)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)
@@ -65,7 +66,16 @@ class LocalAttention(nn.Module):
         """x [B, H] at local position `pos`; rope tables [P, D]; keys/values: the frame's earlier
         positions' rotated keys and values, each [B, heads, D], to which this position's are
         appended. A list, not a preallocated [B, P, heads, D] buffer written in place: compiled,
-        each write into a buffer becomes a functional scatter that copies the whole buffer."""
+        each write into a buffer becomes a functional scatter that copies the whole buffer.
+        With `kernel_step` the list holds each position's unrotated projection [B, 3H] instead
+        (`local_attend` rotates them as it reads), `values` stays empty."""
+        if self.kernel_step:
+            from stages.models.local_v15.local_attend import local_attend
+
+            if pos != len(keys):
+                raise ValueError(f"local position {pos} after {len(keys)} positions: they go in order")
+            keys.append(self.c_attn(x))  # [B, 3H]
+            return self.c_proj(local_attend(keys, rope[0], rope[1], self.num_heads))
         q, k, v = self._qkv(x, rope[0][pos], rope[1][pos])  # [B, heads, D]
         keys.append(k)
         values.append(v)
@@ -130,6 +140,14 @@ class LocalTransformer(nn.Module):
         n_vq keys). Not batch-invariant (`talker.batch_invariant` routes SDPA to its own kernel)."""
         for block in self.h:
             block.attn.plain_step = on
+
+    def attend_by_kernel(self, on: bool = True) -> None:
+        """A frame's local steps attend in one Triton kernel a position (`local_attend`: the
+        rotations, scores, softmax and weighted values from the input projection's outputs),
+        where the plain attention leaves several small kernels a position. CUDA, or Triton's CPU
+        interpreter; not batch-invariant."""
+        for block in self.h:
+            block.attn.kernel_step = on
 
     def rope_tables(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [length, D] for positions 0..length-1 (computed on the device, no host copy)."""

@@ -661,6 +661,8 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
         model.local_transformer.attend_plainly()
+    elif profile.talker.local_attention == "kernel":
+        model.local_transformer.attend_by_kernel()
     if profile.talker.fused_projections:
         fuse_projections(model.transformer)
     model.use_fp8_weights(profile.talker.fp8_weights, profile.talker.fp8_scheme)
