@@ -54,6 +54,7 @@ class LocalAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.plain_step = False  # `step` attends by products and sums, not SDPA (`LocalTransformer.attend_plainly`)
         self.kernel_step = False  # `step` attends in one Triton kernel (`LocalTransformer.attend_by_kernel`)
+        self.rope_base = cfg.rope_base  # the kernel computes its angles
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)
@@ -75,7 +76,7 @@ class LocalAttention(nn.Module):
             if pos != len(keys):
                 raise ValueError(f"local position {pos} after {len(keys)} positions: they go in order")
             keys.append(self.c_attn(x))  # [B, 3H]
-            return self.c_proj(local_attend(keys, rope[0], rope[1], self.num_heads))
+            return self.c_proj(local_attend(keys, self.num_heads, self.rope_base))
         q, k, v = self._qkv(x, rope[0][pos], rope[1][pos])  # [B, heads, D]
         keys.append(k)
         values.append(v)
