@@ -238,6 +238,8 @@ def main() -> None:
                         help="streaming decode attends over the rings in place (CodecModel.use_ring_attention)")
     parser.add_argument("--fused-writes", action="store_true",
                         help="with --ring-attention: RoPE and the ring writes in one kernel a layer")
+    parser.add_argument("--gelu-epilogue", action="store_true",
+                        help="the decoder's FFN GELU (tanh) in the first matmul's epilogue (codec.gelu_epilogue)")
     parser.add_argument("--fused-norms", action="store_true",
                         help="with --fused-writes: each residual add and the LayerNorm after it in one kernel")
     parser.add_argument("--fused-attention", action="store_true",
@@ -264,12 +266,14 @@ def main() -> None:
     if args.ring_attention:
         model.use_ring_attention(args.ring_attention_max_frames, fused_writes=args.fused_writes,
                                  fused_norms=args.fused_norms, fused_attention=args.fused_attention)
+    model.use_gelu_epilogue(args.gelu_epilogue)
     params = sum(p.numel() for p in model.parameters())
     print(f"{args.version} {args.size} codec, {params / 1e9:.3f} B parameters, {args.dtype}, random weights"
           f"{', compiled layers' if args.compile else ''}{', ring attention in place' if args.ring_attention else ''}"
           f"{', fused ring writes' if args.ring_attention and args.fused_writes else ''}"
           f"{', fused residual norms' if args.ring_attention and args.fused_norms else ''}"
           f"{', ring attention fused with the ring writes' if args.ring_attention and args.fused_attention else ''}"
+          f"{', GELU (tanh) in the first FFN matmul' if args.gelu_epilogue else ''}"
           f"{f' (chunks up to {args.ring_attention_max_frames} frames)' if args.ring_attention and args.ring_attention_max_frames else ''}")
     frame_s = cfg.downsample_rate / cfg.sampling_rate
     for batch in (int(b) for b in args.batches.split(",")):

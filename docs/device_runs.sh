@@ -172,6 +172,9 @@
 #                                       # its GPU tests, the kernel alone by rows and heads a program,
 #                                       # then the talker's step alone at ROWS (48) with the plain
 #                                       # local attention and with the kernel
+#   bash docs/device_runs.sh gelu       # the decoder's GELU in its first matmul (codec.gelu_epilogue):
+#                                       # GPU tests, codecmix's replays without and with it, the
+#                                       # audio's distance from fp32 (bench.codec_gelu)
 #   bash docs/device_runs.sh codecmix   # a C=64 dispatch alone as served: the served chunk mix padded
 #                                       # and cut into rows, the replay grid at 16 and 64 rows x 1,
 #                                       # 2, 15 frames, the kernel table of 64 rows x 2 frames
@@ -200,7 +203,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|gelu|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -931,6 +934,18 @@ localattn)  # the local attention kernel: the compiled talker's GPU tests with i
       --attention triton --compile --compiled-only --top 14 --overlap --fused-projections --qk-rope-store \
       --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
   done
+  ;;
+gelu)  # the decoder's FFN GELU (tanh) in the first matmul's epilogue: its GPU tests, then the
+  # codecmix replays (ROWS, MIX) without and with it, then its distance from fp32 beside bf16's
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_codec_gelu_epilogue.py 2>&1 \
+    | tail -3 | tee "$R/tests_gelu.txt"
+  for v in "" "--gelu-epilogue"; do
+    timeout $(( $(left) - 20 )) python3 -m bench.codec --version v2 --size full --batches "${ROWS:-16,64}" \
+      --chunk 2 --iters 5 --grid 1,2,15 --ring-attention --fused-writes --fused-norms --profile \
+      --dispatch "${MIX:-1x3,2x3,4x3,8x3,15x5}" $v 2>&1 | grep -v "^exactness" | tee -a "$R/codec_gelu.txt" \
+      | grep -E "codec,|batch|dispatch|cut|kernels|aten::mm|gelu|nvjet"
+  done
+  timeout $(( $(left) - 5 )) python3 -m bench.codec_gelu --device cuda 2>&1 | tee "$R/gelu_fidelity.txt"
   ;;
 codecmix)  # a C=64 dispatch alone, as served (ring attention in place, fused ring writes and norms): the
   # served mix (MIX: chunks of 1-15 frames, ~17 a dispatch) padded and cut into rows, the replay

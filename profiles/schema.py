@@ -326,6 +326,12 @@ class CodecConfig(_Section):
         "rotates and writes the rings (one program a row and head writes its chunk, then attends; "
         "a cut chunk's pieces in order in one program): eight kernels a layer instead of nine, "
         "the same keys and results; off until measured")] = False
+    gelu_epilogue: Annotated[bool, doc(
+        "the decoder layers' FFN GELU as the tanh approximation inside the first matmul "
+        "(cuBLASLt's GELU epilogue on CUDA: 92 kernels fewer a replay of the full v2 decoder) "
+        "instead of the checkpoint's erf GELU; a fidelity change (the two differ by at most ~5e-4, "
+        "under bf16's step for |x| > 0.06; `python -m bench.codec_gelu` measures the audio's "
+        "distance); the encoder keeps erf; off until measured")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_batch_streaming: Annotated[PositiveInt | None, doc(

@@ -48,7 +48,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     encoding), replays side by side (`codec.decode_lanes`), chunks cut into shorter replays
     (`codec.split_chunks`), compiled layers (`codec.compile`) and attention over the rings in place
     (`codec.ring_attention`, up to `codec.ring_attention_max_frames`; `codec.fused_ring_writes`,
-    `codec.fused_norms`, `codec.fused_attention`),
+    `codec.fused_norms`, `codec.fused_attention`), the decoder's GELU in its first matmul
+    (`codec.gelu_epilogue`),
     CUDA devices only, from the profile.
     dtype: None = `model.dtype` resolved for the device."""
     from stages.models.codec.loader import load_codec
@@ -64,6 +65,7 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
                                  fused_writes=profile.codec.fused_ring_writes,
                                  fused_norms=profile.codec.fused_norms,
                                  fused_attention=profile.codec.fused_attention)
+    model.use_gelu_epilogue(profile.codec.gelu_epilogue)
     return CodecRunner(model, n_vq=n_vq,
                        max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),

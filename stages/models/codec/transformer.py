@@ -203,6 +203,8 @@ class TransformerLayer(nn.Module):
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=False)
         self.layer_scale_1 = LayerScale(d_model)
         self.layer_scale_2 = LayerScale(d_model)
+        # [F] zeros when the FFN's GELU rides in linear1's epilogue (`CodecModel.use_gelu_epilogue`)
+        self.register_buffer("gelu_epilogue", None, persistent=False)
 
     def forward(self, x: torch.Tensor, plan: WindowPlan, cache: LayerCache | None = None,
                 slots: torch.Tensor | None = None, parts=None) -> torch.Tensor:
@@ -249,7 +251,22 @@ def layer_outputs(layer: TransformerLayer, x: torch.Tensor, o: torch.Tensor) -> 
     """A layer after attention: residual x [B, T, D], attention output o [B, H, T, Dh] -> [B, T, D]."""
     B, T, D = x.shape
     x = torch.addcmul(x, layer.layer_scale_1.scale, layer.self_attn.out_projs[0](o.transpose(1, 2).reshape(B, T, D)))
-    return torch.addcmul(x, layer.layer_scale_2.scale, layer.linear2(F.gelu(layer.linear1(layer.norm2(x)))))
+    return torch.addcmul(x, layer.layer_scale_2.scale, feed_forward(layer, layer.norm2(x)))
+
+
+def feed_forward(layer: TransformerLayer, x: torch.Tensor) -> torch.Tensor:
+    """A layer's FFN: x [B, T, D] -> linear2(GELU(linear1(x))) [B, T, D]. The checkpoint's erf
+    GELU; with `layer.gelu_epilogue` (a zero bias [F]) the tanh approximation, on CUDA inside the
+    first matmul (cuBLASLt's GELU epilogue: one kernel fewer), elsewhere as its own op."""
+    bias = layer.gelu_epilogue
+    if bias is None:
+        return layer.linear2(F.gelu(layer.linear1(x)))
+    if x.is_cuda:
+        hidden = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), layer.linear1.weight.t(), use_gelu=True)
+        hidden = hidden.view(*x.shape[:-1], -1)  # [B, T, F]
+    else:
+        hidden = F.gelu(layer.linear1(x), approximate="tanh")
+    return layer.linear2(hidden)
 
 
 class Transformer(nn.Module):
@@ -324,7 +341,7 @@ def fused_norm_layers(layers: nn.ModuleList, x: torch.Tensor, plan: WindowPlan, 
         qkv = attn.in_projs[0](normed).view(B, T, 3, attn.num_heads, attn.head_dim)
         o = fused_ring_attention(qkv, plan, cache, slots)  # [B, T, H, Dh]
         x, normed = residual_norm(x, attn.out_projs[0](o.reshape(B, T, D)), layer.layer_scale_1.scale, layer.norm2)
-        ffn = layer.linear2(F.gelu(layer.linear1(normed)))
+        ffn = feed_forward(layer, normed)
         if i + 1 < len(layers):
             x, normed = residual_norm(x, ffn, layer.layer_scale_2.scale, layers[i + 1].norm1)
         else:
