@@ -73,16 +73,15 @@ def test_the_profile_turns_it_on(v2):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_cuda_epilogue_is_the_tanh_gelu_of_the_product(v2, dtype):
+def test_the_cuda_epilogue_is_the_tanh_gelu_of_the_product(dtype):
     """cuBLASLt's GELU epilogue against the product and torch's tanh GELU apart, on rows of the
-    shapes a replay has (flattened [B, T])."""
-    model, _ = v2
-    layer = _decoder_layers(model)[0]
-    gpu = type(layer)(layer.linear1.in_features, layer.self_attn.num_heads, layer.linear1.out_features)
-    gpu.load_state_dict(layer.state_dict())
-    gpu = gpu.to("cuda", dtype)
-    gpu.gelu_epilogue = torch.zeros(gpu.linear1.out_features, device="cuda", dtype=dtype)
-    x = torch.randn(3, 5, gpu.linear1.in_features, device="cuda", dtype=dtype)
-    want = gpu.linear2(F.gelu(gpu.linear1(x), approximate="tanh"))
+    shapes a replay has (flattened [B, T]), a layer of the full v2 decoder's 768-wide stages."""
+    from stages.models.codec.transformer import TransformerLayer
+
+    torch.manual_seed(0)
+    layer = TransformerLayer(768, 12, 3072).to("cuda", dtype)
+    layer.gelu_epilogue = torch.zeros(3072, device="cuda", dtype=dtype)
+    x = torch.randn(3, 5, 768, device="cuda", dtype=dtype)
+    want = layer.linear2(F.gelu(layer.linear1(x), approximate="tanh"))
     tol = 1e-4 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(feed_forward(gpu, x), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(feed_forward(layer, x), want, rtol=tol, atol=tol)
