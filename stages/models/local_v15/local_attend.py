@@ -2,9 +2,9 @@
 
 A frame's local loop runs the one-layer local block at positions 0..11 one after another; at
 position p one query attends over the keys of positions 0..p. With `plain` attention the
-compiled loop does that as several small kernels a position (the RoPE rotations of q and k, the
-products and their sums, the softmax, the weighted sum of values: on an H200 at 88 rows about
-31 us of the ~128 us of kernels a position, docs/performance.md). Here one kernel does it all
+compiled loop does that as four small kernels a position (the RoPE rotations of q and k with
+the products and their sums, the softmax in two, the weighted sum of values: on an H200 at 48
+rows 9.2 us of the ~98 us of kernels a position, docs/performance.md). Here one kernel does it all
 from the input projection's outputs as the matmul left them: `qkv[j]` [B, 3 * H] (q | k | v,
 head-major, bias added) of each position j <= p so far. A program owns (row b, `HEADS` heads):
 it rotates position p's query, and each position j's key at j (GPT-J interleaved pairs, fp32,
@@ -12,6 +12,9 @@ rounded to the tensors' dtype as the torch rotation leaves it), keeps the p + 1 
 registers, softmax in fp32, and sums the values weighted -> out [B, H]. Keys are rotated again
 at every later position (a few hundred multiplies) instead of being stored, so the frame keeps
 only the matmul outputs and nothing is written into a buffer that torch.compile would copy.
+The angles are computed here too (as tables, the compiled loop made them again at every
+position: two launches). Measured on an H200: ~5 us a position at 48 rows alone, the step
+alone level with `plain`, and served at C=64 1.01x (inside the spread); off.
 
 It is a `torch.library.triton_op`: eager calls launch the kernel, and the compiled local loop
 traces into it. The positions come as separate pointer arguments (at most `MAX_POSITIONS`),
