@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--attention", nargs="+", default=["padded", "triton"],
                     help="attention backends to compare (stages.runtime.attention.backends.make_attention names)")
     ap.add_argument("--compile", action="store_true", help="last, also with the talker's torch.compile hot paths")
+    ap.add_argument("--compile-mode", default=None, metavar="MODE",
+                    help="torch.compile's mode for them (e.g. max-autotune-no-cudagraphs: matmul templates "
+                         "timed against cuBLAS while compiling)")
     ap.add_argument("--compiled-only", action="store_true", help="with --compile, only the compiled variant")
     ap.add_argument("--prefill", type=int, nargs="*", default=[],
                     help="also time a step that prefills one new prompt of this many rows next to the B "
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, compiled in variants:
         if compiled:
             t0 = time.perf_counter()
-            model.compile_hot_paths()
+            model.compile_hot_paths(mode=args.compile_mode)
         for B in args.batch:
             for graphs in ([True, False] if args.eager and not compiled else [True]):
                 run_one(model, B, args, name, compiled, graphs, rng)
@@ -205,6 +208,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " deferred-residuals" if args.deferred_residuals else ""
     tag += f" fp8-{args.fp8}-{args.fp8_scheme}" if args.fp8 != "none" else ""
     tag += " kv-fp8" if args.kv_fp8 else ""
+    tag += f" compile-mode={args.compile_mode}" if args.compile_mode else ""
     tag += f" decode-splits-{args.decode_splits}" if args.decode_splits is not None else ""
     print(f"{tag} prefill {B}x{args.context} rows {prefill_ms:8.1f} ms | decode step {step_ms:7.2f} ms -> "
           f"{B * 0.08 / step_ms * 1e3:7.1f} audio-s/s", flush=True)

@@ -172,6 +172,9 @@
 #                                       # its GPU tests, the kernel alone by rows and heads a program,
 #                                       # then the talker's step alone at ROWS (48) with the plain
 #                                       # local attention and with the kernel
+#   bash docs/device_runs.sh autotune   # the talker's step alone at ROWS (48) compiled as shipped, then
+#                                       # with torch.compile's max-autotune (matmul templates timed
+#                                       # against cuBLAS while compiling; its compile time printed)
 #   bash docs/device_runs.sh gelu       # the decoder's GELU in its first matmul (codec.gelu_epilogue):
 #                                       # GPU tests, codecmix's replays without and with it, the
 #                                       # audio's distance from fp32 (bench.codec_gelu)
@@ -203,7 +206,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|gelu|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|gelu|autotune|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -933,6 +936,15 @@ localattn)  # the local attention kernel: the compiled talker's GPU tests with i
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch "${ROWS:-48}" --context 200 \
       --attention triton --compile --compiled-only --top 14 --overlap --fused-projections --qk-rope-store \
       --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
+  done
+  ;;
+autotune)  # the step alone at ROWS rows (C=64 serves ~43): compiled as shipped, then max-autotune
+  for v in "" "--compile-mode max-autotune-no-cudagraphs"; do
+    [ "$(left)" -lt 150 ] && { el "autotune: no time left for '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch "${ROWS:-48}" --context 200 \
+      --attention triton --compile --compiled-only --top 14 --local-attention plain --overlap --fused-projections \
+      --qk-rope-store --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" \
+      | grep -E "^B=|kernel time|compilation"
   done
   ;;
 gelu)  # the decoder's FFN GELU (tanh) in the first matmul's epilogue: its GPU tests, then the

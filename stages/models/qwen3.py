@@ -307,11 +307,12 @@ class Qwen3Model(nn.Module):
         self.kv_stores_by_kernel = False  # `store_kv_by_kernel`
         self.residuals_deferred = False  # `defer_residuals`
 
-    def compile_layers(self, backend: str = "inductor") -> None:
+    def compile_layers(self, backend: str = "inductor", mode: str | None = None) -> None:
         """Serve through `torch.compile`d layer halves (one compilation shared by every layer,
         dynamic in the token count); attention stays outside, so any `AttentionBackend` works.
-        `forward_dense` is unchanged."""
-        self._parts = ServingParts(*(torch.compile(f, dynamic=True, backend=backend) for f in SERVING_PARTS))
+        `forward_dense` is unchanged. `mode`: torch.compile's (None: its default; e.g.
+        "max-autotune-no-cudagraphs" times matmul templates against cuBLAS at compile time)."""
+        self._parts = ServingParts(*(torch.compile(f, dynamic=True, backend=backend, mode=mode) for f in SERVING_PARTS))
 
     def store_kv_in_layers(self, on: bool = True) -> None:
         """Store each layer's new keys and values in the paged cache inside the layer's first half

@@ -205,14 +205,15 @@ class LocalV15Talker(nn.Module):
         self.audio_embeddings = nn.ModuleList(nn.Embedding(cfg.codebook_size, cfg.hidden_size) for _ in range(cfg.n_vq))
         self.local_text_lm_head = nn.Linear(cfg.hidden_size, 2, bias=False)
 
-    def compile_hot_paths(self, backend: str = "inductor") -> None:
+    def compile_hot_paths(self, backend: str = "inductor", mode: str | None = None) -> None:
         """Serve through `torch.compile`: the backbone's layer halves (`Qwen3Model.compile_layers`),
         `embed_rows` and `decode_frame` (local loop + sampling, fused into few kernels), each
         dynamic in the batch. Compilation happens on the first call of each (warm-up / graph
-        capture's warm-up run); results equal the eager ones up to floating-point reassociation."""
-        self.transformer.compile_layers(backend)
+        capture's warm-up run); results equal the eager ones up to floating-point reassociation.
+        `mode`: torch.compile's for the layer halves and the local loop (None: its default)."""
+        self.transformer.compile_layers(backend, mode)
         self.embed_rows = torch.compile(self.embed_rows, dynamic=True, backend=backend)
-        self.decode_frame = torch.compile(self.decode_frame, dynamic=True, backend=backend)
+        self.decode_frame = torch.compile(self.decode_frame, dynamic=True, backend=backend, mode=mode)
 
     def use_fp8_weights(self, which: str, scheme: str = "w8a16") -> int:
         """Serve `which` matmuls from float8 weights (`stages.runtime.fp8_linear`, its `scheme`):
