@@ -16,34 +16,11 @@ import argparse
 
 import torch
 
+from bench.timing import graph_us
 from stages.models.local_v15.local_attend import local_attend
 from stages.models.local_v15.model import apply_rope_interleaved, rope_interleaved_tables
 
 HEADS, DIM, POSITIONS = 32, 80, 12
-
-
-def _time_us(fn, iters: int, per_graph: int = 20) -> float:
-    """GPU microseconds of one fn() call: `per_graph` calls captured in a CUDA graph, replayed
-    (the host's launch cost left out, as in the served frame graph)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(per_graph):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(max(1, iters // per_graph)):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (max(1, iters // per_graph) * per_graph)
 
 
 def _plain(q_src: torch.Tensor, qkvs: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -64,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[48, 88])
     ap.add_argument("--heads", type=int, nargs="+", default=[1, 2, 4, 8], help="heads a program")
-    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--iters", type=int, default=50, help="launches a CUDA graph times")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     cos, sin = rope_interleaved_tables(torch.arange(POSITIONS, device="cuda"), DIM, 1e6, torch.bfloat16)
@@ -74,11 +51,11 @@ def main(argv: list[str] | None = None) -> None:
     for rows in args.rows:
         qkvs = [torch.randn(rows, 3 * HEADS * DIM, device="cuda", dtype=torch.bfloat16) for _ in range(POSITIONS)]
         for heads in args.heads:
-            us = [_time_us(lambda p=p: local_attend(qkvs[:p], HEADS, 1e6, heads), args.iters)
+            us = [graph_us(lambda p=p: local_attend(qkvs[:p], HEADS, 1e6, heads), args.iters)
                   for p in range(1, POSITIONS + 1)]
             print(f"rows {rows:4d}  kernel, {heads:2d} heads a program: positions 1/4/8/12 "
                   f"{us[0]:6.2f} {us[3]:6.2f} {us[7]:6.2f} {us[11]:6.2f} us, a frame {sum(us):7.1f} us")
-        us = [_time_us(lambda p=p: plain(qkvs[p - 1], qkvs[:p], cos, sin), args.iters) for p in range(1, POSITIONS + 1)]
+        us = [graph_us(lambda p=p: plain(qkvs[p - 1], qkvs[:p], cos, sin), args.iters) for p in range(1, POSITIONS + 1)]
         print(f"rows {rows:4d}  plain, compiled:            positions 1/4/8/12 "
               f"{us[0]:6.2f} {us[3]:6.2f} {us[7]:6.2f} {us[11]:6.2f} us, a frame {sum(us):7.1f} us")
         want = plain(qkvs[-1], qkvs, cos, sin).float()
