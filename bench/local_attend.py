@@ -4,8 +4,8 @@ heads a program, against the plain steps' attention compiled (full-size local bl
 
     python -m bench.local_attend [--rows 48 88] [--heads 1 2 4 8] [--iters 50]
 
-Per row count (each launch timed from CUDA graph replays): each heads-a-program setting's microseconds at positions 1, 4, 8 and 12 (keys
-so far) and summed over a frame's 12 positions; then the same 12 positions through the plain
+Per row count (each launch timed from CUDA graph replays): each heads-a-program setting's
+microseconds at positions 1, 4, 8 and 12 (keys so far) and summed over a frame's 12 positions; then the same 12 positions through the plain
 attention as the compiled local loop runs it (torch.compile of the products, softmax and sums
 of `LocalAttention.step` after the input projection), summed. CUDA only.
 """

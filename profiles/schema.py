@@ -180,12 +180,13 @@ class TalkerConfig(_Section):
     local_attention: Annotated[Literal["sdpa", "plain", "kernel"], doc(
         "Local-v1.5 talker: how a frame's local steps attend (one query over at most 12 keys): "
         "\"sdpa\" (scaled_dot_product_attention: on CUDA a flash kernel a position, 0.68 of the "
-        "2.17 ms of an H200's compiled local loop at 88 rows) or \"plain\" (elementwise products "
+        "2.17 ms of an H200's compiled local loop at 88 rows), \"plain\" (elementwise products "
         "and sums in float32, which torch.compile fuses into a few small kernels) or \"kernel\" "
         "(one Triton kernel a position: the rotations, scores, softmax and weighted values from the "
         "input projection's outputs; CUDA, or Triton's CPU interpreter; served at C=64 1.01x plain, "
-        "inside the spread); plain and kernel not with batch_invariant; plain in high-concurrency (an H200 at 88 rows: the compiled local loop "
-        "1.57 against 2.11 ms of kernels; served one step ahead, 1.20-1.26x audio-s/s at C=128)")] = "sdpa"
+        "inside the spread); plain and kernel not with batch_invariant; plain in high-concurrency "
+        "(an H200 at 88 rows: the compiled local loop 1.57 against 2.11 ms of kernels; served one "
+        "step ahead, 1.20-1.26x audio-s/s at C=128)")] = "sdpa"
     fused_projections: Annotated[bool, doc(
         "Local-v1.5 talker: each backbone layer's q, k and v projections run as one matmul and "
         "the MLP's gate and up as another (weights stacked after loading): three kernels fewer a "
