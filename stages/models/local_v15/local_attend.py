@@ -13,8 +13,9 @@ registers, softmax in fp32, and sums the values weighted -> out [B, H]. Keys are
 at every later position (a few hundred multiplies) instead of being stored, so the frame keeps
 only the matmul outputs and nothing is written into a buffer that torch.compile would copy.
 The angles are computed here too (as tables, the compiled loop made them again at every
-position: two launches). Measured on an H200: ~5 us a position at 48 rows alone, the step
-alone level with `plain`, and served at C=64 1.01x (inside the spread); off.
+position: two launches). Measured on an H200: ~5 us a position at 48 rows alone with two heads
+a program (its first build, the angles from tables), the step alone level with `plain` (the
+first build, eight heads a program), and this build served at C=64 1.01x (inside the spread); off.
 
 It is a `torch.library.triton_op`: eager calls launch the kernel, and the compiled local loop
 traces into it. The positions come as separate pointer arguments (at most `MAX_POSITIONS`),
