@@ -5,16 +5,14 @@ profile the plain runner's frames."""
 
 import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from profiles import load_profile  # noqa: E402
 from stages.models.local_v15.config import LocalBlockConfig  # noqa: E402
 from stages.models.local_v15.local_attend import local_attend  # noqa: E402
 from stages.models.local_v15.model import LocalTransformer  # noqa: E402
-from stages.models.local_v15.runner import load_talker_runner  # noqa: E402
-from tests.stages.test_local_v15_runner import mixed_requests, run  # noqa: E402
+from tests.stages.test_local_attention_plain import assert_same_frames_each_way  # noqa: E402
+from tests.stages.test_local_v15_runner import mixed_requests  # noqa: E402
 
 
 def _frame(local: LocalTransformer, x: torch.Tensor, mode: str) -> torch.Tensor:
@@ -70,12 +68,4 @@ def test_a_runner_with_the_kernel_makes_the_plain_runners_frames(local_v15_dir):
     """Four requests of mixed settings (sampled, penalised, stops by the model and forced
     lengths) through runners built from the profile with the plain attention and the kernel."""
     reqs = dict(list(mixed_requests(local_v15_dir).items())[:4])
-    frames, finish = {}, {}
-    for how in ("plain", "kernel"):
-        runner = load_talker_runner(local_v15_dir, load_profile("cpu", [f"talker.local_attention={how}"]), "cpu")
-        assert all(b.attn.kernel_step == (how == "kernel") for b in runner.model.local_transformer.h)
-        frames[how], finish[how] = run(runner, reqs)
-    assert finish["kernel"] == finish["plain"] and len(finish["plain"]) == len(reqs)
-    assert sum(len(f) for f in frames["plain"].values()) >= 12
-    for rid in reqs:
-        np.testing.assert_array_equal(frames["kernel"][rid], frames["plain"][rid], err_msg=str(rid))
+    assert_same_frames_each_way(local_v15_dir, reqs, "plain", "kernel", min_frames=12)

@@ -29,16 +29,23 @@ def test_plain_local_steps_attend_as_sdpa_does():
 def test_a_runner_with_plain_local_attention_makes_the_same_frames(local_v15_dir):
     """Eight requests of mixed settings (sampled, penalised, stops by the model and forced
     lengths) through runners built from the profile both ways."""
-    reqs = mixed_requests(local_v15_dir)
+    assert_same_frames_each_way(local_v15_dir, mixed_requests(local_v15_dir), "sdpa", "plain", min_frames=20)
+
+
+def assert_same_frames_each_way(local_v15_dir, reqs, base: str, other: str, min_frames: int) -> None:
+    """`reqs` through runners built from the cpu profile with `talker.local_attention` `base` and
+    `other`: each runner's local block attends as asked, and both give every request the same
+    frames and finish (at least `min_frames` frames in all)."""
     frames, finish = {}, {}
-    for how in ("sdpa", "plain"):
+    for how in (base, other):
         runner = load_talker_runner(local_v15_dir, load_profile("cpu", [f"talker.local_attention={how}"]), "cpu")
-        assert all(b.attn.plain_step == (how == "plain") for b in runner.model.local_transformer.h)
+        blocks = runner.model.local_transformer.h
+        assert all((b.attn.plain_step, b.attn.kernel_step) == (how == "plain", how == "kernel") for b in blocks)
         frames[how], finish[how] = run(runner, reqs)
-    assert finish["plain"] == finish["sdpa"] and len(finish["sdpa"]) == len(reqs)
-    assert sum(len(f) for f in frames["sdpa"].values()) >= 20
+    assert finish[other] == finish[base] and len(finish[base]) == len(reqs)
+    assert sum(len(f) for f in frames[base].values()) >= min_frames
     for rid in reqs:
-        np.testing.assert_array_equal(frames["plain"][rid], frames["sdpa"][rid], err_msg=str(rid))
+        np.testing.assert_array_equal(frames[other][rid], frames[base][rid], err_msg=str(rid))
 
 
 def test_a_compiled_frame_writes_no_cache_buffer():
