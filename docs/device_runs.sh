@@ -178,6 +178,9 @@
 #   bash docs/device_runs.sh gelu       # the decoder's GELU in its first matmul (codec.gelu_epilogue):
 #                                       # GPU tests, codecmix's replays without and with it, the
 #                                       # audio's distance from fp32 (bench.codec_gelu)
+#   bash docs/device_runs.sh rowsmm     # the talker's step alone at ROWS (48) with talker.rows_matmul
+#                                       # WHICH (all), then as shipped; then the few-row matmul kernel
+#                                       # alone against cuBLAS at the talker's shapes (MM_ROWS: 8 48)
 #   bash docs/device_runs.sh codecmix   # a C=64 dispatch alone as served: the served chunk mix padded
 #                                       # and cut into rows, the replay grid at 16 and 64 rows x 1,
 #                                       # 2, 15 frames, the kernel table of 64 rows x 2 frames
@@ -206,7 +209,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|gelu|autotune|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|gelu|autotune|rowsmm|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -328,6 +331,18 @@ talker_steps() {  # talker_steps "BENCH FLAGS"...: the talker's step alone at 88
     (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step \
       --batch 88 --attention triton --compile --compiled-only --top 12 --local-attention plain --overlap $v) 2>&1 \
       | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time|^build of"
+  done
+}
+steps_as_shipped() {  # steps_as_shipped "BENCH FLAGS"...: the talker's step alone at ROWS (48) rows
+  # with high-concurrency's paths (compiled, one step ahead, plain local attention, fused
+  # projections, the layer kernel, the sums deferred), once per argument, into talker_steps.txt
+  local v
+  for v in "$@"; do
+    [ "$(left)" -lt 150 ] && { el "no time left for the step with '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch "${ROWS:-48}" --context 200 \
+      --attention triton --compile --compiled-only --top 14 --local-attention plain --overlap --fused-projections \
+      --qk-rope-store --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" \
+      | grep -E "^B=|kernel time|compilation"
   done
 }
 summaries() {  # per line of windows.txt (NAME C START END): its timeline over that window, one line
@@ -939,13 +954,13 @@ localattn)  # the local attention kernel: the compiled talker's GPU tests with i
   done
   ;;
 autotune)  # the step alone at ROWS rows (C=64 serves ~43): compiled as shipped, then max-autotune
-  for v in "" "--compile-mode max-autotune-no-cudagraphs"; do
-    [ "$(left)" -lt 150 ] && { el "autotune: no time left for '$v'"; break; }
-    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch "${ROWS:-48}" --context 200 \
-      --attention triton --compile --compiled-only --top 14 --local-attention plain --overlap --fused-projections \
-      --qk-rope-store --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" \
-      | grep -E "^B=|kernel time|compilation"
-  done
+  steps_as_shipped "" "--compile-mode max-autotune-no-cudagraphs"
+  ;;
+rowsmm)  # the step alone at ROWS rows with every decode matmul in the few-row kernel (WHICH: all),
+  # then as shipped, then the kernel alone against cuBLAS at the talker's shapes (MM_ROWS: 8 48)
+  steps_as_shipped "--rows-matmul ${WHICH:-all}" ""
+  timeout $(( $(left) - 5 )) python3 -m bench.rows_matmul --rows ${MM_ROWS:-8 48} 2>&1 | grep -v -i warn \
+    | tee "$R/rows_matmul.txt"
   ;;
 gelu)  # the decoder's FFN GELU (tanh) in the first matmul's epilogue: its GPU tests, then the
   # codecmix replays (ROWS, MIX) without and with it, then its distance from fp32 beside bf16's

@@ -33,6 +33,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from stages.runtime.linears import replace_linears
+
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -107,10 +109,4 @@ def as_fp8(linear: nn.Module, scheme: str = "w8a16") -> Fp8Linear:
 def quantize_linears(module: nn.Module, names: Iterable[str], scheme: str = "w8a16") -> int:
     """Replace every submodule of `module` whose own name is in `names` (e.g. "q_proj",
     "gate_up_proj") by its `Fp8Linear`; returns how many were replaced."""
-    wanted = set(names)
-    targets = [(parent, name) for parent in module.modules()
-               for name, child in parent.named_children()
-               if name in wanted and not isinstance(child, Fp8Linear)]
-    for parent, name in targets:
-        setattr(parent, name, as_fp8(getattr(parent, name), scheme))
-    return len(targets)
+    return replace_linears(module, names, lambda linear: as_fp8(linear, scheme), Fp8Linear)

@@ -25,6 +25,7 @@ from torch import nn
 from stages.models.local_v15.config import LocalBlockConfig, LocalV15Config
 from stages.models.qwen3 import BACKBONE_LINEARS, Qwen3Model
 from stages.runtime.fp8_linear import quantize_linears
+from stages.runtime.rows_linear import use_rows_kernel
 
 # checkpoint tensors that are tied copies of others; save_pretrained drops them, the model ignores them
 TIED_CHECKPOINT_NAMES = (r"text_lm_head\.weight", r"audio_lm_heads\.\d+\.weight")
@@ -227,6 +228,19 @@ class LocalV15Talker(nn.Module):
             swapped += quantize_linears(self.transformer, BACKBONE_LINEARS, scheme)
         if which == "all":
             swapped += quantize_linears(self.local_transformer, LOCAL_LINEARS, scheme)
+        return swapped
+
+    def use_rows_matmul(self, which: str) -> int:
+        """Run `which` matmuls' few-row products in the rows kernel (`stages.runtime.rows_linear`):
+        "none", "backbone" (every Qwen3 layer's projections, fused or not) or "all" (the local
+        block's too); the same weights. Returns how many linears were swapped."""
+        if which not in ("none", "backbone", "all"):
+            raise ValueError(f"rows kernel for {which!r}: expected none, backbone or all")
+        swapped = 0
+        if which in ("backbone", "all"):
+            swapped += use_rows_kernel(self.transformer, BACKBONE_LINEARS)
+        if which == "all":
+            swapped += use_rows_kernel(self.local_transformer, LOCAL_LINEARS)
         return swapped
 
     def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
