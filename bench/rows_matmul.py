@@ -7,7 +7,8 @@ random bf16 weights).
 Per shape and row count, each from CUDA graph replays of `--iters` launches that cycle through
 enough copies of the weights (>= 400 MB) that none is read from L2, as in a step where every
 layer reads its own: cuBLAS (`F.linear`, torch's default library, then cuBLASLt), the kernel as
-`plan` picks its tiles (split partials summed by torch, as eager calls run it), and the best
+`plan` picks its tiles (at most `MAX_ROWS` rows; more: one row tile, 64 x 64, unsplit;
+split partials summed by torch, as eager calls run it), and the best
 tiles of a sweep (block N x block K x stages x split, the kernel alone, partials unsummed: a
 compiled layer fuses their sum with what follows). Microseconds a launch and the weights' TB/s.
 CUDA only.
@@ -66,13 +67,13 @@ def main(argv: list[str] | None = None) -> None:
                 torch.backends.cuda.preferred_blas_library(lib)
                 line[lib] = graph_us(_rotating(lambda w, b: F.linear(x, w, b), copies), args.iters)
             torch.backends.cuda.preferred_blas_library("cublas")
-            config = rows_matmul.plan(m, n, k)
+            block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
+            config = rows_matmul.plan(m, n, k) if m <= rows_matmul.MAX_ROWS else (block_m, 64, 64, 1, 4, 5)
             line["plan"] = graph_us(_rotating(lambda w, b: rows_matmul.launch(x, w, b, config), copies), args.iters)
             want = F.linear(x, *copies[0]).float()
             got = rows_matmul.launch(x, *copies[0], config).float()
             err = ((got - want).abs().max() / want.abs().max()).item()
             swept = []
-            block_m = config[0]
             for block_n, block_k, stages in itertools.product((32, 64, 128), (64, 128, 256), (3, 5)):
                 if (block_n + block_m) * block_k * 2 * stages > 200 << 10:  # shared memory an SM
                     continue

@@ -1,9 +1,9 @@
 """Linear layers whose few-row products run in the rows kernel (`talker.rows_matmul`).
 
 `RowsLinear` is an `nn.Linear` (the same weight and bias, the same state dict) whose forward
-sends at most `rows_matmul.MAX_ROWS` rows on CUDA through `rows_matmul.rows_mm` (every row in
-one tile, the weights read once, the inputs split when the channels are few) and anything else,
-a prefill's rows or the CPU, through `F.linear` as before. `use_rows_kernel(module, names)`
+sends at most `rows_matmul.MAX_ROWS` (16) rows on CUDA through `rows_matmul.rows_mm` (every row
+in one tile, the weights read once, the inputs split when the channels are few) and anything
+else, more rows or the CPU, through `F.linear` as before. `use_rows_kernel(module, names)`
 swaps the named linears of a module after loading (and after `fuse_projections`, whose stacked
 linears it then swaps).
 """

@@ -1,20 +1,22 @@
-"""Matmuls for few rows from bf16 weights: `y = x @ W^T (+ b)` with x [M, K], W [N, K], M <= 128.
+"""Matmuls for few rows from bf16 weights: `y = x @ W^T (+ b)` with x [M, K], W [N, K], M <= 16.
 
-A decode step multiplies a few dozen rows by every weight of the talker, so its matmuls are
-bound by reading the weights. At 48 rows on an H200, cuBLAS reads them at 2.1-3.6 TB/s
+A decode step multiplies its rows by every weight of the talker, so at few rows its matmuls are
+bound by reading the weights, and cuBLAS reads them at 1.8-3.4 TB/s on an H200 at 8 rows
 (docs/performance.md): the smaller products (o_proj, down_proj: 2560 output channels) are split
-over the inputs and summed in a second kernel, and every product's launch ramps up and drains
-around a read that takes 5-30 us. This kernel holds every row in one tile (the weights read
-once), reads `BLOCK_N` output channels x `BLOCK_K` inputs of W a loop step, and multiplies them
-on the tensor cores with fp32 accumulation. When the channels give too few programs to keep the
-memory busy the inputs are split `split` ways (a run-time argument: one compiled kernel serves
-every split): each split writes fp32 partials, summed by torch (inside a compiled layer half,
-fused with what follows).
+over the inputs and summed in a second kernel, and every launch ramps up and drains around a
+read of 5-30 us. This kernel holds every row in one tile (the weights read once), reads
+`BLOCK_N` output channels x `BLOCK_K` inputs of W a loop step, and multiplies them on the tensor
+cores with fp32 accumulation. When the channels give too few programs to keep the memory busy
+the inputs are split `split` ways (a run-time argument: one compiled kernel serves every
+split): each split writes fp32 partials, summed by torch (inside a compiled layer half, fused
+with what follows).
 
-`plan` picks the tiles from the shapes alone, so a decode step's graph replays the same launch;
-`launch` takes any tiles (the bench's sweep, `bench.rows_matmul`). `rows_mm` is a
-`torch.library.triton_op`: eager calls launch the kernel and torch.compile traces into it. On
-the CPU the kernel runs only under Triton's interpreter (TRITON_INTERPRET=1, the tests).
+Measured alone on an H200 (`bench.rows_matmul`), the best tiles of a sweep took 0.81-0.98x
+cuBLAS's time at 8 rows, but only 0.88-1.08x at 48, where a step with every matmul in the
+kernel's first tiles was 1.24x longer: so `MAX_ROWS` is 16, and `plan` gives the sweep's tiles
+for 8 rows. `launch` takes any tiles (the sweep). `rows_mm` is a `torch.library.triton_op`:
+eager calls launch the kernel and torch.compile traces into it. On the CPU the kernel runs only
+under Triton's interpreter (TRITON_INTERPRET=1, the tests).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-MAX_ROWS = 128  # more rows than this (a prefill) go to cuBLAS: a compute-bound product
-TARGET_PROGRAMS = 264  # two a streaming multiprocessor of an H200 (132)
-MIN_SPLIT_K = 512  # inputs a split keeps at least
+MAX_ROWS = 16  # more rows than this go to cuBLAS (as fast or faster from 48 rows on an H200)
+TARGET_PROGRAMS = 384  # about three a streaming multiprocessor of an H200 (132)
+MIN_SPLIT_K = 256  # inputs a split keeps at least
 
 
 @triton.jit(do_not_specialize=["M", "split"])  # one kernel for every row count of a tile and every split
@@ -69,17 +71,17 @@ def _rows_kernel(
 
 def plan(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, split, num_warps, num_stages) for x [m, k] @ W [n, k]^T,
-    m <= `MAX_ROWS`, from shapes only: every row in one tile; 64-channel tiles (x's rows are
-    re-read from L2 by every tile: at 128 rows 128-channel tiles, half as many); the inputs
-    split while the programs stay under `TARGET_PROGRAMS` and a split keeps `MIN_SPLIT_K`."""
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128  # comparisons: m may be symbolic
-    block_n = 64 if block_m <= 64 else 128
-    block_k = 128
-    tiles = triton.cdiv(n, block_n)
+    m <= `MAX_ROWS`, from shapes only: every row in one 16-row tile, 64 channels x 64 inputs of
+    W a loop step, five stages in flight; the inputs split while the programs stay under
+    `TARGET_PROGRAMS` and a split keeps `MIN_SPLIT_K` (at the talker's shapes: 8 ways for 2560
+    channels, 4 for 6144, 2 for 7680 and 9728, none for 19456; the sweep's best at 8 rows)."""
+    if m > MAX_ROWS:  # a comparison: m may be symbolic
+        raise ValueError(f"{m} rows: the rows kernel takes at most {MAX_ROWS}")
+    tiles = triton.cdiv(n, 64)
     split = 1
     while tiles * split * 2 <= TARGET_PROGRAMS and k // (split * 2) >= MIN_SPLIT_K:
         split *= 2
-    return block_m, block_n, block_k, split, 4 if block_n <= 64 else 8, 4
+    return 16, 64, 64, split, 4, 5
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

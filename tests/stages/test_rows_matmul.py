@@ -35,9 +35,8 @@ def _rel(got, want):
 @pytest.mark.parametrize("m,n,k", [
     (1, 64, 256),      # one row, one tile
     (5, 96, 1024),     # channels not a multiple of the tile, inputs split
-    (33, 48, 2048),    # a 64-row tile, split 4 ways
-    (100, 80, 512),    # a 128-row tile
-    (48, 200, 384),    # inputs not a multiple of the input tile
+    (16, 48, 2048),    # a full row tile, split 4 ways
+    (9, 200, 384),     # inputs not a multiple of the input tile
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
@@ -46,6 +45,18 @@ def test_the_kernel_multiplies_x_by_the_weights_and_adds_the_bias_once(m, n, k, 
     got = rows_mm(x, w, b)
     assert got.shape == (m, n) and got.dtype == dtype
     assert _rel(got, want) < (1e-6 if dtype == torch.float32 else 8e-3)  # bf16: the output's rounding
+
+
+@pytest.mark.parametrize("m", [33, 100])
+def test_launched_with_larger_row_tiles_the_kernel_takes_more_rows(m):
+    """64- and 128-row tiles (the bench's sweep at 48 and 88 rows), split or not; rows_mm itself
+    refuses more than MAX_ROWS rows."""
+    x, w, b, want = _operands(m, 80, 512, torch.float32, True)
+    block_m = 64 if m <= 64 else 128
+    for split in (1, 2):
+        assert _rel(launch(x, w, b, (block_m, 64, 128, split, 4, 3)), want) < 1e-6
+    with pytest.raises(ValueError, match="at most"):
+        rows_mm(x, w, b)
 
 
 def test_every_launch_configuration_the_bench_sweeps_gives_the_same_product():
@@ -67,14 +78,16 @@ def test_every_launch_configuration_the_bench_sweeps_gives_the_same_product():
 
 
 def test_the_plan_holds_every_row_in_one_tile_and_splits_only_when_the_channels_are_few():
-    """The talker's decode shapes at 48 rows: gate/up fills the GPU unsplit; the others split
-    their inputs, never below MIN_SPLIT_K a split or past TARGET_PROGRAMS programs; the row tile
-    is the smallest that holds every row."""
-    assert plan(48, 19456, 2560)[3] == 1
-    for n, k in ((6144, 2560), (2560, 4096), (2560, 9728)):
-        block_m, block_n, _, split, _, _ = plan(48, n, k)
+    """The talker's decode shapes at few rows, as the sweep found best at 8: gate/up (19456
+    channels) unsplit, the others split, never below MIN_SPLIT_K a split or past TARGET_PROGRAMS
+    programs, the most (8 ways) for 2560 channels."""
+    assert plan(8, 19456, 2560)[3] == 1
+    for n, k in ((6144, 2560), (7680, 2560), (9728, 2560), (2560, 4096), (2560, 9728), (2560, 2560)):
+        block_m, block_n, _, split, _, _ = plan(8, n, k)
         assert split > 1 and k // split >= MIN_SPLIT_K and -(-n // block_n) * split <= TARGET_PROGRAMS, (n, k)
-    assert [plan(m, 2560, 2560)[0] for m in (1, 16, 17, 48, 88, MAX_ROWS)] == [16, 16, 32, 64, 128, 128]
+    assert plan(1, 2560, 4096) == plan(MAX_ROWS, 2560, 4096) == (16, 64, 64, 8, 4, 5)
+    with pytest.raises(ValueError, match="at most"):
+        plan(MAX_ROWS + 1, 2560, 4096)
 
 
 def test_a_rows_linear_keeps_its_linears_parameters_and_refuses_other_layers():
@@ -124,8 +137,8 @@ def test_on_cuda_eager_compiled_and_replayed_alike():
     """The talker's decode shapes in bf16 on CUDA: within bf16's rounding, the same from
     torch.compile (which traces into the op and fuses the split sum) and from a CUDA graph;
     through a `RowsLinear`, more than MAX_ROWS rows are torch's product."""
-    for m, n, k, bias in ((1, 6144, 2560, False), (44, 2560, 4096, False), (88, 19456, 2560, False),
-                          (48, 2560, 9728, True), (8, 7680, 2560, True)):
+    for m, n, k, bias in ((1, 6144, 2560, False), (16, 2560, 4096, False), (8, 19456, 2560, False),
+                          (8, 2560, 9728, True), (3, 7680, 2560, True)):
         x, w, b, want = _operands(m, n, k, torch.bfloat16, bias, "cuda")
         eager = rows_mm(x, w, b)
         assert _rel(eager, want) < 8e-3, (m, n, k)
