@@ -13,8 +13,8 @@ with what follows).
 
 Measured alone on an H200 (`bench.rows_matmul`), the best tiles of a sweep took 0.81-0.98x
 cuBLAS's time at 8 rows, but only 0.88-1.08x at 48, where a step with every matmul in the
-kernel's first tiles was 1.24x longer: so `MAX_ROWS` is 16, and `plan` gives the sweep's tiles
-for 8 rows. `launch` takes any tiles (the sweep). `rows_mm` is a `torch.library.triton_op`:
+kernel's first tiles was 1.24x longer: so `MAX_ROWS` is 16, and `plan` gives one set of tiles,
+the sweep's best at 8 rows for the 2560-channel products. `launch` takes any tiles (the sweep). `rows_mm` is a `torch.library.triton_op`:
 eager calls launch the kernel and torch.compile traces into it. On the CPU the kernel runs only
 under Triton's interpreter (TRITON_INTERPRET=1, the tests).
 """
@@ -74,7 +74,7 @@ def plan(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
     m <= `MAX_ROWS`, from shapes only: every row in one 16-row tile, 64 channels x 64 inputs of
     W a loop step, five stages in flight; the inputs split while the programs stay under
     `TARGET_PROGRAMS` and a split keeps `MIN_SPLIT_K` (at the talker's shapes: 8 ways for 2560
-    channels, 4 for 6144, 2 for 7680 and 9728, none for 19456; the sweep's best at 8 rows)."""
+    channels, 4 for 6144, 2 for 7680 and 9728, none for 19456)."""
     if m > MAX_ROWS:  # a comparison: m may be symbolic
         raise ValueError(f"{m} rows: the rows kernel takes at most {MAX_ROWS}")
     tiles = triton.cdiv(n, 64)
