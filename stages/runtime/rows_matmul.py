@@ -37,7 +37,6 @@ def _rows_kernel(
     M, N, K, split, stride_xm, stride_wn, stride_om, stride_os,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,  # the bias is added by split 0 only
-    PARTIALS: tl.constexpr,  # out is fp32 partials [split, M, N], summed by the caller
     DOT_FP32: tl.constexpr,  # fp32 operands and products: fp32 rows, and the CPU interpreter (its bf16 tl.dot is wrong)
 ):
     """Program (n tile, split) -> out[rows, its channels] over its split's inputs."""
@@ -95,15 +94,15 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if m > block_m:
         raise ValueError(f"{m} rows do not fit a {block_m}-row tile")
     exact = x.device.type == "cpu" or x.dtype == torch.float32  # fp32 products in fp32, never TF32
-    summed = split > 1
-    out = (torch.empty(split, m, n, dtype=torch.float32, device=x.device) if summed
+    split_partials = split > 1  # out holds fp32 partials [split, M, N], summed below
+    out = (torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split_partials
            else torch.empty(m, n, dtype=x.dtype, device=x.device))
     grid = (triton.cdiv(n, block_n), split)
     wrap_triton(_rows_kernel)[grid](
         x, weight, weight if bias is None else bias, out, m, n, k, split, x.stride(0), weight.stride(0),
         n, m * n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
-        PARTIALS=summed, DOT_FP32=exact, num_warps=warps, num_stages=stages)
-    if not summed or partials:
+        DOT_FP32=exact, num_warps=warps, num_stages=stages)
+    if not split_partials or partials:
         return out
     return out.sum(0).to(x.dtype)
 
