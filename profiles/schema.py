@@ -175,18 +175,19 @@ class TalkerConfig(_Section):
         "Local-v1.5 talker: each of a frame's 13 heads samples in one Triton kernel (penalty, "
         "ranking, temperature, top-k, top-p and the seeded draw in registers per row) instead of "
         "the torch sampler's chain of small kernels; the same tokens but where float rounding "
-        "decides, each still a function of its own row (CUDA, or Triton's CPU interpreter); off "
-        "until measured")] = False
+        "decides, each still a function of its own row (CUDA, or Triton's CPU interpreter); on in "
+        "high-concurrency with prefill_interval 1, final_wait_ms 0 and the local attention "
+        "kernel (an H200 at C=64: 1.03x audio-s/s, first audio 0.85x)")] = False
     local_attention: Annotated[Literal["sdpa", "plain", "kernel"], doc(
         "Local-v1.5 talker: how a frame's local steps attend (one query over at most 12 keys): "
         "\"sdpa\" (scaled_dot_product_attention: on CUDA a flash kernel a position, 0.68 of the "
         "2.17 ms of an H200's compiled local loop at 88 rows), \"plain\" (elementwise products "
         "and sums in float32, which torch.compile fuses into a few small kernels) or \"kernel\" "
         "(one Triton kernel a position: the rotations, scores, softmax and weighted values from the "
-        "input projection's outputs; CUDA, or Triton's CPU interpreter; served at C=64 1.01x plain, "
-        "inside the spread); plain and kernel not with batch_invariant; plain in high-concurrency "
-        "(an H200 at 88 rows: the compiled local loop 1.57 against 2.11 ms of kernels; served one "
-        "step ahead, 1.20-1.26x audio-s/s at C=128)")] = "sdpa"
+        "input projection's outputs; CUDA, or Triton's CPU interpreter; kernel in high-concurrency "
+        "with three other small levers, C=64 1.03x); plain and kernel not with batch_invariant "
+        "(plain on an H200 at 88 rows: the compiled local loop 1.57 against sdpa's 2.11 ms of "
+        "kernels; served one step ahead, 1.20-1.26x audio-s/s at C=128)")] = "sdpa"
     fused_projections: Annotated[bool, doc(
         "Local-v1.5 talker: each backbone layer's q, k and v projections run as one matmul and "
         "the MLP's gate and up as another (weights stacked after loading): three kernels fewer a "
