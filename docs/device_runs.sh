@@ -178,10 +178,6 @@
 #   bash docs/device_runs.sh gelu       # the decoder's GELU in its first matmul (codec.gelu_epilogue):
 #                                       # GPU tests, codecmix's replays without and with it, the
 #                                       # audio's distance from fp32 (bench.codec_gelu)
-#   bash docs/device_runs.sh rowsmm     # the talker's step alone at ROWS (1 8 16) with
-#                                       # talker.rows_matmul WHICH (all); the few-row matmul kernel
-#                                       # alone against cuBLAS at the talker's shapes (MM_ROWS: 8 48);
-#                                       # the step as shipped
 #   bash docs/device_runs.sh codecmix   # a C=64 dispatch alone as served: the served chunk mix padded
 #                                       # and cut into rows, the replay grid at 16 and 64 rows x 1,
 #                                       # 2, 15 frames, the kernel table of 64 rows x 2 frames
@@ -210,7 +206,7 @@
 #                                       # fewer, name fewer families). PROFILE (high-concurrency),
 #                                       # CS ("1 16 64"), SIZE (full) and GPUS (counted) change it
 set -u
-PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|gelu|autotune|rowsmm|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
+PHASE=${1:?usage: device_runs.sh timeline|peer|gputests|flags|kernels|talkerstep|fp8|projstep|codecone|coldvoices2|levers|levers2|stall|finals|smshare|windows|mixlanes|mixlevels|compare|knobs|prefill|lazy|codecserve|prefillprof|buckets|invtests|codecsplit|codecmix|localattn|gelu|autotune|ringshort|ringtune|codecsmall|coldvoices|prefix|wide|delayprime|lanes|ramp|delaystall|overlap|codec|sweep|delay|invariant|families [NAME...]}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
 WHEELS=${WHEELS:-.whl}
@@ -335,14 +331,15 @@ talker_steps() {  # talker_steps "BENCH FLAGS"...: the talker's step alone at 88
   done
 }
 steps_as_shipped() {  # steps_as_shipped "BENCH FLAGS"...: the talker's step alone at ROWS (48; a list: each) rows
-  # with high-concurrency's paths (compiled, one step ahead, plain local attention, fused
-  # projections, the layer kernel, the sums deferred), once per argument, into talker_steps.txt
+  # with high-concurrency's paths (compiled, one step ahead, the local attention and sampling
+  # kernels, fused projections, the layer kernel, the sums deferred), once per argument, into
+  # talker_steps.txt
   local v
   for v in "$@"; do
     [ "$(left)" -lt 150 ] && { el "no time left for the step with '$v'"; break; }
     timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch ${ROWS:-48} --context 200 \
-      --attention triton --compile --compiled-only --top 14 --local-attention plain --overlap --fused-projections \
-      --qk-rope-store --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" \
+      --attention triton --compile --compiled-only --top 14 --local-attention kernel --fused-sampling --overlap \
+      --fused-projections --qk-rope-store --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" \
       | grep -E "^B=|kernel time|compilation"
   done
 }
@@ -956,14 +953,6 @@ localattn)  # the local attention kernel: the compiled talker's GPU tests with i
   ;;
 autotune)  # the step alone at ROWS rows (C=64 serves ~43): compiled as shipped, then max-autotune
   steps_as_shipped "" "--compile-mode max-autotune-no-cudagraphs"
-  ;;
-rowsmm)  # the step alone at ROWS (1 8 16) rows with the few-row matmul kernel (WHICH: all), the
-  # kernel alone against cuBLAS at the talker's shapes (MM_ROWS: 8 48, MM_SECONDS: 150 at most),
-  # then the step as shipped when time is left
-  ROWS="${ROWS:-1 8 16}" steps_as_shipped "--rows-matmul ${WHICH:-all}"
-  timeout $(( $(left) < ${MM_SECONDS:-150} ? $(left) - 5 : ${MM_SECONDS:-150} )) python3 -m bench.rows_matmul \
-    --rows ${MM_ROWS:-8 48} 2>&1 | grep -v -i warn | tee "$R/rows_matmul.txt"
-  ROWS="${ROWS:-1 8 16}" steps_as_shipped ""
   ;;
 gelu)  # the decoder's FFN GELU (tanh) in the first matmul's epilogue: its GPU tests, then the
   # codecmix replays (ROWS, MIX) without and with it, then its distance from fp32 beside bf16's

@@ -243,15 +243,6 @@ class TalkerConfig(_Section):
         "when the channels are few; only the weights rounded); w8a8 quantizes the inputs per row "
         "too and multiplies float8 by float8 (the same kernel up to 256 rows, cuBLAS's "
         "rowwise-scaled kernel for more)")] = "w8a16"
-    rows_matmul: Annotated[Literal["none", "backbone", "all"], doc(
-        "Local-v1.5 talker: the decode steps' matmuls of at most 16 rows (CUDA) in a Triton "
-        "kernel that holds every row in one tile and splits the inputs when the output channels "
-        "are few, instead of cuBLAS: \"backbone\" (the Qwen3 layers' projections), \"all\" "
-        "(the local block's too); the same bf16 weights, the products summed in the kernel's "
-        "order; more rows, prefills and the CPU stay with torch's matmul; not with fp8_weights. "
-        "On an H200 alone at 8 rows the kernel took 0.81-0.98x cuBLAS's time; at 48 rows it was "
-        "no faster, and a step with every matmul in it was 1.24x longer (so 16 rows at most); "
-        "off until a step of few rows is measured")] = "none"
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "
@@ -656,9 +647,6 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
     if t.deferred_residuals and not t.fused_qk_rope_store:
         out.append(("talker.deferred_residuals needs talker.fused_qk_rope_store (the layers' path "
                     "through the projections and one kernel)", ("talker.deferred_residuals", "talker.fused_qk_rope_store")))
-    if t.rows_matmul != "none" and t.fp8_weights != "none":
-        out.append(("talker.rows_matmul needs talker.fp8_weights none (float8 layers have their own "
-                    "kernel)", ("talker.rows_matmul", "talker.fp8_weights")))
     if t.overlap_steps and t.max_step_ms is not None:
         out.append(("talker.max_step_ms needs talker.overlap_steps off (its step-cost model is measured "
                     "step by step)", ("talker.max_step_ms", "talker.overlap_steps")))

@@ -16,7 +16,6 @@ name match.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -26,7 +25,6 @@ from torch import nn
 from stages.models.local_v15.config import LocalBlockConfig, LocalV15Config
 from stages.models.qwen3 import BACKBONE_LINEARS, Qwen3Model
 from stages.runtime.fp8_linear import quantize_linears
-from stages.runtime.rows_linear import use_rows_kernel
 
 # checkpoint tensors that are tied copies of others; save_pretrained drops them, the model ignores them
 TIED_CHECKPOINT_NAMES = (r"text_lm_head\.weight", r"audio_lm_heads\.\d+\.weight")
@@ -222,24 +220,13 @@ class LocalV15Talker(nn.Module):
         "none", "backbone" (every Qwen3 layer's projections, fused or not) or "all" (the local
         block's too). Embeddings, heads and norms stay as loaded. Returns how many linears were
         swapped."""
-        return self._swap_linears(which, "fp8 weights", lambda m, names: quantize_linears(m, names, scheme))
-
-    def use_rows_matmul(self, which: str) -> int:
-        """Run `which` matmuls' few-row products in the rows kernel (`stages.runtime.rows_linear`):
-        "none", "backbone" (every Qwen3 layer's projections, fused or not) or "all" (the local
-        block's too); the same weights. Returns how many linears were swapped."""
-        return self._swap_linears(which, "rows kernel", use_rows_kernel)
-
-    def _swap_linears(self, which: str, what: str, swap: Callable[[nn.Module, tuple[str, ...]], int]) -> int:
-        """`swap(module, names)` on the backbone's projections ("backbone") or on those and the
-        local block's ("all"); "none" swaps nothing. Returns how many linears were swapped."""
         if which not in ("none", "backbone", "all"):
-            raise ValueError(f"{what} for {which!r}: expected none, backbone or all")
+            raise ValueError(f"fp8 weights for {which!r}: expected none, backbone or all")
         swapped = 0
         if which in ("backbone", "all"):
-            swapped += swap(self.transformer, BACKBONE_LINEARS)
+            swapped += quantize_linears(self.transformer, BACKBONE_LINEARS, scheme)
         if which == "all":
-            swapped += swap(self.local_transformer, LOCAL_LINEARS)
+            swapped += quantize_linears(self.local_transformer, LOCAL_LINEARS, scheme)
         return swapped
 
     def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:

@@ -656,9 +656,8 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     attention (`talker.local_attention`), the backbone's fused projections
     (`talker.fused_projections`) and KV stores (`talker.fused_kv_writes`, or with the q/k norms and
     RoPE in one kernel: `talker.fused_qk_rope_store`, and the residual sums deferred:
-    `talker.deferred_residuals`), float8 weights
-    (`talker.fp8_weights` by `talker.fp8_scheme`, after the projections are fused) and the rows
-    kernel's matmuls (`talker.rows_matmul`)."""
+    `talker.deferred_residuals`) and float8 weights
+    (`talker.fp8_weights` by `talker.fp8_scheme`, after the projections are fused)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
         model.local_transformer.attend_plainly()
@@ -667,7 +666,6 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     if profile.talker.fused_projections:
         fuse_projections(model.transformer)
     model.use_fp8_weights(profile.talker.fp8_weights, profile.talker.fp8_scheme)
-    model.use_rows_matmul(profile.talker.rows_matmul)
     model.transformer.store_kv_in_layers(profile.talker.fused_kv_writes)
     model.transformer.store_kv_by_kernel(profile.talker.fused_qk_rope_store)
     model.transformer.defer_residuals(profile.talker.deferred_residuals)
