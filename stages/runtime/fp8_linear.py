@@ -11,10 +11,12 @@ fp32 scale per output row (`W ≈ weight_fp8 * weight_scale`) and multiplies by 
   multiplies by the upcast weights. Only the weights are rounded.
 * "w8a8": the input is quantized per row at run time too (one scale per row, from the row's
   largest magnitude) and the float8 products are summed in fp32: "dynamic per token, per
-  channel", the scheme of the peers' FP8 checkpoints without block scales. On CUDA the same
-  Triton kernel multiplies up to `W8A8_TRITON_ROWS` rows (cuBLAS's `torch._scaled_mm` runs
-  128x128 tiles, slower than bf16 at 88 rows on an H200: docs/performance.md); more rows, and
-  the CPU, go through `torch._scaled_mm` (rowwise scales, output through bf16 on CUDA).
+  channel", the scheme of the peers' FP8 checkpoints without block scales. The product runs
+  through `torch._scaled_mm` with unit scales (cuBLAS's per-tensor float8 kernels) and the
+  row's and channel's scales multiply its output after, in the same kernel as what follows
+  once compiled: on an H200 the per-tensor kernels take 0.62-0.65x bf16's matmul time at
+  16-96 rows, the kernels cuBLAS picks for per-row and per-channel scales 1.05-1.19x
+  (docs/performance.md).
 
 Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; on
 random inputs one product lands ~4% from the full-precision one with both operands quantized.
@@ -62,6 +64,7 @@ class Fp8Linear(nn.Module):
             raise ValueError(f"a float8 matmul needs sizes divisible by 16, not {tuple(w_fp8.shape)}")
         self.register_buffer("weight_fp8", w_fp8)  # [out, in]
         self.register_buffer("weight_scale", w_scale.t().contiguous())  # [1, out] fp32
+        self.register_buffer("unit_scale", torch.ones((), device=w_fp8.device), persistent=False)  # [] fp32
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.in_features, self.out_features = w_fp8.shape[1], w_fp8.shape[0]
         self.scheme = scheme
@@ -81,14 +84,11 @@ class Fp8Linear(nn.Module):
                 y = (x2 @ self.weight_fp8.to(x.dtype).t()) * self.weight_scale.to(x.dtype)
         else:
             x_fp8, x_scale = quantize_rows(x2)  # [M, in], [M, 1]
-            if x.is_cuda and x2.shape[0] <= self.kernels.W8A8_TRITON_ROWS:  # few rows: the kernel's narrow tiles
-                y = self.kernels.w8a8_mm(x_fp8, x_scale.view(-1), self.weight_fp8, self.weight_scale.view(-1), x.dtype)
-            else:
-                # the second operand column-major: weight_fp8 [out, in] row-major, transposed;
-                # CUDA's rowwise-scaled kernels write bf16 only
-                out = torch.bfloat16 if x.is_cuda else x.dtype
-                y = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
-                                     out_dtype=out).to(x.dtype)  # [M, out]
+            # weight_fp8 [out, in] row-major, transposed: the column-major second operand;
+            # bf16 out on CUDA: |raw| <= in * 448^2, well inside its range
+            raw = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=self.unit_scale, scale_b=self.unit_scale,
+                                   out_dtype=torch.bfloat16 if x.is_cuda else torch.float32)  # [M, out]
+            y = (raw * (x_scale * self.weight_scale)).to(x.dtype)  # [M, out]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)

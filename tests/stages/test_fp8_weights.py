@@ -120,19 +120,21 @@ def test_a_runner_with_fp8_weights_serves_outputs_near_full_precision(local_v15_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @torch.no_grad()
 def test_on_cuda_a_float8_linear_multiplies_its_quantized_operands():
-    """CUDA's rowwise-scaled float8 kernel (w8a8) computes the dequantized operands' product (to
-    bf16's rounding of the output), bf16 and fp32 inputs alike."""
+    """CUDA's float8 kernel with the row and channel scales after it (w8a8) computes the
+    dequantized operands' product (to bf16's rounding of the output), bf16 and fp32 inputs
+    alike, at a decode step's few rows and at a prefill's many."""
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
         linear = nn.Linear(2560, 1024, bias=True, device="cuda").to(dtype)
         fp8 = as_fp8(linear, "w8a8")
-        x = torch.randn(88, 2560, device="cuda").to(dtype)
-        sx = x.float().abs().amax(-1, keepdim=True) / 448.0
-        xq = (x.float() / sx).to(FP8).float() * sx
-        want = xq @ (fp8.weight_fp8.float() * fp8.weight_scale.t()).t() + linear.bias.float()
-        got = fp8(x)
-        assert got.dtype == dtype
-        assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+        for rows in (1, 44, 88, 1000):
+            x = torch.randn(rows, 2560, device="cuda").to(dtype)
+            sx = x.float().abs().amax(-1, keepdim=True) / 448.0
+            xq = (x.float() / sx).to(FP8).float() * sx
+            want = xq @ (fp8.weight_fp8.float() * fp8.weight_scale.t()).t() + linear.bias.float()
+            got = fp8(x)
+            assert got.dtype == dtype
+            assert ((got.float() - want).norm() / want.norm()).item() < 1e-2, rows
 
 
 @pytest.mark.gpu
