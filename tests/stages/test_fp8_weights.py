@@ -139,12 +139,13 @@ def test_on_cuda_a_float8_linear_multiplies_its_quantized_operands():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_inductor_compiled_talker_with_fp8_weights_matches_eager_on_cuda():
+@pytest.mark.parametrize("scheme", ["w8a16", "w8a8"])
+def test_inductor_compiled_talker_with_fp8_weights_matches_eager_on_cuda(scheme):
     """Float8 matmuls (and their per-row quantization, which inductor fuses into the kernels
     before them) inside the compiled backbone halves and local loop: greedy requests through a
     runner emit the eager float8 talker's codes."""
     from tests.stages.test_talker_compile import _codes, _cuda_pair, assert_same_codes
 
     eager, compiled = _cuda_pair()
-    assert eager.use_fp8_weights("all") == compiled.use_fp8_weights("all") > 0
+    assert eager.use_fp8_weights("all", scheme) == compiled.use_fp8_weights("all", scheme) > 0
     assert_same_codes(_codes(eager, greedy=True), _codes(compiled, greedy=True))
