@@ -230,19 +230,19 @@ class TalkerConfig(_Section):
         "Local-v1.5 talker: matmuls from float8 e4m3 weights (one scale per output channel), "
         "half the bytes a step reads: \"backbone\" (the Qwen3 layers' projections), \"all\" "
         "(the local block's too); embeddings, heads and norms stay in model.dtype; how they "
-        "multiply: fp8_scheme. A precision change: its distance from the bf16 outputs is "
-        "measured in docs/performance.md; CUDA (sm89 and later) or the CPU. With w8a8 on an H200 "
-        "at 88 rows cuBLAS's float8 kernel (128x128 tiles) was slower than the bf16 ones it "
-        "replaces (the step 9.2 against 8.0 ms, with the float8 KV cache); the Triton kernel of "
-        "fp8_scheme w8a16 read its weights at 0.4-0.95 TB/s at 88 rows, bf16's cuBLAS at 1.9-4.4 "
-        "(the step 10.8 ms with a float8 backbone, 11.8 with the local block's too, against 7.2 in "
-        "bf16): a memory saving, not a speed-up, so none")] = "none"
+        "multiply: fp8_scheme. A precision change, measured in docs/performance.md on random "
+        "full-size weights: backbone by w8a8 moves the sampled distribution's KL from fp32 from "
+        "2.09e-3 (bf16) to 2.11e-3, all by w8a8 to 8.5e-3 (a checkpoint with outlier channels "
+        "can lose more). On an H200 backbone by w8a8 took the step at 48 rows from 5.46 to 4.93 "
+        "ms and served C=64 1.03-1.04x, C=128 1.03x; w8a16 is slower than bf16 (its Triton "
+        "kernel reads 0.4-0.95 TB/s at 88 rows). CUDA (sm89 and later) or the CPU")] = "none"
     fp8_scheme: Annotated[Literal["w8a16", "w8a8"], doc(
-        "with fp8_weights: w8a16 multiplies the inputs as they are by the upcast weights (on "
-        "CUDA a Triton kernel for few rows that reads the float8 tiles and splits the inputs "
-        "when the channels are few; only the weights rounded); w8a8 quantizes the inputs per row "
-        "too and multiplies float8 by float8 (the same kernel up to 256 rows, cuBLAS's "
-        "rowwise-scaled kernel for more)")] = "w8a16"
+        "with fp8_weights: w8a8 quantizes the inputs per row too and multiplies float8 by "
+        "float8 in cuBLAS's per-tensor kernel with unit scales, the row and channel scales "
+        "applied to its output after (compiled: in the kernel that follows); w8a16 multiplies "
+        "the inputs as they are by the upcast weights (on CUDA a Triton kernel for few rows "
+        "that reads the float8 tiles and splits the inputs when the channels are few; only the "
+        "weights rounded)")] = "w8a16"
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "
@@ -640,6 +640,9 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
     if t.batch_invariant and t.tensor_parallel > 1:
         out.append(("talker.batch_invariant needs talker.tensor_parallel 1 (an all-reduce may pick its "
                      "algorithm by message size)", ("talker.batch_invariant", "talker.tensor_parallel")))
+    if t.batch_invariant and t.fp8_weights != "none":
+        out.append(("talker.batch_invariant needs talker.fp8_weights none (cuBLAS picks its float8 "
+                    "kernel by the batch's rows)", ("talker.batch_invariant", "talker.fp8_weights")))
     if t.batch_invariant and t.local_attention != "sdpa":
         out.append(("talker.batch_invariant needs talker.local_attention sdpa (the plain local "
                     "attention's fused sums may be tiled by batch size; the kernel is not checked for it)",

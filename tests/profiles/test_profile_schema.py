@@ -39,6 +39,8 @@ def test_every_field_has_a_description():
     (["codec.fused_attention=true"], ("codec.fused_attention", "codec.fused_ring_writes")),
     (["talker.batch_invariant=true", "talker.local_attention=plain"], ("talker.batch_invariant",
                                                                        "talker.local_attention")),
+    (["talker.batch_invariant=true", "talker.fp8_weights=backbone"], ("talker.batch_invariant",
+                                                                       "talker.fp8_weights")),
     (["talker.overlap_steps=true", "talker.max_step_ms=20"], ("talker.max_step_ms", "talker.overlap_steps")),
 ])
 def test_cross_field_checks_name_both_fields(overrides, paths):
