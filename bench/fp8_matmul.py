@@ -2,11 +2,10 @@
 
 For each of the Local-v1.5 talker's weight shapes (the backbone's fused q/k/v, o, fused gate/up
 and down projections, and the local block's four) at each row count of `--rows` (a decode step's
-rows; 344 is a mixed step's 256 prompt tokens beside 88 rows), four ways of one product in
-bf16: `F.linear` on the bf16 weights (cuBLAS, as served), `w8a16_mm` on float8 weights (the
-Triton kernel of `talker.fp8_scheme: w8a16`), and the w8a8 scheme twice, rows quantized then
-the same kernel's float8 products (`w8a8_mm`, as served up to 256 rows) or cuBLAS's
-`torch._scaled_mm`. Each is timed as a CUDA graph of `--iters` calls (no host launch cost), and
+rows; 344 is a mixed step's 256 prompt tokens beside 88 rows), two ways of one product in
+bf16: `F.linear` on the bf16 weights (cuBLAS) and `w8a16_mm` on float8 weights (the Triton
+kernel of `talker.fp8_scheme: w8a16`; the w8a8 scheme's cuBLAS products: `bench.fp8_cublas`).
+Each is timed as a CUDA graph of `--iters` calls (no host launch cost), and
 printed with the rate at which it read its weights and its time against bf16's. The last lines
 add one decode step's matmuls up (36 backbone layers, the local block 12 times a frame). With
 `--sweep ROWS...` each shape is first run at each ROWS rows over a grid of launch
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 
 from bench.timing import graph_us
 from stages.runtime.fp8_linear import quantize_rows
-from stages.runtime.fp8_matmul import MIN_SPLIT_K, launch, plan, w8a8_mm, w8a16_mm
+from stages.runtime.fp8_matmul import MIN_SPLIT_K, launch, plan, w8a16_mm
 
 # (name, out channels, in channels, times a decode step): Local-v1.5 full size
 SHAPES = (("qkv", 6144, 2560, 36), ("o", 2560, 4096, 36), ("gate_up", 19456, 2560, 36), ("down", 2560, 9728, 36),
@@ -34,17 +33,12 @@ SHAPES = (("qkv", 6144, 2560, 36), ("o", 2560, 4096, 36), ("gate_up", 19456, 256
 QUICK_SHAPES = (("tiny", 64, 1024, 1),)
 
 
-def sweep(rows: int, iters: int, dev: torch.device, shapes=SHAPES, float8_rows: bool = False) -> None:
-    """Per shape at `rows` rows: the fastest launch configurations of a grid around `plan`'s
-    (with `float8_rows`, of the w8a8 kernel: x quantized once, outside the timing)."""
+def sweep(rows: int, iters: int, dev: torch.device, shapes=SHAPES) -> None:
+    """Per shape at `rows` rows: the fastest launch configurations of a grid around `plan`'s."""
     for name, n, k, _ in shapes:
         w_fp8, w_scale = quantize_rows(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02)
         scale = w_scale.reshape(-1).contiguous()
         x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
-        x_scale = None
-        if float8_rows:
-            x, x_scale = quantize_rows(x)
-            x_scale = x_scale.view(-1)
         base = plan(rows, n, k)
         bm, _, _, split, warps, stages = base
         configs = {base}
@@ -58,14 +52,14 @@ def sweep(rows: int, iters: int, dev: torch.device, shapes=SHAPES, float8_rows: 
         timed = []
         for config in sorted(configs):
             try:
-                us = graph_us(lambda: launch(x, w_fp8, scale, config, x_scale, torch.bfloat16), iters)
+                us = graph_us(lambda: launch(x, w_fp8, scale, config), iters)
                 timed.append((us, config))
             except Exception as e:  # a tile too large for the SM's shared memory: skipped
                 print(f"  {name} {config}: {type(e).__name__}", flush=True)
         timed.sort()
         mine = next(t for t, c in timed if c == base)
         best = " ; ".join(f"{c} {t:.1f} us" for t, c in timed[:3])
-        print(f"sweep {'w8a8' if float8_rows else 'w8a16'} {name:13s} {n:5d}x{k:<5d} rows {rows}: plan {base}"
+        print(f"sweep w8a16 {name:13s} {n:5d}x{k:<5d} rows {rows}: plan {base}"
               f" {mine:.1f} us ({n * k / mine / 1e3:.0f} GB/s) | fastest: {best}", flush=True)
 
 
@@ -74,7 +68,6 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 44, 88, 128, 344])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--sweep", type=int, nargs="*", default=[], metavar="ROWS", help="first, a tile sweep at each ROWS")
-    ap.add_argument("--sweep-w8a8", action="store_true", help="sweep the w8a8 kernel too")
     ap.add_argument("--quick", action="store_true", help="one tiny shape on the CPU (Triton's interpreter)")
     args = ap.parse_args()
     shapes = QUICK_SHAPES if args.quick else SHAPES
@@ -85,43 +78,28 @@ def main() -> None:
     print(f"torch {torch.__version__}, {name}; us a call from a graph, GB/s of weights read")
     for rows in args.sweep:
         sweep(3 if args.quick else rows, args.iters, dev, shapes)
-        if args.sweep_w8a8:
-            sweep(3 if args.quick else rows, args.iters, dev, shapes, float8_rows=True)
-    step = {m: [0.0, 0.0, 0.0, 0.0] for m in args.rows}
+    step = {m: [0.0, 0.0] for m in args.rows}
     for name, n, k, per_step in shapes:
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02  # [n, k]
         w_fp8, w_scale = quantize_rows(w)  # [n, k], [n, 1]
-        scale_row, scale_col = w_scale.reshape(-1).contiguous(), w_scale.t().contiguous()
-        w_t = w_fp8.t()
+        scale_row = w_scale.reshape(-1).contiguous()
         for m in args.rows:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-
-            def triton_w8a8() -> torch.Tensor:
-                xq, xs = quantize_rows(x)
-                return w8a8_mm(xq, xs.view(-1), w_fp8, scale_row, torch.bfloat16)
-
-            def cublas_w8a8() -> torch.Tensor:
-                xq, xs = quantize_rows(x)
-                return torch._scaled_mm(xq, w_t, scale_a=xs, scale_b=scale_col, out_dtype=torch.bfloat16)
 
             ref = x.float() @ (w_fp8.float() * w_scale).t()
             err = ((w8a16_mm(x, w_fp8, scale_row).float() - ref).norm() / ref.norm()).item()
             times = [graph_us(lambda: F.linear(x, w), args.iters),
-                     graph_us(lambda: w8a16_mm(x, w_fp8, scale_row), args.iters),
-                     graph_us(triton_w8a8, args.iters), graph_us(cublas_w8a8, args.iters)]
+                     graph_us(lambda: w8a16_mm(x, w_fp8, scale_row), args.iters)]
             for i, t in enumerate(times):
                 step[m][i] += t * per_step / 1e3
             bm, bn, bk, split, warps, stages = plan(m, n, k)
             print(f"{name:13s} {n:5d}x{k:<5d} rows {m:4d} | bf16 {times[0]:7.1f} us"
                   f" {n * k * 2 / times[0] / 1e3:5.0f} GB/s"
                   f" | w8a16 {times[1]:7.1f} us {n * k / times[1] / 1e3:5.0f} GB/s {times[1] / times[0]:5.2f}x"
-                  f" (tile {bm}x{bn}x{bk}, split {split}, err {err:.1e})"
-                  f" | w8a8 {times[2]:7.1f} us {times[2] / times[0]:5.2f}x, cuBLAS {times[3]:7.1f} us"
-                  f" {times[3] / times[0]:5.2f}x", flush=True)
-    for m, (bf16, w8a16, w8a8, cublas) in step.items():
+                  f" (tile {bm}x{bn}x{bk}, split {split}, err {err:.1e})", flush=True)
+    for m, (bf16, w8a16) in step.items():
         print(f"a decode step's matmuls at {m:4d} rows: bf16 {bf16:6.2f} ms, w8a16 {w8a16:6.2f} ms "
-              f"({w8a16 / bf16:4.2f}x), w8a8 {w8a8:6.2f} ms ({w8a8 / bf16:4.2f}x), w8a8 by cuBLAS "
-              f"{cublas:6.2f} ms ({cublas / bf16:4.2f}x)")
+              f"({w8a16 / bf16:4.2f}x)")
 
 
 if __name__ == "__main__":

@@ -108,8 +108,9 @@
 #   bash docs/device_runs.sh fp8mm      # the GPU tests of the float8 matmuls; the step at 88 rows
 #                                       # as shipped, with a float8 backbone, float8 everywhere
 #                                       # (w8a16, then w8a8); each talker weight shape alone: a
-#                                       # tile sweep at 88 rows, then bf16 / w8a16 / w8a8 / w8a8 by
-#                                       # cuBLAS (bench.fp8_matmul)
+#                                       # tile sweep at 88 rows, then bf16 / w8a16 (bench.fp8_matmul),
+#                                       # then cuBLAS's float8 products by scales and operand order
+#                                       # (bench.fp8_cublas)
 #   bash docs/device_runs.sh layers     # the GPU tests of the one-kernel q/k norms, RoPE and KV stores
 #                                       # and of the deferred residual sums; the step at 88 rows as
 #                                       # shipped, with the kernel, and with the sums deferred too, each
@@ -864,7 +865,7 @@ fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme): 
   # compiled, graphs; the float8 linear and the compiled talker against eager), the step at 88 rows
   # per flag set of FP8_STEPS ('|' between sets; by default as shipped, a float8 backbone, float8
   # everywhere by w8a16 and by w8a8), then the talker's weight shapes alone (FP8MM_ROWS; first a
-  # tile sweep at SWEEP_ROWS), at most FP8MM_S (200) seconds
+  # tile sweep at SWEEP_ROWS), at most FP8MM_S (200) seconds; then cuBLAS's float8 ways (bench.fp8_cublas)
   [ -n "${NOTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/stages/test_fp8_matmul.py tests/stages/test_fp8_weights.py > "$R/tests_fp8mm.txt" 2>&1
   [ -n "${NOTESTS:-}" ] || grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$R/tests_fp8mm.txt" | head -30
@@ -872,7 +873,9 @@ fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme): 
   talker_steps "${steps[@]}"
   t=$(( $(left) - 10 )); [ "$t" -gt "${FP8MM_S:-200}" ] && t=${FP8MM_S:-200}
   [ "$t" -gt 30 ] && timeout "$t" python3 -m bench.fp8_matmul --rows ${FP8MM_ROWS:-1 44 88 344 2048} \
-    --sweep ${SWEEP_ROWS:-88} --sweep-w8a8 2>&1 | grep -v -i warn | tee "$R/fp8_matmul.txt"
+    --sweep ${SWEEP_ROWS:-88} 2>&1 | grep -v -i warn | tee "$R/fp8_matmul.txt"
+  [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) python3 -m bench.fp8_cublas 2>&1 | grep -v -i warn \
+    | tee "$R/fp8_cublas.txt"
   ;;
 layers)  # a backbone layer's launches: the GPU tests of the q/k norm, RoPE and KV store kernel, of the
   # deferred residual sums (no addmm) and of the attention's kernels, then the step at 88 rows once per

@@ -1,9 +1,9 @@
 """Matmuls from float8 weights for few rows: `y = x @ (W_fp8 * scale)^T`, x in bf16 or fp32.
 
 The talker's decode step multiplies a few dozen rows by every weight of the backbone: the time
-is the weights' bytes, so float8 weights could take half of it. cuBLAS runs the float8 products
-(`torch._scaled_mm`) in 128x128 tiles, which at 88 rows leave most of an H200's SMs idle and
-took longer than bf16 (docs/performance.md). This kernel instead reads the weights in tiles of
+is the weights' bytes, so float8 weights could take half of it. cuBLAS multiplies float8 by
+float8 only (`torch._scaled_mm`, the w8a8 path of `stages.runtime.fp8_linear`); this kernel
+keeps the rows as they are and reads the weights in tiles of
 `BLOCK_N` output channels x `BLOCK_K` inputs, upcasts them to x's dtype in registers (every e4m3
 value is exact in bf16) and multiplies them with the rows' tile of x on the tensor cores, fp32
 accumulation; the scale per output channel is applied once at the end. x is not quantized
@@ -15,12 +15,9 @@ writes an fp32 partial product and the partials are summed by torch (inside a co
 half, fused with what follows). Every launch parameter follows from shapes only (rows, channels,
 inputs), so a decode step's graph replays the same launch.
 
-The same kernel takes float8 rows with a scale a row (`w8a8_mm`, `talker.fp8_scheme: w8a8` at
-up to `W8A8_TRITON_ROWS` rows): then the products are float8 on the tensor cores and x's tile is
-half the bytes. Both are `torch.library.triton_op`s: eager calls launch the kernel, and
-torch.compile traces into them (the split sum fused by inductor). On the CPU the kernel runs
-under Triton's interpreter only (TRITON_INTERPRET=1, the tests); `Fp8Linear` computes the same
-products with torch there.
+The kernel is a `torch.library.triton_op`: eager calls launch it, and torch.compile traces
+into it (the split sum fused by inductor). On the CPU it runs under Triton's interpreter only
+(TRITON_INTERPRET=1, the tests); `Fp8Linear` computes the same products with torch there.
 """
 
 from __future__ import annotations
@@ -32,16 +29,14 @@ from torch.library import triton_op, wrap_triton
 
 TARGET_PROGRAMS = 264  # two a streaming multiprocessor of an H200 (132)
 MIN_SPLIT_K = 512  # inputs a split keeps at least
-W8A8_TRITON_ROWS = 256  # w8a8 up to this many rows here; more (a prefill) through cuBLAS's tiles
 
 
 @triton.jit(do_not_specialize=["M"])  # one kernel for every row count of a bucket's tile
 def _fp8_weight_kernel(
-    x_ptr, x_scale_ptr, w_ptr, scale_ptr, out_ptr,
+    x_ptr, w_ptr, scale_ptr, out_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, stride_os,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,  # >1: out is fp32 partials [SPLIT_K, M, N], summed by the caller
-    X_FP8: tl.constexpr,  # x is float8 too, with a scale a row (w8a8): float8 products
     DOT_FP32: tl.constexpr,  # fp32 operands and products: fp32 rows, and the CPU interpreter (its bf16 tl.dot is wrong)
 ):
     """Program (n tile, m tile, split) -> out[rows, channels] of its split's inputs."""
@@ -65,14 +60,10 @@ def _fp8_weight_kernel(
                     mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] float8
         if DOT_FP32:
             acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        elif X_FP8:
-            acc += tl.dot(x, w)  # float8 x float8, fp32 accumulation
         else:
             acc += tl.dot(x, w.to(x.dtype))
     scale = tl.load(scale_ptr + rn, mask=n_ok, other=0.0)  # [BLOCK_N] fp32
     acc = acc * scale[None, :]
-    if X_FP8:
-        acc = acc * tl.load(x_scale_ptr + rm, mask=m_ok, other=0.0)[:, None]  # [BLOCK_M] fp32
     mask = m_ok[:, None] & n_ok[None, :]
     offs = split * stride_os + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -100,13 +91,11 @@ def plan(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-           config: tuple[int, int, int, int, int, int], x_scale: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`w8a16_mm` (or, with `x_scale`, `w8a8_mm`) with the launch `config` given (as `plan`
-    returns it): the bench's tile sweep."""
+           config: tuple[int, int, int, int, int, int]) -> torch.Tensor:
+    """`w8a16_mm` with the launch `config` given (as `plan` returns it): the bench's tile sweep."""
     m, k = x.shape
     n = weight.shape[0]
-    out_dtype = out_dtype or x.dtype
+    out_dtype = x.dtype
     block_m, block_n, block_k, split, warps, stages = config
     # fp32 products in fp32 (not TF32) on CUDA too; on the CPU the interpreter needs them
     exact = x.device.type == "cpu" or x.dtype == torch.float32
@@ -116,9 +105,9 @@ def launch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         out = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     wrap_triton(_fp8_weight_kernel)[grid](
-        x, scale if x_scale is None else x_scale, weight, scale, out, m, n, k, x.stride(0),
+        x, weight, scale, out, m, n, k, x.stride(0),
         weight.stride(0), n, m * n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLIT_K=split, X_FP8=x_scale is not None, DOT_FP32=exact, num_warps=warps,
+        SPLIT_K=split, DOT_FP32=exact, num_warps=warps,
         num_stages=stages)
     if split == 1:
         return out
@@ -132,11 +121,3 @@ def w8a16_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torc
     m, k = x.shape
     return launch(x, weight, scale, plan(m, weight.shape[0], k))
 
-
-@triton_op("mossvox::w8a8_mm", mutates_args=())
-def w8a8_mm(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-            out_dtype: torch.dtype) -> torch.Tensor:
-    """(x [M, K] float8 e4m3 * x_scale [M] fp32) @ (weight [N, K] float8 e4m3 * scale [N])^T
-    -> [M, N] in `out_dtype`: float8 products on the tensor cores, fp32 accumulation."""
-    m, k = x.shape
-    return launch(x, weight, scale, plan(m, weight.shape[0], k), x_scale, out_dtype)
