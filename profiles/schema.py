@@ -235,7 +235,8 @@ class TalkerConfig(_Section):
         "2.09e-3 (bf16) to 2.11e-3, all by w8a8 to 8.5e-3 (a checkpoint with outlier channels "
         "can lose more). On an H200 backbone by w8a8 took the step at 48 rows from 5.46 to 4.93 "
         "ms and served C=64 1.03-1.04x, C=128 1.03x; w8a16 is slower than bf16 (its Triton "
-        "kernel reads 0.4-0.95 TB/s at 88 rows). CUDA (sm89 and later) or the CPU")] = "none"
+        "kernel reads 0.4-0.95 TB/s at 88 rows). CUDA (sm89 and later) or the CPU; on an older GPU "
+        "the weights stay as loaded, with a warning")] = "none"
     fp8_scheme: Annotated[Literal["w8a16", "w8a8"], doc(
         "with fp8_weights: w8a8 quantizes the inputs per row too and multiplies float8 by "
         "float8 in cuBLAS's per-tensor kernel with unit scales, the row and channel scales "

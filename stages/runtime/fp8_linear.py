@@ -44,6 +44,14 @@ _TINY = 1e-12  # an all-zero row's scale: any positive value gives zeros back
 SCHEMES = ("w8a16", "w8a8")
 
 
+def has_fp8_matmuls(device: str | torch.device) -> bool:
+    """Whether `device` multiplies float8 (the CPU, or CUDA from compute capability 8.9 on)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type == "cpu"
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (x_fp8 [M, K], scale [M, 1] fp32) with x ≈ x_fp8 * scale, row by row."""
     amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=_TINY)  # [M, 1]

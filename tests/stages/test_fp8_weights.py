@@ -10,7 +10,7 @@ from profiles import load_profile
 from stages.models.local_v15.config import tiny_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import load_talker_runner
-from stages.runtime.fp8_linear import FP8, Fp8Linear, as_fp8
+from stages.runtime.fp8_linear import FP8, Fp8Linear, as_fp8, has_fp8_matmuls
 from tests.stages.test_local_v15_runner import mixed_requests, run
 
 
@@ -86,6 +86,29 @@ def test_the_talker_swaps_the_named_matmuls_only():
     assert all(p.dtype != FP8 for p in model.parameters())  # float8 tensors are buffers
     with pytest.raises(ValueError, match="none, backbone or all"):
         model.use_fp8_weights("heads")
+
+
+def test_float8_matmuls_need_the_cpu_or_cuda_from_sm89(monkeypatch):
+    """An A100 (8.0) has none, an L4 (8.9) and an H100/H200 (9.0) have them; the CPU has torch's."""
+    assert has_fp8_matmuls("cpu")
+    for capability, has in (((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert has_fp8_matmuls("cuda:0") is has, capability
+
+
+def test_without_float8_matmuls_the_runner_keeps_its_weights_and_says_so(local_v15_dir, monkeypatch, caplog):
+    """A profile asking for float8 weights on a device without float8 matmuls (high-concurrency on
+    an A100) serves the loaded weights instead of failing at the first step, with a warning."""
+    from stages.models.local_v15 import runner as runner_module
+
+    seen = []
+    monkeypatch.setattr(runner_module, "has_fp8_matmuls", lambda device: seen.append(device) and False)
+    profile = load_profile("cpu", ["talker.fp8_weights=backbone", "talker.fp8_scheme=w8a8"])
+    with caplog.at_level("WARNING", logger=runner_module.__name__):
+        runner = load_talker_runner(local_v15_dir, profile, "cpu")
+    assert seen == ["cpu"]
+    assert not any(isinstance(m, Fp8Linear) for m in runner.model.modules())
+    assert "talker.fp8_weights backbone" in caplog.text and "no float8 matmuls" in caplog.text
 
 
 @pytest.mark.parametrize("scheme", ["w8a16", "w8a8"])

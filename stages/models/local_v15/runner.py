@@ -37,6 +37,7 @@ prefilled again later (recompute), which continues them exactly where they were.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ from stages.models.local_v15.model import LocalV15Talker
 from stages.models.qwen3 import fuse_projections
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
+from stages.runtime.fp8_linear import has_fp8_matmuls
 from stages.runtime.graph_capture import (GRAPH_AHEAD_TOKENS, batch_bucket, batch_buckets, powers_up_to,
                                           resolve_graph_path)
 from stages.runtime.mixed_graphs import MixedGraphs, MixedInputs
@@ -63,6 +65,8 @@ from stages.runtime.sampling import K_CAP, SamplingSlots, noise_key, sample_toke
 from stages.runtime.scheduled_runner import ScheduledRunner, in_kernel_mode
 from stages.runtime.step_clock import StepClock
 from stages.runtime.talker_runner import FrameEvent
+
+log = logging.getLogger(__name__)
 
 MIXED_MIN_DECODE = 16  # a mixed step decodes at least this many requests: below it the two
 #                        replays are short anyway, and fewer decode buckets mean fewer graphs
@@ -657,7 +661,8 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     (`talker.fused_projections`) and KV stores (`talker.fused_kv_writes`, or with the q/k norms and
     RoPE in one kernel: `talker.fused_qk_rope_store`, and the residual sums deferred:
     `talker.deferred_residuals`) and float8 weights
-    (`talker.fp8_weights` by `talker.fp8_scheme`, after the projections are fused)."""
+    (`talker.fp8_weights` by `talker.fp8_scheme`, after the projections are fused; on a device
+    without float8 matmuls, before sm89, the weights stay as loaded, with a warning)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
         model.local_transformer.attend_plainly()
@@ -665,7 +670,12 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
         model.local_transformer.attend_by_kernel()
     if profile.talker.fused_projections:
         fuse_projections(model.transformer)
-    model.use_fp8_weights(profile.talker.fp8_weights, profile.talker.fp8_scheme)
+    fp8 = profile.talker.fp8_weights
+    if fp8 != "none" and not has_fp8_matmuls(device):
+        log.warning("talker.fp8_weights %s: %s has no float8 matmuls (CUDA sm89 and later); "
+                    "serving %s weights", fp8, device, profile.model.dtype)
+        fp8 = "none"
+    model.use_fp8_weights(fp8, profile.talker.fp8_scheme)
     model.transformer.store_kv_in_layers(profile.talker.fused_kv_writes)
     model.transformer.store_kv_by_kernel(profile.talker.fused_qk_rope_store)
     model.transformer.defer_residuals(profile.talker.deferred_residuals)
