@@ -997,6 +997,13 @@ flags)  # the shipped profile (PROFILE, high-concurrency) against it with FLAGS 
     ${FLAGS2:+alt2 "$FLAGS2"} ${FLAGS3:+alt3 "$FLAGS3"}
   summaries
   ;;
+table)  # the table as shipped: high-concurrency at HC_LEVELS (1 16 64 128 256), then
+  # low-latency at LL_LEVELS (1 64), PASSES (2) measured passes a level after a discarded one
+  checkpoint
+  PASSES=${PASSES:-2} compare "${HC_LEVELS:-1 16 64 128 256}" hc ""
+  PROFILE=low-latency PASSES=${PASSES:-2} compare "${LL_LEVELS:-1 64}" ll ""
+  summaries
+  ;;
 build)  # the build in BASE against this one, one server each (base, shipped), both with PROFILE
   checkpoint
   SERVER_TREE=${BASE:?a tree of the earlier build} PASSES=${PASSES:-2} compare "${CS:-128 64}" base ""
