@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="matmuls from float8 weights (talker.fp8_weights)")
     ap.add_argument("--fp8-scheme", choices=["w8a16", "w8a8"], default="w8a16",
                     help="how the float8 matmuls multiply (talker.fp8_scheme)")
+    ap.add_argument("--fp8-swiglu", action="store_true",
+                    help="w8a8: the MLPs' SiLU product quantized by one kernel (talker.fp8_fused_swiglu)")
     ap.add_argument("--kv-fp8", action="store_true", help="a float8 KV cache (talker.kv_cache_dtype: fp8)")
     ap.add_argument("--decode-splits", type=int, default=None, metavar="N",
                     help="the Triton attention splits every decode row's keys N ways (flash-decoding), "
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.fused_projections:
         fuse_projections(model.transformer)
     model.use_fp8_weights(args.fp8, args.fp8_scheme)
+    model.transformer.use_fp8_swiglu(args.fp8_swiglu)
     model.transformer.store_kv_in_layers(args.fused_kv_writes)
     model.transformer.store_kv_by_kernel(args.qk_rope_store)
     model.transformer.defer_residuals(args.deferred_residuals)
@@ -207,6 +210,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " qk-rope-store" if args.qk_rope_store else ""
     tag += " deferred-residuals" if args.deferred_residuals else ""
     tag += f" fp8-{args.fp8}-{args.fp8_scheme}" if args.fp8 != "none" else ""
+    tag += " fp8-swiglu" if args.fp8_swiglu else ""
     tag += " kv-fp8" if args.kv_fp8 else ""
     tag += f" compile-mode={args.compile_mode}" if args.compile_mode else ""
     tag += f" decode-splits-{args.decode_splits}" if args.decode_splits is not None else ""

@@ -165,8 +165,12 @@ class Qwen3MLP(nn.Module):
         self.up_proj = column_linear(cfg.hidden_size, cfg.intermediate_size, tp)
         self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, tp)
         self.gate_up_proj: nn.Linear | None = None  # gate | up in one matmul (`fuse_projections`)
+        self.fp8_swiglu: Callable | None = None  # `use_fp8_swiglu`: stages.runtime.fp8_swiglu.swiglu_fp8
+        self.fp8_swiglu_by_kernel = False  # its SiLU product quantized by the Triton kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8_swiglu is not None:
+            return self.fp8_swiglu(self.gate_up_proj, self.down_proj, x, self.fp8_swiglu_by_kernel)
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
@@ -178,6 +182,23 @@ class Qwen3MLP(nn.Module):
         if self.gate_up_proj is None:
             self.gate_up_proj = stacked_linear(self.gate_proj, self.up_proj)
             del self.gate_proj, self.up_proj
+
+    def use_fp8_swiglu(self, on: bool = True) -> bool:
+        """With gate|up and down float8 layers of the w8a8 scheme without biases: the SiLU product
+        and its quantization for down in one Triton kernel after gate|up's product
+        (`stages.runtime.fp8_swiglu`; the torch ops where Triton cannot run). Returns whether the
+        MLP now takes that path (off whenever its layers are not such)."""
+        from stages.runtime.fp8_linear import Fp8Linear
+
+        layers = (self.gate_up_proj, getattr(self, "down_proj", None))
+        if not on or not all(isinstance(m, Fp8Linear) and m.scheme == "w8a8" and m.bias is None for m in layers):
+            self.fp8_swiglu = None
+            return False
+        from stages.runtime import fp8_swiglu  # imports Triton: only when asked
+
+        self.fp8_swiglu = fp8_swiglu.swiglu_fp8
+        self.fp8_swiglu_by_kernel = triton_runs_on(self.gate_up_proj.weight_fp8.device)
+        return True
 
 
 def stacked_linear(*parts: nn.Module) -> nn.Linear:
@@ -327,6 +348,11 @@ class Qwen3Model(nn.Module):
         the same values up to the rounding of the rotation's products. Takes precedence over
         `store_kv_in_layers`."""
         self.kv_stores_by_kernel = on
+
+    def use_fp8_swiglu(self, on: bool = True) -> int:
+        """Every MLP's SiLU product quantized by one kernel where its matmuls are float8 by w8a8
+        (`Qwen3MLP.use_fp8_swiglu`); returns how many MLPs take that path."""
+        return sum(layer.mlp.use_fp8_swiglu(on) for layer in self.layers)
 
     def defer_residuals(self, on: bool = True) -> None:
         """With `store_kv_by_kernel`: each layer leaves its two residual sums to the next layer's

@@ -40,7 +40,7 @@ from stages.runtime.linears import replace_linears
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
-_TINY = 1e-12  # an all-zero row's scale: any positive value gives zeros back
+AMAX_FLOOR = 1e-12  # the smallest row magnitude a scale is made from: an all-zero row gives zeros back
 SCHEMES = ("w8a16", "w8a8")
 
 
@@ -54,7 +54,7 @@ def has_fp8_matmuls(device: str | torch.device) -> bool:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (x_fp8 [M, K], scale [M, 1] fp32) with x ≈ x_fp8 * scale, row by row."""
-    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=_TINY)  # [M, 1]
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=AMAX_FLOOR)  # [M, 1]
     scale = amax / FP8_MAX
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
@@ -91,15 +91,29 @@ class Fp8Linear(nn.Module):
             else:
                 y = (x2 @ self.weight_fp8.to(x.dtype).t()) * self.weight_scale.to(x.dtype)
         else:
-            x_fp8, x_scale = quantize_rows(x2)  # [M, in], [M, 1]
-            # weight_fp8 [out, in] row-major, transposed: the column-major second operand;
-            # bf16 out on CUDA: |raw| <= in * 448^2, well inside its range
-            raw = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=self.unit_scale, scale_b=self.unit_scale,
-                                   out_dtype=torch.bfloat16 if x.is_cuda else torch.float32)  # [M, out]
-            y = (raw * (x_scale * self.weight_scale)).to(x.dtype)  # [M, out]
+            y = self.from_quantized(*quantize_rows(x2), x.dtype)  # [M, out]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+    def _scaled_mm(self, x_fp8: torch.Tensor) -> torch.Tensor:
+        """x_fp8 [M, in] -> its product with weight_fp8 before either's scales [M, out] (bf16
+        on CUDA: |raw| <= in * 448^2, well inside its range; fp32 elsewhere)."""
+        # weight_fp8 [out, in] row-major, transposed: the column-major second operand
+        return torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=self.unit_scale, scale_b=self.unit_scale,
+                                out_dtype=torch.bfloat16 if x_fp8.is_cuda else torch.float32)
+
+    def product(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """w8a8: x [M, in] quantized per row and multiplied -> (raw [M, out], x_scale [M, 1]
+        fp32); the layer's output without its bias is `raw * (x_scale * weight_scale)`, left to
+        the caller (`stages.runtime.fp8_swiglu` applies it in the kernel that reads raw)."""
+        x_fp8, x_scale = quantize_rows(x)
+        return self._scaled_mm(x_fp8), x_scale
+
+    def from_quantized(self, x_fp8: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """w8a8 from inputs already quantized per row: x_fp8 [M, in], x_scale [M, 1] fp32 ->
+        y [M, out] in `dtype`, without the bias."""
+        return (self._scaled_mm(x_fp8) * (x_scale * self.weight_scale)).to(dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, float8 e4m3, {self.scheme}"

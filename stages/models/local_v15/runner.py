@@ -662,7 +662,8 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     RoPE in one kernel: `talker.fused_qk_rope_store`, and the residual sums deferred:
     `talker.deferred_residuals`) and float8 weights
     (`talker.fp8_weights` by `talker.fp8_scheme`, after the projections are fused; on a device
-    without float8 matmuls, before sm89, the weights stay as loaded, with a warning)."""
+    without float8 matmuls, before sm89, the weights stay as loaded, with a warning), their MLPs'
+    SiLU product quantized by one kernel (`talker.fp8_fused_swiglu`)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
         model.local_transformer.attend_plainly()
@@ -676,6 +677,7 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
                     "serving %s weights", fp8, device, profile.model.dtype)
         fp8 = "none"
     model.use_fp8_weights(fp8, profile.talker.fp8_scheme)
+    model.transformer.use_fp8_swiglu(profile.talker.fp8_fused_swiglu)
     model.transformer.store_kv_in_layers(profile.talker.fused_kv_writes)
     model.transformer.store_kv_by_kernel(profile.talker.fused_qk_rope_store)
     model.transformer.defer_residuals(profile.talker.deferred_residuals)
