@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="how the float8 matmuls multiply (talker.fp8_scheme)")
     ap.add_argument("--fp8-swiglu", action="store_true",
                     help="w8a8: the MLPs' SiLU product quantized by one kernel (talker.fp8_fused_swiglu)")
+    ap.add_argument("--fp8-scales", action="store_true",
+                    help="w8a8: q|k|v's and down's scales in the kernels after them (talker.fp8_fused_scales)")
     ap.add_argument("--kv-fp8", action="store_true", help="a float8 KV cache (talker.kv_cache_dtype: fp8)")
     ap.add_argument("--decode-splits", type=int, default=None, metavar="N",
                     help="the Triton attention splits every decode row's keys N ways (flash-decoding), "
@@ -159,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     model.transformer.store_kv_in_layers(args.fused_kv_writes)
     model.transformer.store_kv_by_kernel(args.qk_rope_store)
     model.transformer.defer_residuals(args.deferred_residuals)
+    model.transformer.use_fp8_scales_later(args.fp8_scales)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
     variants = [] if args.compile and args.compiled_only else [(name, False) for name in args.attention]
@@ -211,6 +214,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += " deferred-residuals" if args.deferred_residuals else ""
     tag += f" fp8-{args.fp8}-{args.fp8_scheme}" if args.fp8 != "none" else ""
     tag += " fp8-swiglu" if args.fp8_swiglu else ""
+    tag += " fp8-scales" if args.fp8_scales else ""
     tag += " kv-fp8" if args.kv_fp8 else ""
     tag += f" compile-mode={args.compile_mode}" if args.compile_mode else ""
     tag += f" decode-splits-{args.decode_splits}" if args.decode_splits is not None else ""

@@ -250,6 +250,12 @@ class TalkerConfig(_Section):
         "program a row (CUDA; the torch ops elsewhere), instead of the compiled reduction that "
         "passes over each row twice (6.9 us a layer at 48 rows on an H200); the same arithmetic, "
         "the scaled product kept in fp32 before the SiLU")] = False
+    fp8_fused_scales: Annotated[bool, doc(
+        "with fp8_weights by w8a8, fused_qk_rope_store and deferred_residuals: each layer's q|k|v "
+        "product's row and channel scales applied by the q/k norm, RoPE and store kernel as it "
+        "loads the product, and down's inside the next layer's input norm, instead of a kernel "
+        "each after the matmul (1.6 and 1.3 us a layer at 48 rows on an H200); the same scales, "
+        "the scaled q|k|v no longer rounded to model.dtype before the norms")] = False
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "
@@ -658,6 +664,10 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
         out.append(("talker.fp8_fused_swiglu needs talker.fp8_weights backbone or all by talker.fp8_scheme "
                     "w8a8, with talker.fused_projections (its kernel reads gate|up's float8 product)",
                     ("talker.fp8_fused_swiglu", "talker.fp8_weights")))
+    if t.fp8_fused_scales and (t.fp8_weights == "none" or t.fp8_scheme != "w8a8" or not t.deferred_residuals):
+        out.append(("talker.fp8_fused_scales needs talker.fp8_weights backbone or all by talker.fp8_scheme "
+                    "w8a8, with talker.deferred_residuals (the kernels that take the scales)",
+                    ("talker.fp8_fused_scales", "talker.fp8_weights")))
     if t.deferred_residuals and not t.fused_qk_rope_store:
         out.append(("talker.deferred_residuals needs talker.fused_qk_rope_store (the layers' path "
                     "through the projections and one kernel)", ("talker.deferred_residuals", "talker.fused_qk_rope_store")))

@@ -144,12 +144,23 @@ class Qwen3Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qkv_proj: nn.Linear | None = None  # q | k | v in one matmul (`fuse_projections`)
         self.qkv_sizes = (self.num_heads * self.head_dim,) + (self.num_kv_heads * self.head_dim,) * 2
+        self.qkv_scales_later = False  # `use_fp8_scales_later`: `project_unscaled` leaves q|k|v's scales
 
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h [..., H] -> q [..., Hq * D], k, v [..., Hkv * D] (this rank's heads)."""
         if self.qkv_proj is not None:
             return self.qkv_proj(h).split(self.qkv_sizes, dim=-1)
         return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+
+    def project_unscaled(self, h: torch.Tensor):
+        """`project` for the q/k norm, RoPE and store kernel: h [N, H] -> (q, k, v, row_scale).
+        With `qkv_scales_later`, q|k|v's float8 product before its scales (bf16 views) and the
+        rows' scales [N, 1] fp32, the channels' being `qkv_proj.weight_scale`; else the
+        projections and None."""
+        if self.qkv_scales_later:
+            raw, row_scale = self.qkv_proj.product(h)  # [N, (Hq + 2 Hkv) D], [N, 1]
+            return (*raw.split(self.qkv_sizes, dim=-1), row_scale)
+        return (*self.project(h), None)
 
     def fuse_projections(self) -> None:
         """q, k and v in one matmul from now on (`qkv_proj`; the three weights stacked, then freed)."""
@@ -166,7 +177,9 @@ class Qwen3MLP(nn.Module):
         self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, tp)
         self.gate_up_proj: nn.Linear | None = None  # gate | up in one matmul (`fuse_projections`)
         self.fp8_swiglu: Callable | None = None  # `use_fp8_swiglu`: stages.runtime.fp8_swiglu.swiglu_fp8
+        self.fp8_swiglu_quantized: Callable | None = None  # its part up to down: quantized_swiglu
         self.fp8_swiglu_by_kernel = False  # its SiLU product quantized by the Triton kernel
+        self.down_scales_later = False  # `use_fp8_scales_later`: `product` leaves down's scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8_swiglu is not None:
@@ -176,6 +189,19 @@ class Qwen3MLP(nn.Module):
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)
+
+    def product(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """With `down_scales_later` (down a w8a8 float8 layer without bias): x [N, H] -> (raw
+        [N, H], row_scale [N, 1] fp32), down's product before its scales:
+        `(raw * (row_scale * down_proj.weight_scale)).to(x.dtype)` is `forward(x)`."""
+        if self.fp8_swiglu is not None:
+            h, h_scale = self.fp8_swiglu_quantized(self.gate_up_proj, x, self.fp8_swiglu_by_kernel)
+            return self.down_proj.raw_product(h), h_scale
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj.product(F.silu(gate) * up)
 
     def fuse_projections(self) -> None:
         """gate and up in one matmul from now on (`gate_up_proj`; both weights stacked, then freed)."""
@@ -197,6 +223,7 @@ class Qwen3MLP(nn.Module):
         from stages.runtime import fp8_swiglu  # imports Triton: only when asked
 
         self.fp8_swiglu = fp8_swiglu.swiglu_fp8
+        self.fp8_swiglu_quantized = fp8_swiglu.quantized_swiglu
         self.fp8_swiglu_by_kernel = triton_runs_on(self.gate_up_proj.weight_fp8.device)
         return True
 
@@ -249,15 +276,25 @@ def attention_inputs_stored(layer: Qwen3DecoderLayer, x: torch.Tensor, cos: torc
 
 def attention_projections(layer: Qwen3DecoderLayer, x: torch.Tensor):
     """The layer up to its q/k/v projection: x [N, H] -> q [N, Hq * D], k, v [N, Hkv * D] (no
-    norms, no RoPE: `qk_rope_store.qk_norm_rope_store` takes them from here)."""
-    return layer.self_attn.project(layer.input_layernorm(x))
+    norms, no RoPE: `qk_rope_store.qk_norm_rope_store` takes them from here) and the rows'
+    scales [N, 1] of a float8 product whose scales are left to that kernel (else None:
+    `Qwen3Attention.project_unscaled`)."""
+    return layer.self_attn.project_unscaled(layer.input_layernorm(x))
 
 
-def attention_projections_after(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor, mlp: torch.Tensor):
+def scaled_product(raw: torch.Tensor, *scales: torch.Tensor) -> torch.Tensor:
+    """A product [N, C] as it is, or a float8 product before its scales (`Fp8Linear.product`)
+    times its rows' [N, 1] and channels' [1, C] scales, in the product's dtype (compiled: inside
+    the kernel that reads it)."""
+    return raw if not scales else (raw * (scales[0] * scales[1])).to(raw.dtype)
+
+
+def attention_projections_after(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor, mlp: torch.Tensor,
+                                *scales: torch.Tensor):
     """`attention_projections` after the residual sums the layer before deferred
     (`attention_outputs_deferred`): x [N, H] + its attention's o [N, H] + its MLP's output
-    [N, H] -> (that sum, q, k, v)."""
-    x = x + o + mlp
+    [N, H] (`scaled_product`) -> (that sum, q, k, v, row scales or None)."""
+    x = x + o + scaled_product(mlp, *scales).to(x.dtype)
     return (x, *attention_projections(layer, x))
 
 
@@ -266,14 +303,20 @@ def attention_outputs_deferred(layer: Qwen3DecoderLayer, x: torch.Tensor, o: tor
     o [N, Hq, D] -> (o_proj's output [N, H], the MLP's output [N, H]), which the next layer's
     first half (or the final norm) adds to x. Compiled for CUDA, `x + o_proj(o)` kept for later
     is a matmul whose sum goes into the norm's kernel; as `attention_outputs` has it, inductor
-    makes both sums an `addmm` that first copies x into its output (two device copies a layer)."""
+    makes both sums an `addmm` that first copies x into its output (two device copies a layer).
+    With `Qwen3MLP.down_scales_later` the MLP's output is down's float8 product before its
+    scales, followed by its rows' [N, 1] and channels' [1, H] scales (`scaled_product`)."""
     o = layer.self_attn.o_proj(o.reshape(*x.shape[:-1], -1))
-    return o, layer.mlp(layer.post_attention_layernorm(x + o))
+    h = layer.post_attention_layernorm(x + o)
+    if layer.mlp.down_scales_later:
+        return (o, *layer.mlp.product(h), layer.mlp.down_proj.weight_scale)
+    return o, layer.mlp(h)
 
 
-def final_norm_after(norm: RMSNorm, x: torch.Tensor, o: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
+def final_norm_after(norm: RMSNorm, x: torch.Tensor, o: torch.Tensor, mlp: torch.Tensor,
+                     *scales: torch.Tensor) -> torch.Tensor:
     """The final norm of x [N, H] after the last layer's deferred residual sums (one kernel compiled)."""
-    return norm(x + o + mlp)
+    return norm(x + o + scaled_product(mlp, *scales).to(x.dtype))
 
 
 def attention_outputs(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
@@ -354,6 +397,26 @@ class Qwen3Model(nn.Module):
         (`Qwen3MLP.use_fp8_swiglu`); returns how many MLPs take that path."""
         return sum(layer.mlp.use_fp8_swiglu(on) for layer in self.layers)
 
+    def use_fp8_scales_later(self, on: bool = True) -> int:
+        """With `store_kv_by_kernel` and `defer_residuals`, where a layer's q|k|v and down are
+        w8a8 float8 layers without biases: q|k|v's row and channel scales applied by the q/k
+        norm, RoPE and store kernel as it loads the product, and down's inside the next layer's
+        input norm (or the final norm), each instead of a kernel of its own after the matmul.
+        The same products and scales, the scaled q|k|v no longer rounded to the model's dtype.
+        Returns how many of the layers' q|k|v and down layers now leave their scales."""
+        from stages.runtime.fp8_linear import Fp8Linear
+
+        def unbiased_w8a8(m) -> bool:
+            return isinstance(m, Fp8Linear) and m.scheme == "w8a8" and m.bias is None
+
+        n = 0
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_scales_later = on and unbiased_w8a8(attn.qkv_proj)
+            mlp.down_scales_later = on and unbiased_w8a8(getattr(mlp, "down_proj", None))
+            n += attn.qkv_scales_later + mlp.down_scales_later
+        return n
+
     def defer_residuals(self, on: bool = True) -> None:
         """With `store_kv_by_kernel`: each layer leaves its two residual sums to the next layer's
         first half (`attention_outputs_deferred`, `attention_projections_after`), where they go
@@ -398,14 +461,18 @@ class Qwen3Model(nn.Module):
         pending = None  # deferred: the layer before's attention and MLP outputs, not yet added to x
         for i, layer in enumerate(self.layers):
             if pending is None:
-                q, k, v = parts.projections(layer, x)
+                q, k, v, row_scale = parts.projections(layer, x)
             else:
-                x, q, k, v = parts.projections_after(layer, x, *pending)
+                x, q, k, v, row_scale = parts.projections_after(layer, x, *pending)
             attn = layer.self_attn
+            col_scale = None if row_scale is None else attn.qkv_proj.weight_scale  # [1, (Hq + 2 Hkv) D]
             if by_kernel:
                 q = qk_norm_rope_store(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin,
-                                       cache.keys[i], cache.values[i], meta.slot_mapping)
+                                       cache.keys[i], cache.values[i], meta.slot_mapping, row_scale, col_scale)
             else:
+                if row_scale is not None:  # the scales the kernel would apply
+                    q, k, v = (scaled_product(t, row_scale, c).to(x.dtype)
+                               for t, c in zip((q, k, v), col_scale.split(attn.qkv_sizes, -1)))
                 q, k, v = normed_rotated_heads(attn, q, k, v, cos, sin)
                 cache.write(i, meta.slot_mapping, k, v)
             o = backend(q, cache.keys[i], cache.values[i], meta, attn.scale)

@@ -96,8 +96,8 @@ class Fp8Linear(nn.Module):
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
 
-    def _scaled_mm(self, x_fp8: torch.Tensor) -> torch.Tensor:
-        """x_fp8 [M, in] -> its product with weight_fp8 before either's scales [M, out] (bf16
+    def raw_product(self, x_fp8: torch.Tensor) -> torch.Tensor:
+        """w8a8: x_fp8 [M, in] -> its product with weight_fp8 before either's scales [M, out] (bf16
         on CUDA: |raw| <= in * 448^2, well inside its range; fp32 elsewhere)."""
         # weight_fp8 [out, in] row-major, transposed: the column-major second operand
         return torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=self.unit_scale, scale_b=self.unit_scale,
@@ -108,12 +108,12 @@ class Fp8Linear(nn.Module):
         fp32); the layer's output without its bias is `raw * (x_scale * weight_scale)`, left to
         the caller (`stages.runtime.fp8_swiglu` applies it in the kernel that reads raw)."""
         x_fp8, x_scale = quantize_rows(x)
-        return self._scaled_mm(x_fp8), x_scale
+        return self.raw_product(x_fp8), x_scale
 
     def from_quantized(self, x_fp8: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """w8a8 from inputs already quantized per row: x_fp8 [M, in], x_scale [M, 1] fp32 ->
         y [M, out] in `dtype`, without the bias."""
-        return (self._scaled_mm(x_fp8) * (x_scale * self.weight_scale)).to(dtype)
+        return (self.raw_product(x_fp8) * (x_scale * self.weight_scale)).to(dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, float8 e4m3, {self.scheme}"

@@ -11,8 +11,9 @@ then the float8 values and the row's scale. The same arithmetic as the torch ops
 (`silu_mul_quant_torch`), except that they round the scaled product to the input dtype before
 the SiLU where this keeps fp32 (inductor's compiled kernel keeps fp32 too).
 
-The kernel is a `torch.library.triton_op`, so a compiled layer half calls it in its own code
-(no graph break, captured by the decode graphs). It runs on CUDA, or on the CPU under Triton's
+The kernel is a custom op (`torch.library.custom_op`, with its outputs' shapes for tracing), so
+a compiled layer half calls it from its own code without a graph break, and the decode graphs
+capture its launch. It runs on CUDA, or on the CPU under Triton's
 interpreter (the tests); elsewhere `swiglu_fp8` takes the torch ops.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import custom_op
 
 from stages.runtime.fp8_linear import AMAX_FLOOR, FP8, FP8_MAX, Fp8Linear, quantize_rows
 
@@ -58,7 +59,7 @@ def _warps(block: int) -> int:
     return max(1, min(32, block // 512))
 
 
-@triton_op("mossvox::fp8_silu_mul_quant", mutates_args=())
+@custom_op("mossvox::fp8_silu_mul_quant", mutates_args=())
 def silu_mul_quant(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """raw [M, 2I] (gate|up's float8 product before its scales), x_scale [M, 1] fp32 (its input
     rows' scales), w_scale [2I] fp32 (its channels') -> (h_fp8 [M, I], h_scale [M, 1] fp32) with
@@ -70,10 +71,16 @@ def silu_mul_quant(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tens
     if m == 0:
         return out, out_scale
     block = triton.next_power_of_2(i)
-    kernel = wrap_triton(_silu_mul_quant_kernel) if raw.is_cuda else _silu_mul_quant_kernel
-    kernel[(m,)](raw, raw.stride(0), x_scale, w_scale, out, out.stride(0), out_scale, i,
+    _silu_mul_quant_kernel[(m,)](raw, raw.stride(0), x_scale, w_scale, out, out.stride(0), out_scale, i,
                  BLOCK=block, FP8_MAX=FP8_MAX, TINY=AMAX_FLOOR, num_warps=_warps(block))
     return out, out_scale
+
+
+@silu_mul_quant.register_fake
+def _(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs' shapes for tracing (torch.compile)."""
+    m, two_i = raw.shape
+    return raw.new_empty((m, two_i // 2), dtype=FP8), raw.new_empty((m, 1), dtype=torch.float32)
 
 
 def silu_mul_quant_torch(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
@@ -83,15 +90,19 @@ def silu_mul_quant_torch(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torc
     return quantize_rows(torch.nn.functional.silu(gate) * up)
 
 
-def swiglu_fp8(gate_up: Fp8Linear, down: Fp8Linear, x: torch.Tensor, by_kernel: bool) -> torch.Tensor:
-    """down(SiLU(gate) * up) of x [..., H] through w8a8 float8 layers without biases: gate|up's
-    product, then the SiLU product quantized by the kernel (`by_kernel`) or the torch ops, then
-    down's product from those float8 rows -> [..., H] in x's dtype."""
-    lead = x.shape[:-1]
-    raw, x_scale = gate_up.product(x.reshape(-1, gate_up.in_features))  # [M, 2I], [M, 1]
+def quantized_swiglu(gate_up: Fp8Linear, x: torch.Tensor, by_kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU(gate) * up of x [M, H] through a w8a8 float8 gate|up without bias, quantized per row
+    for down by the kernel (`by_kernel`) or the torch ops -> (h_fp8 [M, I], h_scale [M, 1])."""
+    raw, x_scale = gate_up.product(x)  # [M, 2I], [M, 1]
     w_scale = gate_up.weight_scale.view(-1)  # [2I]
     if by_kernel:
-        h, h_scale = silu_mul_quant(raw, x_scale, w_scale)
-    else:
-        h, h_scale = silu_mul_quant_torch(raw, x_scale, w_scale, x.dtype)
+        return silu_mul_quant(raw, x_scale, w_scale)
+    return silu_mul_quant_torch(raw, x_scale, w_scale, x.dtype)
+
+
+def swiglu_fp8(gate_up: Fp8Linear, down: Fp8Linear, x: torch.Tensor, by_kernel: bool) -> torch.Tensor:
+    """down(SiLU(gate) * up) of x [..., H] through w8a8 float8 layers without biases
+    (`quantized_swiglu`, then down's product from those float8 rows) -> [..., H] in x's dtype."""
+    lead = x.shape[:-1]
+    h, h_scale = quantized_swiglu(gate_up, x.reshape(-1, gate_up.in_features), by_kernel)
     return down.from_quantized(h, h_scale, x.dtype).reshape(*lead, down.out_features)

@@ -33,8 +33,10 @@ def _qk_norm_rope_store_kernel(
     q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, stride_cos, stride_sin,  # norms [D]; tables [N, D]
     slot_ptr, stride_slot, keys_ptr, values_ptr, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     out_ptr, stride_on, stride_oh, eps,
-    HQ: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    row_scale_ptr, col_scale_ptr,  # SCALED: a float8 product's scales, rows [N] and channels [(HQ + 2 HKV) D]
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SATURATE: tl.constexpr,  # a float8 cache's largest finite value, else 0.0
+    SCALED: tl.constexpr,  # q/k/v are a float8 product before its scales, applied here as they load
 ):
     """Program (token t, head h): h < HQ rotates query head h into out; else KV head h - HQ:
     its key normed and rotated, and its value, stored at the token's slot."""
@@ -46,12 +48,18 @@ def _qk_norm_rope_store_kernel(
     if is_q:
         src = q_ptr + t * stride_q + h * D
         weight_ptr = q_weight_ptr
+        channel = h * D  # the head's first column of q|k|v
     else:
         src = k_ptr + t * stride_k + kv * D
         weight_ptr = k_weight_ptr
+        channel = (HQ + kv) * D
     x1 = tl.load(src + lo)  # [D/2] first half, in the projections' dtype
     x2 = tl.load(src + D // 2 + lo)
     a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+    if SCALED:
+        row_scale = tl.load(row_scale_ptr + t)
+        a1 = a1 * (row_scale * tl.load(col_scale_ptr + channel + lo))
+        a2 = a2 * (row_scale * tl.load(col_scale_ptr + channel + D // 2 + lo))
     inv = tl.rsqrt((tl.sum(a1 * a1, 0) + tl.sum(a2 * a2, 0)) / D + eps)
     # as rms_norm: the normalised value in x's dtype, then the weight
     n1 = (a1 * inv).to(x1.dtype).to(tl.float32) * tl.load(weight_ptr + lo).to(tl.float32)
@@ -73,6 +81,8 @@ def _qk_norm_rope_store_kernel(
         vdst = values_ptr + block * stride_vb + row * stride_vs + kv * stride_vh
         d = tl.arange(0, D)
         v = tl.load(v_ptr + t * stride_v + kv * D + d).to(tl.float32)
+        if SCALED:
+            v = v * (row_scale * tl.load(col_scale_ptr + (HQ + HKV + kv) * D + d))
         if SATURATE > 0:  # a float8 cache: its largest finite value, not the cast's NaN
             r1 = tl.minimum(tl.maximum(r1, -SATURATE), SATURATE)
             r2 = tl.minimum(tl.maximum(r2, -SATURATE), SATURATE)
@@ -84,17 +94,24 @@ def _qk_norm_rope_store_kernel(
 
 def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                        k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                       keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                       keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor,
+                       row_scale: torch.Tensor | None = None, col_scale: torch.Tensor | None = None) -> torch.Tensor:
     """q [N, Hq * D], k, v [N, Hkv * D] (a layer's projections; rows may be strided views of one
     fused matmul's output), the q/k norms' weights [D] and `eps`, RoPE tables cos, sin [N, D];
     stores the normed, rotated keys and the values in one layer's paged cache `keys`, `values`
     [blocks, block_size, Hkv, D] at flat slots `slot_mapping [N]` and returns the normed,
-    rotated queries [N, Hq, D] (q's dtype). One kernel launch (CUDA, or Triton's interpreter)."""
+    rotated queries [N, Hq, D] (q's dtype). With `row_scale [N, 1]` and `col_scale`
+    [(Hq + 2 Hkv) * D] (fp32), q/k/v are a float8 q|k|v product before its scales, each value
+    multiplied by its row's and channel's as it loads (`Fp8Linear.product`). One kernel launch
+    (CUDA, or Triton's interpreter)."""
     n, d = cos.shape
     hq, hkv = q.shape[-1] // d, k.shape[-1] // d
     for name, x in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin), ("keys", keys), ("values", values)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name} needs a contiguous last dimension")
+    scaled = row_scale is not None
+    if scaled and (col_scale is None or col_scale.numel() != (hq + 2 * hkv) * d or not col_scale.is_contiguous()):
+        raise ValueError("a float8 product's scales need the rows' and every q|k|v channel's, contiguous")
     out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
     if n == 0:
         return out
@@ -103,7 +120,9 @@ def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
         q_weight, k_weight, cos, sin, cos.stride(0), sin.stride(0),
         slot_mapping, slot_mapping.stride(0), keys, values, keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2), out, out.stride(0), out.stride(1), eps,
-        HQ=hq, D=d, BLOCK_SIZE=keys.shape[1], SATURATE=float(torch.finfo(keys.dtype).max) if keys.dtype in FLOAT8_TYPES else 0.0,
+        row_scale if scaled else cos, col_scale if scaled else cos,  # unread unless SCALED
+        HQ=hq, HKV=hkv, D=d, BLOCK_SIZE=keys.shape[1],
+        SATURATE=float(torch.finfo(keys.dtype).max) if keys.dtype in FLOAT8_TYPES else 0.0, SCALED=scaled,
         num_warps=1,
     )
     return out

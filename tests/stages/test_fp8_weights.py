@@ -162,22 +162,30 @@ def test_on_cuda_a_float8_linear_multiplies_its_quantized_operands():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("scheme", ["w8a16", "w8a8", "w8a8-swiglu"])
+@pytest.mark.parametrize("scheme", ["w8a16", "w8a8", "w8a8-swiglu", "w8a8-swiglu-scales"])
 def test_inductor_compiled_talker_with_fp8_weights_matches_eager_on_cuda(scheme):
     """Float8 matmuls (and their per-row quantization, which inductor fuses into the kernels
     before them, or with w8a8-swiglu the MLPs' SiLU product quantized by its own kernel, called
-    from the compiled code) inside the compiled backbone halves and local loop: greedy requests
-    through a runner emit the eager float8 talker's codes."""
+    from the compiled code, and with -scales the products' scales left to the kernels after
+    them, the layers storing by the kernel with their sums deferred) inside the compiled
+    backbone halves and local loop: greedy requests through a runner emit the eager float8
+    talker's codes."""
     from tests.stages.test_talker_compile import _codes, _cuda_pair, assert_same_codes
 
     from stages.models.qwen3 import fuse_projections
 
     eager, compiled = _cuda_pair()
-    scheme, _, swiglu = scheme.partition("-")
-    if swiglu:  # the kernel reads gate|up's fused product; the eager talker keeps the torch ops
+    scheme, *kernels = scheme.split("-")
+    if kernels:  # the kernels read fused products; the eager talker keeps the torch ops
         fuse_projections(eager.transformer)
         fuse_projections(compiled.transformer)
     assert eager.use_fp8_weights("all", scheme) == compiled.use_fp8_weights("all", scheme) > 0
-    if swiglu:
-        assert compiled.transformer.use_fp8_swiglu() == compiled.config.backbone.num_layers
+    layers = compiled.config.backbone.num_layers
+    if "swiglu" in kernels:
+        assert compiled.transformer.use_fp8_swiglu() == layers
+    if "scales" in kernels:
+        for model in (eager, compiled):
+            model.transformer.store_kv_by_kernel()
+            model.transformer.defer_residuals()
+        assert compiled.transformer.use_fp8_scales_later() == 2 * layers
     assert_same_codes(_codes(eager, greedy=True), _codes(compiled, greedy=True))
