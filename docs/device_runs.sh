@@ -1013,6 +1013,11 @@ table)  # the issue's table as shipped: high-concurrency at HC_LEVELS (1 16 64 1
   PROFILE=low-latency PASSES=${PASSES:-2} compare "${LL_LEVELS:-1 64}" ll ""
   summaries
   ;;
+shipped)  # the shipped profile (PROFILE, high-concurrency) alone at CS (64), PASSES (3) measured passes
+  checkpoint
+  PASSES=${PASSES:-3} compare "${CS:-64}" shipped ""
+  summaries
+  ;;
 build)  # the build in BASE against this one, one server each (base, shipped), both with PROFILE
   checkpoint
   SERVER_TREE=${BASE:?a tree of the earlier build} PASSES=${PASSES:-2} compare "${CS:-128 64}" base ""
