@@ -1018,6 +1018,12 @@ shipped)  # the shipped profile (PROFILE, high-concurrency) alone at CS (64), PA
   PASSES=${PASSES:-3} compare "${CS:-64}" shipped ""
   summaries
   ;;
+attnsweep)  # the decode attention's configurations at the served shapes, from CUDA graphs over copies
+  # of the cache beyond L2 (no server, no checkpoint): SEQS (16 48 88) x CONTEXT (200 300)
+  timeout $(( $(left) - 10 )) python3 -m bench.paged_attention --seqs ${SEQS:-16 48 88} --context ${CONTEXT:-200 300} \
+    --variants "${VARIANTS:-bf16,-,4,- bf16,32,4,- bf16,16,4,- bf16,64,4,2 bf16,64,4,4 bf16,64,2,- bf16,64,8,- bf16,128,8,3 bf16,32,2,2 bf16,32,4,2 bf16,64,4,-,2 bf16,32,4,-,2 bf16,64,4,-,4 fp8,-,4,-}" \
+    2>&1 | grep -v -i warn | tee "$R/attention.txt"
+  ;;
 build)  # the build in BASE against this one, one server each (base, shipped), both with PROFILE
   checkpoint
   SERVER_TREE=${BASE:?a tree of the earlier build} PASSES=${PASSES:-2} compare "${CS:-128 64}" base ""
