@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="w8a8: the MLPs' SiLU product quantized by one kernel (talker.fp8_fused_swiglu)")
     ap.add_argument("--fp8-scales", action="store_true",
                     help="w8a8: q|k|v's and down's scales in the kernels after them (talker.fp8_fused_scales)")
+    ap.add_argument("--fp8-norms", action="store_true",
+                    help="w8a8: each residual sum, norm and row quantization in one kernel (talker.fp8_fused_norms)")
     ap.add_argument("--kv-fp8", action="store_true", help="a float8 KV cache (talker.kv_cache_dtype: fp8)")
     ap.add_argument("--decode-splits", type=int, default=None, metavar="N",
                     help="the Triton attention splits every decode row's keys N ways (flash-decoding), "
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     model.transformer.store_kv_by_kernel(args.qk_rope_store)
     model.transformer.defer_residuals(args.deferred_residuals)
     model.transformer.use_fp8_scales_later(args.fp8_scales)
+    model.transformer.use_fp8_norms(args.fp8_norms)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, random full-size bf16 talker", flush=True)
     variants = [] if args.compile and args.compiled_only else [(name, False) for name in args.attention]
@@ -215,6 +218,7 @@ def run_one(model, B: int, args, attention: str, compiled: bool, graphs: bool, r
     tag += f" fp8-{args.fp8}-{args.fp8_scheme}" if args.fp8 != "none" else ""
     tag += " fp8-swiglu" if args.fp8_swiglu else ""
     tag += " fp8-scales" if args.fp8_scales else ""
+    tag += " fp8-norms" if args.fp8_norms else ""
     tag += " kv-fp8" if args.kv_fp8 else ""
     tag += f" compile-mode={args.compile_mode}" if args.compile_mode else ""
     tag += f" decode-splits-{args.decode_splits}" if args.decode_splits is not None else ""

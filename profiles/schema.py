@@ -256,6 +256,12 @@ class TalkerConfig(_Section):
         "loads the product, and down's inside the next layer's input norm, instead of a kernel "
         "each after the matmul (1.6 and 1.3 us a layer at 48 rows on an H200); the same scales, "
         "the scaled q|k|v no longer rounded to model.dtype before the norms")] = False
+    fp8_fused_norms: Annotated[bool, doc(
+        "with fp8_fused_swiglu and fp8_fused_scales: each layer's two residual sums, the norm after "
+        "each and the rows' quantization for the float8 matmul next in one Triton kernel, a program "
+        "a row (stages.runtime.fp8_norm), instead of the compiled reductions (3.6 and 4.25-5.5 us "
+        "a layer at 48 rows on an H200); the sum after attention written as the residual, so each "
+        "half layer's sum is rounded to model.dtype once")] = False
     priority_stream: Annotated[bool, doc(
         "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
         "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "
@@ -668,6 +674,9 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
         out.append(("talker.fp8_fused_scales needs talker.fp8_weights backbone or all by talker.fp8_scheme "
                     "w8a8, with talker.deferred_residuals (the kernels that take the scales)",
                     ("talker.fp8_fused_scales", "talker.fp8_weights")))
+    if t.fp8_fused_norms and not (t.fp8_fused_swiglu and t.fp8_fused_scales):
+        out.append(("talker.fp8_fused_norms needs talker.fp8_fused_swiglu and talker.fp8_fused_scales (the "
+                    "float8 layer whose sums and norms it takes)", ("talker.fp8_fused_norms", "talker.fp8_fused_scales")))
     if t.deferred_residuals and not t.fused_qk_rope_store:
         out.append(("talker.deferred_residuals needs talker.fused_qk_rope_store (the layers' path "
                     "through the projections and one kernel)", ("talker.deferred_residuals", "talker.fused_qk_rope_store")))

@@ -178,6 +178,7 @@ class Qwen3MLP(nn.Module):
         self.gate_up_proj: nn.Linear | None = None  # gate | up in one matmul (`fuse_projections`)
         self.fp8_swiglu: Callable | None = None  # `use_fp8_swiglu`: stages.runtime.fp8_swiglu.swiglu_fp8
         self.fp8_swiglu_quantized: Callable | None = None  # its part up to down: quantized_swiglu
+        self.fp8_swiglu_from: Callable | None = None  # the same from rows already quantized
         self.fp8_swiglu_by_kernel = False  # its SiLU product quantized by the Triton kernel
         self.down_scales_later = False  # `use_fp8_scales_later`: `product` leaves down's scales
 
@@ -224,6 +225,7 @@ class Qwen3MLP(nn.Module):
 
         self.fp8_swiglu = fp8_swiglu.swiglu_fp8
         self.fp8_swiglu_quantized = fp8_swiglu.quantized_swiglu
+        self.fp8_swiglu_from = fp8_swiglu.quantized_swiglu_from
         self.fp8_swiglu_by_kernel = triton_runs_on(self.gate_up_proj.weight_fp8.device)
         return True
 
@@ -282,6 +284,37 @@ def attention_projections(layer: Qwen3DecoderLayer, x: torch.Tensor):
     return layer.self_attn.project_unscaled(layer.input_layernorm(x))
 
 
+def attention_projections_normed(layer: Qwen3DecoderLayer, x: torch.Tensor, raw: torch.Tensor,
+                                 row_scale: torch.Tensor, col_scale: torch.Tensor):
+    """With the float8 norms (`Qwen3Model.use_fp8_norms`): the layer up to its q|k|v product after
+    the layer before's MLP output (down's float8 product raw [N, H] before its rows' [N, 1] and
+    channels' [1, H] scales) is added to x [N, H], the sum normed and quantized by one kernel
+    (`stages.runtime.fp8_norm`) -> (that sum, q, k, v before their scales, the rows' scales [N, 1])."""
+    norm, attn = layer.input_layernorm, layer.self_attn
+    x, h, h_scale = layer.fp8_norm(x, raw, row_scale, col_scale, norm.weight, norm.eps, layer.fp8_norm_by_kernel)
+    return (x, *attn.qkv_proj.raw_product(h).split(attn.qkv_sizes, dim=-1), h_scale)
+
+
+def attention_outputs_normed(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch.Tensor):
+    """With the float8 norms: the layer after attention, o_proj's float8 product added to x
+    [N, H], normed and quantized by one kernel, and the MLP from those float8 rows: attention
+    output o [N, Hq, D] -> (x + o_proj(o) [N, H], down's float8 product before its scales
+    [N, H], its rows' [N, 1] and channels' [1, H] scales), which the next layer's first half (or
+    the final norm) adds up."""
+    attn, mlp, norm = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+    o_raw, o_scale = attn.o_proj.product(o.reshape(*x.shape[:-1], -1))
+    x, h, h_scale = layer.fp8_norm(x, o_raw, o_scale, attn.o_proj.weight_scale, norm.weight, norm.eps,
+                                   layer.fp8_norm_by_kernel)
+    h, h_scale = mlp.fp8_swiglu_from(mlp.gate_up_proj, h, h_scale, x.dtype, mlp.fp8_swiglu_by_kernel)
+    return x, mlp.down_proj.raw_product(h), h_scale, mlp.down_proj.weight_scale
+
+
+def final_norm_normed(norm: RMSNorm, x: torch.Tensor, raw: torch.Tensor, row_scale: torch.Tensor,
+                      col_scale: torch.Tensor) -> torch.Tensor:
+    """The final norm after the last layer's outputs with the float8 norms (`attention_outputs_normed`)."""
+    return norm(x + scaled_product(raw, row_scale, col_scale).to(x.dtype))
+
+
 def scaled_product(raw: torch.Tensor, *scales: torch.Tensor) -> torch.Tensor:
     """A product [N, C] as it is, or a float8 product before its scales (`Fp8Linear.product`)
     times its rows' [N, 1] and channels' [1, C] scales, in the product's dtype (compiled: inside
@@ -332,6 +365,8 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fp8_norm: Callable | None = None  # `Qwen3Model.use_fp8_norms`: fp8_norm.add_rms_norm_quant
+        self.fp8_norm_by_kernel = False  # its sums, norms and quantization by the Triton kernel
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """The layer around `attend` (whole sequences, depth loops; the paged serving path runs the
@@ -349,11 +384,15 @@ class ServingParts(NamedTuple):
     outputs: Callable  # after attention (`attention_outputs`)
     outputs_deferred: Callable  # the same, the residual sums left (`attention_outputs_deferred`)
     final_norm_after: Callable  # the final norm after the last deferred sums (`final_norm_after`)
+    projections_normed: Callable  # with the float8 norms (`attention_projections_normed`)
+    outputs_normed: Callable  # the same after attention (`attention_outputs_normed`)
+    final_norm_normed: Callable  # the final norm after them (`final_norm_normed`)
 
 
 SERVING_PARTS = ServingParts(attention_inputs, attention_inputs_stored, attention_projections,
                              attention_projections_after, attention_outputs, attention_outputs_deferred,
-                             final_norm_after)
+                             final_norm_after, attention_projections_normed, attention_outputs_normed,
+                             final_norm_normed)
 
 
 class Qwen3Model(nn.Module):
@@ -370,6 +409,7 @@ class Qwen3Model(nn.Module):
         self.kv_stores_in_layers = False  # `store_kv_in_layers`
         self.kv_stores_by_kernel = False  # `store_kv_by_kernel`
         self.residuals_deferred = False  # `defer_residuals`
+        self.fp8_norms = False  # `use_fp8_norms`
 
     def compile_layers(self, backend: str = "inductor", mode: str | None = None) -> None:
         """Serve through `torch.compile`d layer halves (one compilation shared by every layer,
@@ -417,6 +457,32 @@ class Qwen3Model(nn.Module):
             n += attn.qkv_scales_later + mlp.down_scales_later
         return n
 
+    def use_fp8_norms(self, on: bool = True) -> int:
+        """With `store_kv_by_kernel`, `defer_residuals`, every MLP's SwiGLU kernel path
+        (`use_fp8_swiglu`) and every layer's scales left to the kernels (`use_fp8_scales_later`,
+        o_proj a w8a8 float8 layer without bias too): each residual sum, the norm after it and the
+        rows' quantization for the float8 matmul next in one Triton kernel
+        (`stages.runtime.fp8_norm`; the torch ops where Triton cannot run), the post-attention
+        norm's sum written as the new residual. Returns how many layers take that path (all or
+        none)."""
+        from stages.runtime.fp8_linear import Fp8Linear
+
+        def ready(layer) -> bool:
+            o = layer.self_attn.o_proj
+            return (layer.self_attn.qkv_scales_later and layer.mlp.down_scales_later and layer.mlp.fp8_swiglu is not None
+                    and isinstance(o, Fp8Linear) and o.scheme == "w8a8" and o.bias is None)
+
+        self.fp8_norms = bool(on and self.kv_stores_by_kernel and self.residuals_deferred
+                              and all(ready(layer) for layer in self.layers))
+        fn, by_kernel = None, False
+        if self.fp8_norms:
+            from stages.runtime import fp8_norm  # imports Triton: only when asked
+
+            fn, by_kernel = fp8_norm.add_rms_norm_quant, triton_runs_on(self.norm.weight.device)
+        for layer in self.layers:
+            layer.fp8_norm, layer.fp8_norm_by_kernel = fn, by_kernel
+        return len(self.layers) if self.fp8_norms else 0
+
     def defer_residuals(self, on: bool = True) -> None:
         """With `store_kv_by_kernel`: each layer leaves its two residual sums to the next layer's
         first half (`attention_outputs_deferred`, `attention_projections_after`), where they go
@@ -458,10 +524,13 @@ class Qwen3Model(nn.Module):
         by_kernel = triton_runs_on(x.device)  # else the same through the torch ops
         if by_kernel:  # imports Triton: only when asked (tests choose its CPU interpreter first)
             from stages.runtime.qk_rope_store import qk_norm_rope_store
+        normed = self.fp8_norms
         pending = None  # deferred: the layer before's attention and MLP outputs, not yet added to x
         for i, layer in enumerate(self.layers):
             if pending is None:
                 q, k, v, row_scale = parts.projections(layer, x)
+            elif normed:  # pending: the residual after attention, the MLP's product and scales
+                x, q, k, v, row_scale = parts.projections_normed(layer, *pending)
             else:
                 x, q, k, v, row_scale = parts.projections_after(layer, x, *pending)
             attn = layer.self_attn
@@ -476,11 +545,15 @@ class Qwen3Model(nn.Module):
                 q, k, v = normed_rotated_heads(attn, q, k, v, cos, sin)
                 cache.write(i, meta.slot_mapping, k, v)
             o = backend(q, cache.keys[i], cache.values[i], meta, attn.scale)
-            if self.residuals_deferred:
+            if normed:
+                pending = parts.outputs_normed(layer, x, o)
+            elif self.residuals_deferred:
                 pending = parts.outputs_deferred(layer, x, o)
             else:
                 x = parts.outputs(layer, x, o)
-        return self.norm(x) if pending is None else parts.final_norm_after(self.norm, x, *pending)
+        if pending is None:
+            return self.norm(x)
+        return parts.final_norm_normed(self.norm, *pending) if normed else parts.final_norm_after(self.norm, x, *pending)
 
     def forward_dense(
         self,

@@ -93,11 +93,19 @@ def silu_mul_quant_torch(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torc
 def quantized_swiglu(gate_up: Fp8Linear, x: torch.Tensor, by_kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(gate) * up of x [M, H] through a w8a8 float8 gate|up without bias, quantized per row
     for down by the kernel (`by_kernel`) or the torch ops -> (h_fp8 [M, I], h_scale [M, 1])."""
-    raw, x_scale = gate_up.product(x)  # [M, 2I], [M, 1]
+    x_fp8, x_scale = quantize_rows(x)
+    return quantized_swiglu_from(gate_up, x_fp8, x_scale, x.dtype, by_kernel)
+
+
+def quantized_swiglu_from(gate_up: Fp8Linear, x_fp8: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype,
+                          by_kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantized_swiglu` from inputs already quantized per row: x_fp8 [M, H], x_scale [M, 1]
+    (the torch ops round gate|up's scaled product to `dtype`) -> (h_fp8 [M, I], h_scale [M, 1])."""
+    raw = gate_up.raw_product(x_fp8)  # [M, 2I]
     w_scale = gate_up.weight_scale.view(-1)  # [2I]
     if by_kernel:
         return silu_mul_quant(raw, x_scale, w_scale)
-    return silu_mul_quant_torch(raw, x_scale, w_scale, x.dtype)
+    return silu_mul_quant_torch(raw, x_scale, w_scale, dtype)
 
 
 def swiglu_fp8(gate_up: Fp8Linear, down: Fp8Linear, x: torch.Tensor, by_kernel: bool) -> torch.Tensor:

@@ -162,12 +162,13 @@ def test_on_cuda_a_float8_linear_multiplies_its_quantized_operands():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("scheme", ["w8a16", "w8a8", "w8a8-swiglu", "w8a8-swiglu-scales"])
+@pytest.mark.parametrize("scheme", ["w8a16", "w8a8", "w8a8-swiglu", "w8a8-swiglu-scales", "w8a8-swiglu-scales-norms"])
 def test_inductor_compiled_talker_with_fp8_weights_matches_eager_on_cuda(scheme):
     """Float8 matmuls (and their per-row quantization, which inductor fuses into the kernels
     before them, or with w8a8-swiglu the MLPs' SiLU product quantized by its own kernel, called
     from the compiled code, and with -scales the products' scales left to the kernels after
-    them, the layers storing by the kernel with their sums deferred) inside the compiled
+    them, the layers storing by the kernel with their sums deferred, and with -norms the sums,
+    norms and quantization in one kernel each) inside the compiled
     backbone halves and local loop: greedy requests through a runner emit the eager float8
     talker's codes."""
     from tests.stages.test_talker_compile import _codes, _cuda_pair, assert_same_codes
@@ -188,4 +189,6 @@ def test_inductor_compiled_talker_with_fp8_weights_matches_eager_on_cuda(scheme)
             model.transformer.store_kv_by_kernel()
             model.transformer.defer_residuals()
         assert compiled.transformer.use_fp8_scales_later() == 2 * layers
+    if "norms" in kernels:  # with them, each residual sum, norm and quantization by one kernel
+        assert compiled.transformer.use_fp8_norms() == layers
     assert_same_codes(_codes(eager, greedy=True), _codes(compiled, greedy=True))

@@ -664,7 +664,8 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     (`talker.fp8_weights` by `talker.fp8_scheme`, after the projections are fused; on a device
     without float8 matmuls, before sm89, the weights stay as loaded, with a warning), their MLPs'
     SiLU product quantized by one kernel (`talker.fp8_fused_swiglu`) and their products' scales
-    applied by the kernels after them (`talker.fp8_fused_scales`)."""
+    applied by the kernels after them (`talker.fp8_fused_scales`), their sums, norms and rows'
+    quantization in one kernel each (`talker.fp8_fused_norms`)."""
     model = load_talker(model_dir, device=device, dtype=resolve_dtype(profile.model.dtype, device))
     if profile.talker.local_attention == "plain":  # never with batch_invariant (the profile's checks)
         model.local_transformer.attend_plainly()
@@ -683,6 +684,7 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     model.transformer.store_kv_by_kernel(profile.talker.fused_qk_rope_store)
     model.transformer.defer_residuals(profile.talker.deferred_residuals)
     model.transformer.use_fp8_scales_later(profile.talker.fp8_fused_scales)
+    model.transformer.use_fp8_norms(profile.talker.fp8_fused_norms)
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
     return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps,
