@@ -676,7 +676,8 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
                     ("talker.fp8_fused_scales", "talker.fp8_weights")))
     if t.fp8_fused_norms and not (t.fp8_fused_swiglu and t.fp8_fused_scales):
         out.append(("talker.fp8_fused_norms needs talker.fp8_fused_swiglu and talker.fp8_fused_scales (the "
-                    "float8 layer whose sums and norms it takes)", ("talker.fp8_fused_norms", "talker.fp8_fused_scales")))
+                    "float8 layer whose sums and norms it takes)",
+                    ("talker.fp8_fused_norms", "talker.fp8_fused_scales")))
     if t.deferred_residuals and not t.fused_qk_rope_store:
         out.append(("talker.deferred_residuals needs talker.fused_qk_rope_store (the layers' path "
                     "through the projections and one kernel)", ("talker.deferred_residuals", "talker.fused_qk_rope_store")))

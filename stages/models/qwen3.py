@@ -28,6 +28,11 @@ inside its first half (`attention_inputs_stored`), which a compiled model fuses 
 that compute them. Or (`Qwen3Model.store_kv_by_kernel`) the compiled half stops at the
 projections and one Triton kernel a layer applies the q/k norms and RoPE and stores the keys
 and values (`stages.runtime.qk_rope_store`).
+
+Float8 layers (`stages.runtime.fp8_linear`, w8a8) on that path can leave work to the kernels
+around their matmuls: the MLP's SiLU product quantized in one kernel (`Qwen3MLP.use_fp8_swiglu`),
+each product's scales applied where it is read next (`Qwen3Model.use_fp8_scales_later`), and
+each residual sum, norm and row quantization in one kernel (`Qwen3Model.use_fp8_norms`).
 """
 
 from __future__ import annotations
@@ -519,7 +524,9 @@ class Qwen3Model(nn.Module):
 
     def _forward_by_kernel(self, x, meta, cache, backend, cos, sin) -> torch.Tensor:
         """`forward` with the q/k norms, RoPE and KV stores in one kernel a layer
-        (`store_kv_by_kernel`), the residual sums deferred or not (`defer_residuals`)."""
+        (`store_kv_by_kernel`), the residual sums deferred or not (`defer_residuals`); with float8
+        layers, their products' scales left to the kernels after them (`use_fp8_scales_later`)
+        and their sums and norms in one kernel each (`use_fp8_norms`)."""
         parts = self._parts
         by_kernel = triton_runs_on(x.device)  # else the same through the torch ops
         if by_kernel:  # imports Triton: only when asked (tests choose its CPU interpreter first)

@@ -109,7 +109,8 @@ def add_rms_norm_quant_torch(x: torch.Tensor, raw: torch.Tensor, row_scale: torc
 
 
 def add_rms_norm_quant(x: torch.Tensor, raw: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
-                       weight: torch.Tensor, eps: float, by_kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       weight: torch.Tensor, eps: float,
+                       by_kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x + raw * (row_scale * col_scale), that sum normed by `weight` and quantized per row, by the
     kernel (`by_kernel`) or the torch ops -> (sum [N, H], normed float8 [N, H], row scales [N, 1])."""
     fn = add_rms_norm_quant_kernel if by_kernel else add_rms_norm_quant_torch
