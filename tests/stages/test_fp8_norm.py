@@ -15,7 +15,8 @@ from stages.runtime.fp8_linear import FP8  # noqa: E402
 from stages.runtime.fp8_norm import add_rms_norm_quant_kernel, add_rms_norm_quant_torch  # noqa: E402
 from tests.stages.test_fp8_fused_scales import _float8_model  # noqa: E402
 from tests.stages.test_fused_kv_writes import _serve  # noqa: E402
-from tests.stages.test_local_v15_runner import mixed_requests, run  # noqa: E402
+from tests.stages.test_fp8_weights import assert_same_ends  # noqa: E402
+from tests.stages.test_local_v15_runner import mixed_requests  # noqa: E402
 from tests.stages.test_qwen3 import CFG  # noqa: E402
 
 
@@ -144,12 +145,7 @@ def test_a_runner_with_the_fused_norms_serves_its_requests(local_v15_dir):
     plain = load_talker_runner(local_v15_dir, load_profile("cpu", args), "cpu")
     runner = load_talker_runner(local_v15_dir, load_profile("cpu", args + ["talker.fp8_fused_norms=true"]), "cpu")
     assert runner.model.transformer.fp8_norms and not plain.model.transformer.fp8_norms
-    frames, finish = run(runner, reqs)
-    want_frames, want_finish = run(plain, reqs)
-    assert set(finish) == set(want_finish) == set(reqs)
-    for rid, (_, params) in reqs.items():
-        if params.forced_frames is not None:
-            assert len(frames[rid]) == len(want_frames[rid]) == params.forced_frames, rid
+    assert_same_ends(runner, plain, reqs)
 
 
 @pytest.mark.gpu

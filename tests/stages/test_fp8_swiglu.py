@@ -14,7 +14,8 @@ from stages.models.local_v15.runner import load_talker_runner  # noqa: E402
 from stages.models.qwen3 import Qwen3MLP, fuse_projections  # noqa: E402
 from stages.runtime.fp8_linear import FP8, Fp8Linear, quantize_linears  # noqa: E402
 from stages.runtime.fp8_swiglu import silu_mul_quant, silu_mul_quant_torch  # noqa: E402
-from tests.stages.test_local_v15_runner import mixed_requests, run  # noqa: E402
+from tests.stages.test_fp8_weights import assert_same_ends  # noqa: E402
+from tests.stages.test_local_v15_runner import mixed_requests  # noqa: E402
 from tests.stages.test_qwen3 import CFG  # noqa: E402
 
 
@@ -122,12 +123,7 @@ def test_a_runner_with_the_kernel_serves_the_float8_talkers_requests(local_v15_d
     assert all(layer.mlp.fp8_swiglu is not None and layer.mlp.fp8_swiglu_by_kernel for layer in layers)
     assert all(isinstance(layer.mlp.down_proj, Fp8Linear) for layer in layers)
     assert all(layer.mlp.fp8_swiglu is None for layer in plain.model.transformer.layers)
-    frames, finish = run(runner, reqs)
-    want_frames, want_finish = run(plain, reqs)
-    assert set(finish) == set(want_finish) == set(reqs)
-    for rid, (_, params) in reqs.items():
-        if params.forced_frames is not None:
-            assert len(frames[rid]) == len(want_frames[rid]) == params.forced_frames, rid
+    assert_same_ends(runner, plain, reqs)
 
 
 def test_fuse_projections_leaves_the_float8_path_to_be_asked_for():

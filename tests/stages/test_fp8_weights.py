@@ -14,6 +14,17 @@ from stages.runtime.fp8_linear import FP8, Fp8Linear, as_fp8, has_fp8_matmuls
 from tests.stages.test_local_v15_runner import mixed_requests, run
 
 
+def assert_same_ends(runner, plain, reqs) -> None:
+    """`runner` serves `reqs` to the ends `plain` reaches: every request finished, forced lengths
+    exact (the codes may differ where float8's rounding moves a sampled token)."""
+    frames, finish = run(runner, reqs)
+    want_frames, want_finish = run(plain, reqs)
+    assert set(finish) == set(want_finish) == set(reqs)
+    for rid, (_, params) in reqs.items():
+        if params.forced_frames is not None:
+            assert len(frames[rid]) == len(want_frames[rid]) == params.forced_frames, rid
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_float8_linear_multiplies_its_quantized_operands(bias):
@@ -123,12 +134,7 @@ def test_a_runner_with_fp8_weights_serves_outputs_near_full_precision(local_v15_
     layer = runner.model.transformer.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, Fp8Linear) and isinstance(layer.mlp.gate_up_proj, Fp8Linear)
     assert layer.mlp.gate_up_proj.scheme == scheme
-    frames, finish = run(runner, reqs)
-    want_frames, want_finish = run(plain, reqs)
-    assert set(finish) == set(want_finish) == set(reqs)
-    for rid, (_, params) in reqs.items():
-        if params.forced_frames is not None:
-            assert len(frames[rid]) == len(want_frames[rid]) == params.forced_frames, rid
+    assert_same_ends(runner, plain, reqs)
     cfg = runner.model.config
     g = torch.Generator().manual_seed(3)
     rows = torch.randint(0, cfg.codebook_size, (2, 24, 1 + cfg.n_vq), generator=g)
