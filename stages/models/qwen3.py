@@ -181,33 +181,31 @@ class Qwen3MLP(nn.Module):
         self.up_proj = column_linear(cfg.hidden_size, cfg.intermediate_size, tp)
         self.down_proj = row_linear(cfg.intermediate_size, cfg.hidden_size, tp)
         self.gate_up_proj: nn.Linear | None = None  # gate | up in one matmul (`fuse_projections`)
-        self.fp8_swiglu: Callable | None = None  # `use_fp8_swiglu`: stages.runtime.fp8_swiglu.swiglu_fp8
-        self.fp8_swiglu_quantized: Callable | None = None  # its part up to down: quantized_swiglu
-        self.fp8_swiglu_from: Callable | None = None  # the same from rows already quantized
+        self.fp8_swiglu = None  # `use_fp8_swiglu`: the module stages.runtime.fp8_swiglu
         self.fp8_swiglu_by_kernel = False  # its SiLU product quantized by the Triton kernel
         self.down_scales_later = False  # `use_fp8_scales_later`: `product` leaves down's scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8_swiglu is not None:
-            return self.fp8_swiglu(self.gate_up_proj, self.down_proj, x, self.fp8_swiglu_by_kernel)
+            return self.fp8_swiglu.swiglu_fp8(self.gate_up_proj, self.down_proj, x, self.fp8_swiglu_by_kernel)
+        return self.down_proj(self._silu_product(x))
+
+    def _silu_product(self, x: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate(x)) * up(x) [..., I], gate and up fused or not."""
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return F.silu(gate) * up
 
     def product(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """With `down_scales_later` (down a w8a8 float8 layer without bias): x [N, H] -> (raw
         [N, H], row_scale [N, 1] fp32), down's product before its scales:
         `(raw * (row_scale * down_proj.weight_scale)).to(x.dtype)` is `forward(x)`."""
         if self.fp8_swiglu is not None:
-            h, h_scale = self.fp8_swiglu_quantized(self.gate_up_proj, x, self.fp8_swiglu_by_kernel)
+            h, h_scale = self.fp8_swiglu.quantized_swiglu(self.gate_up_proj, x, self.fp8_swiglu_by_kernel)
             return self.down_proj.raw_product(h), h_scale
-        if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj.product(F.silu(gate) * up)
+        return self.down_proj.product(self._silu_product(x))
 
     def fuse_projections(self) -> None:
         """gate and up in one matmul from now on (`gate_up_proj`; both weights stacked, then freed)."""
@@ -228,9 +226,7 @@ class Qwen3MLP(nn.Module):
             return False
         from stages.runtime import fp8_swiglu  # imports Triton: only when asked
 
-        self.fp8_swiglu = fp8_swiglu.swiglu_fp8
-        self.fp8_swiglu_quantized = fp8_swiglu.quantized_swiglu
-        self.fp8_swiglu_from = fp8_swiglu.quantized_swiglu_from
+        self.fp8_swiglu = fp8_swiglu
         self.fp8_swiglu_by_kernel = triton_runs_on(self.gate_up_proj.weight_fp8.device)
         return True
 
@@ -310,7 +306,8 @@ def attention_outputs_normed(layer: Qwen3DecoderLayer, x: torch.Tensor, o: torch
     o_raw, o_scale = attn.o_proj.product(o.reshape(*x.shape[:-1], -1))
     x, h, h_scale = layer.fp8_norm(x, o_raw, o_scale, attn.o_proj.weight_scale, norm.weight, norm.eps,
                                    layer.fp8_norm_by_kernel)
-    h, h_scale = mlp.fp8_swiglu_from(mlp.gate_up_proj, h, h_scale, x.dtype, mlp.fp8_swiglu_by_kernel)
+    h, h_scale = mlp.fp8_swiglu.quantized_swiglu_from(mlp.gate_up_proj, h, h_scale, x.dtype,
+                                                      mlp.fp8_swiglu_by_kernel)
     return x, mlp.down_proj.raw_product(h), h_scale, mlp.down_proj.weight_scale
 
 
