@@ -4,8 +4,9 @@ With float8 weights multiplied by the w8a8 scheme (`stages.runtime.fp8_linear`),
 runs gate|up's float8 product, its row and channel scales, SiLU(gate) * up, and the per-row
 quantization of that product for down's float8 product. Compiled, inductor makes the middle
 three one reduction kernel that passes over each row's 9,728 columns twice (the row's largest
-magnitude, then the quantized values): on an H200 at 48 rows 6.9 us a layer, against 1.7 us
-for the bf16 SiLU product alone. Here one program a row holds the whole row in registers and
+magnitude, then the quantized values): on an H200 at 48 rows 6.9-7.1 us a layer, against 1.7
+us for the bf16 SiLU product alone; this kernel took 4.4 us there (docs/performance.md). Here
+one program a row holds the whole row in registers and
 reads gate|up's product once: the scales, the SiLU product (fp32), the row's largest magnitude,
 then the float8 values and the row's scale. The same arithmetic as the torch ops
 (`silu_mul_quant_torch`), except that they round the scaled product to the input dtype before
@@ -13,8 +14,8 @@ the SiLU where this keeps fp32 (inductor's compiled kernel keeps fp32 too).
 
 The kernel is a custom op (`torch.library.custom_op`, with its outputs' shapes for tracing), so
 a compiled layer half calls it from its own code without a graph break, and the decode graphs
-capture its launch. It runs on CUDA, or on the CPU under Triton's
-interpreter (the tests); elsewhere `swiglu_fp8` takes the torch ops.
+capture its launch. It runs on CUDA, or on the CPU under Triton's interpreter (the tests);
+elsewhere `swiglu_fp8` takes the torch ops.
 """
 
 from __future__ import annotations

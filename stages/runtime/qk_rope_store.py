@@ -10,7 +10,9 @@ the normalised value rounded to the input dtype before the weight multiplies it,
 value at the token's flat slot (`slot_mapping`: block = slot // block_size). The query comes
 back rotated; the cache is written in place (a float8 cache saturated at its largest finite
 value, as `to_cache_dtype`). Rounding differs from the torch ops only where they round an
-intermediate to the input dtype (the rotation's products).
+intermediate to the input dtype (the rotation's products). With float8 projections whose
+scales are left to it (`talker.fp8_fused_scales`), it multiplies each loaded value by its
+row's and channel's scale first.
 
 The kernel runs eagerly (and inside a CUDA graph capture); it is not traced by torch.compile,
 which would functionalize the in-place stores into the pools. Without CUDA it runs only under
