@@ -805,11 +805,13 @@ fp8)  # float8 weights and KV cache (talker.fp8_weights, talker.kv_cache_dtype):
   talker_steps "${variants[@]}"
   ;;
 fp8kernels)  # the float8 layer's own kernels (talker.fp8_fused_swiglu, fp8_fused_scales, fp8_fused_norms):
-  # their GPU tests, then the step alone at ROWS (48) with high-concurrency's paths: as shipped
-  # (the first two), then with the sums, norms and quantization in one kernel too
+  # their GPU tests, the two kernels by warps against inductor's (bench.fp8_kernels), then the step
+  # alone at ROWS (48) with high-concurrency's paths: as shipped (the first two), then with the
+  # sums, norms and quantization in one kernel too
   timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_fp8_swiglu.py \
     tests/stages/test_qk_rope_store.py tests/stages/test_fp8_weights.py tests/stages/test_fp8_norm.py -k "not w8a16" 2>&1 | tail -6 \
     | tee "$R/gpu_tests.txt"
+  timeout 120 python3 -m bench.fp8_kernels 2>&1 | grep -v -i warn | tee "$R/fp8_kernels.txt"
   F8="--fp8 backbone --fp8-scheme w8a8"
   steps_as_shipped "$F8 --fp8-swiglu --fp8-scales" "$F8 --fp8-swiglu --fp8-scales --fp8-norms"
   ;;

@@ -84,13 +84,23 @@ def add_rms_norm_quant_kernel(x: torch.Tensor, raw: torch.Tensor, row_scale: tor
     out_sum = torch.empty_like(x)
     out = torch.empty((n, h), dtype=FP8, device=x.device)
     out_scale = torch.empty((n, 1), dtype=torch.float32, device=x.device)
+    launch_add_rms_norm_quant(x, raw, row_scale, col_scale, weight, eps, out_sum, out, out_scale)
+    return out_sum, out, out_scale
+
+
+def launch_add_rms_norm_quant(x: torch.Tensor, raw: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
+                              weight: torch.Tensor, eps: float, out_sum: torch.Tensor, out: torch.Tensor,
+                              out_scale: torch.Tensor, num_warps: int | None = None) -> None:
+    """`add_rms_norm_quant_kernel` into out_sum, out and out_scale; `num_warps`: a program's warps
+    (None: 256 columns a warp; `bench.fp8_kernels` times others)."""
+    n, h = x.shape
     if n == 0:
-        return out_sum, out, out_scale
+        return
     block = triton.next_power_of_2(h)
     _add_rms_norm_quant_kernel[(n,)](x, x.stride(0), raw, raw.stride(0), row_scale, col_scale, weight,
                                      out_sum, out_sum.stride(0), out, out.stride(0), out_scale, h, eps,
-                                     BLOCK=block, FP8_MAX=FP8_MAX, TINY=AMAX_FLOOR, num_warps=_warps(block))
-    return out_sum, out, out_scale
+                                     BLOCK=block, FP8_MAX=FP8_MAX, TINY=AMAX_FLOOR,
+                                     num_warps=num_warps or _warps(block))
 
 
 @add_rms_norm_quant_kernel.register_fake

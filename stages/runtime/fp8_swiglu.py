@@ -66,15 +66,22 @@ def silu_mul_quant(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tens
     rows' scales), w_scale [2I] fp32 (its channels') -> (h_fp8 [M, I], h_scale [M, 1] fp32) with
     h_fp8 * h_scale ≈ SiLU(gate) * up, one kernel launch (CUDA, or Triton's interpreter)."""
     m, two_i = raw.shape
-    i = two_i // 2
-    out = torch.empty((m, i), dtype=FP8, device=raw.device)
+    out = torch.empty((m, two_i // 2), dtype=FP8, device=raw.device)
     out_scale = torch.empty((m, 1), dtype=torch.float32, device=raw.device)
+    launch_silu_mul_quant(raw, x_scale, w_scale, out, out_scale)
+    return out, out_scale
+
+
+def launch_silu_mul_quant(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor,
+                          out_scale: torch.Tensor, num_warps: int | None = None) -> None:
+    """`silu_mul_quant` into out [M, I] (float8) and out_scale [M, 1]; `num_warps`: a program's
+    warps (None: 512 columns a warp; `bench.fp8_kernels` times others)."""
+    m, i = out.shape
     if m == 0:
-        return out, out_scale
+        return
     block = triton.next_power_of_2(i)
     _silu_mul_quant_kernel[(m,)](raw, raw.stride(0), x_scale, w_scale, out, out.stride(0), out_scale, i,
-                 BLOCK=block, FP8_MAX=FP8_MAX, TINY=AMAX_FLOOR, num_warps=_warps(block))
-    return out, out_scale
+                                 BLOCK=block, FP8_MAX=FP8_MAX, TINY=AMAX_FLOOR, num_warps=num_warps or _warps(block))
 
 
 @silu_mul_quant.register_fake
