@@ -15,6 +15,11 @@ from profiles.schema import ProfileError  # noqa: E402
 from stages.models.local_v15.runner import load_talker_runner  # noqa: E402
 from stages.models.qwen3 import fuse_projections  # noqa: E402
 from stages.runtime.fp8_linear import quantize_linears  # noqa: E402
+# the kernels' modules imported here, under the interpreter: a model imports them when asked,
+# and one asked first with TRITON_INTERPRET unset (the test of the torch ops' path) would make
+# them compiled kernels, which cannot launch without a GPU
+import stages.runtime.fp8_norm  # noqa: E402,F401
+import stages.runtime.fp8_swiglu  # noqa: E402,F401
 from stages.runtime.qk_rope_store import qk_norm_rope_store  # noqa: E402
 from tests.stages.test_fused_kv_writes import _serve  # noqa: E402
 from tests.stages.test_local_v15_runner import mixed_requests, run  # noqa: E402
@@ -59,6 +64,15 @@ def _float8_model(scales_later: bool, compiler: str | None = None):
     return model
 
 
+def assert_served_alike(got, cache, want, want_cache, tol: float) -> None:
+    """Every output of `_serve` and every layer's cache blocks within `tol` of the other model's."""
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+    for layer in range(CFG.num_layers):
+        torch.testing.assert_close(cache.keys[layer], want_cache.keys[layer], rtol=tol, atol=tol)
+        torch.testing.assert_close(cache.values[layer], want_cache.values[layer], rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("compiler", [None, "inductor"])
 def test_a_model_leaving_its_scales_to_the_kernels_serves_as_one_scaling_after_each_matmul(compiler):
     """Prefill chunks, decode tokens and a late joiner, eager and compiled (inductor, C++ on the
@@ -66,11 +80,7 @@ def test_a_model_leaving_its_scales_to_the_kernels_serves_as_one_scaling_after_e
     matmul (the same fp32 products and scales)."""
     want, want_cache = _serve(_float8_model(False))
     got, cache = _serve(_float8_model(True, compiler))
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-    for layer in range(CFG.num_layers):
-        torch.testing.assert_close(cache.keys[layer], want_cache.keys[layer], rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(cache.values[layer], want_cache.values[layer], rtol=1e-4, atol=1e-4)
+    assert_served_alike(got, cache, want, want_cache, 1e-4)
 
 
 def test_where_triton_cannot_run_the_model_scales_by_the_torch_ops(monkeypatch):

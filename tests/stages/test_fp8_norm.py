@@ -13,7 +13,7 @@ from profiles.schema import ProfileError  # noqa: E402
 from stages.models.local_v15.runner import load_talker_runner  # noqa: E402
 from stages.runtime.fp8_linear import FP8  # noqa: E402
 from stages.runtime.fp8_norm import add_rms_norm_quant_kernel, add_rms_norm_quant_torch  # noqa: E402
-from tests.stages.test_fp8_fused_scales import _float8_model  # noqa: E402
+from tests.stages.test_fp8_fused_scales import _float8_model, assert_served_alike  # noqa: E402
 from tests.stages.test_fused_kv_writes import _serve  # noqa: E402
 from tests.stages.test_fp8_weights import assert_same_ends  # noqa: E402
 from tests.stages.test_local_v15_runner import mixed_requests  # noqa: E402
@@ -93,11 +93,7 @@ def test_a_model_with_the_norms_by_the_torch_ops_serves_as_one_without():
         layer.mlp.fp8_swiglu_by_kernel = False
     want, want_cache = _serve(plain)
     got, cache = _serve(_normed_model(by_kernel=False))
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
-    for layer in range(CFG.num_layers):
-        torch.testing.assert_close(cache.keys[layer], want_cache.keys[layer], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(cache.values[layer], want_cache.values[layer], rtol=1e-5, atol=1e-5)
+    assert_served_alike(got, cache, want, want_cache, 1e-5)
 
 
 @pytest.mark.parametrize("compiler", [None, "inductor"])
