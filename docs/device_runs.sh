@@ -809,8 +809,8 @@ fp8kernels)  # the float8 layer's own kernels (talker.fp8_fused_swiglu, fp8_fuse
   # alone at ROWS (48) with high-concurrency's paths: as shipped (the first two), then with the
   # sums, norms and quantization in one kernel too
   timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/stages/test_fp8_swiglu.py \
-    tests/stages/test_qk_rope_store.py tests/stages/test_fp8_weights.py tests/stages/test_fp8_norm.py -k "not w8a16" 2>&1 | tail -6 \
-    | tee "$R/gpu_tests.txt"
+    tests/stages/test_qk_rope_store.py tests/stages/test_fp8_weights.py tests/stages/test_fp8_norm.py -k "not w8a16" 2>&1 \
+    | tee "$R/gpu_tests_full.txt" | tail -6 | tee "$R/gpu_tests.txt"
   timeout 120 python3 -m bench.fp8_kernels 2>&1 | grep -v -i warn | tee "$R/fp8_kernels.txt"
   F8="--fp8 backbone --fp8-scheme w8a8"
   steps_as_shipped "$F8 --fp8-swiglu --fp8-scales" "$F8 --fp8-swiglu --fp8-scales --fp8-norms"
@@ -1034,7 +1034,7 @@ build)  # the build in BASE against this one, one server each (base, shipped), b
   ;;
 gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
   timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS:-tests/stages} \
-    ${K:+-k "$K"} 2>&1 | tail -12 | tee "$R/gpu_tests.txt"
+    ${K:+-k "$K"} 2>&1 | tee "$R/gpu_tests_full.txt" | tail -12 | tee "$R/gpu_tests.txt"
   ;;
 r148)  # the ramp 1, 4, 8 (one chunk fewer a request) against the shipped 1, 2, 4, 8, PASSES (2) each
   checkpoint

