@@ -337,8 +337,8 @@ steps_as_shipped() {  # steps_as_shipped "BENCH FLAGS"...: the talker's step alo
   # talker_steps.txt
   local v
   for v in "$@"; do
-    [ "$(left)" -lt 150 ] && { el "no time left for the step with '$v'"; break; }
-    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch ${ROWS:-48} --context 200 \
+    [ "$(left)" -lt ${STEP_MIN_S:-150} ] && { el "no time left for the step with '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch ${ROWS:-48} --context ${CONTEXT:-200} \
       --attention triton --compile --compiled-only --top 14 --local-attention kernel --fused-sampling --overlap \
       --fused-projections --qk-rope-store --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" \
       | grep -E "^B=|kernel time|compilation"
@@ -861,16 +861,14 @@ for name in names:
 PY
   summaries
   ;;
-ceilings)  # the stage ceilings beside the server's figures: the talker's decode step alone at 128 rows
-  # (compiled, graphs, one step ahead, plain local attention, fused projections, the q/k norm, RoPE
-  # and KV store kernel, deferred residual sums; CEIL_FLAGS more bench flags, e.g. "--fp8 backbone"),
-  # then the codec's B=128 replays of 1 and 15 frames with
-  # high-concurrency's paths (ring attention in place, fused ring writes and norms)
-  timeout $(( $(left) / 2 )) python3 -m bench.local_v15_profile_step --batch 128 --attention triton --compile \
-    --top 12 --local-attention plain --overlap --fused-projections --qk-rope-store --deferred-residuals \
-    ${CEIL_FLAGS:-} 2>&1 | grep -v -i warn | tee "$R/ceiling_talker.txt" | grep -E "^B=|kernel time"
-  timeout $(( $(left) - 10 )) python3 -m bench.codec --version v2 --size full --batches 128 --grid 1,15 --iters 5 \
+ceilings)  # the stage ceilings beside the server's figures, as high-concurrency ships them: the codec's
+  # B=128 replays of 1 and 15 frames (ring attention in place, fused ring writes and norms), then
+  # the talker's decode step alone at ROWS (128) rows of CONTEXT (300) keys (steps_as_shipped with
+  # the float8 backbone and its kernels; CEIL_FLAGS replaces those flags)
+  timeout $(( $(left) * 2 / 5 )) python3 -m bench.codec --version v2 --size full --batches 128 --grid 1,15 --iters 5 \
     --ring-attention --fused-writes --fused-norms 2>&1 | grep -v "^exactness" | tee "$R/ceiling_codec.txt" | tail -6
+  ROWS=${ROWS:-128} CONTEXT=${CONTEXT:-300} steps_as_shipped \
+    "${CEIL_FLAGS:---fp8 backbone --fp8-scheme w8a8 --fp8-swiglu --fp8-scales}"
   ;;
 fp8mm)  # float8 weights by the Triton kernel for few rows (talker.fp8_scheme): its GPU tests (eager,
   # compiled, graphs; the float8 linear and the compiled talker against eager), the step at 88 rows
@@ -960,7 +958,7 @@ localattn)  # the local attention kernel: the compiled talker's GPU tests with i
   timeout 120 python3 -m bench.local_attend --rows 48 88 2>&1 | grep -v -i warn | tee "$R/local_attend.txt"
   for v in "--local-attention plain" "--local-attention kernel"; do
     [ "$(left)" -lt 130 ] && { el "localattn: no time left for '$v'"; break; }
-    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch ${ROWS:-48} --context 200 \
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch ${ROWS:-48} --context ${CONTEXT:-200} \
       --attention triton --compile --compiled-only --top 14 --overlap --fused-projections --qk-rope-store \
       --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" | grep -E "^B=|kernel time"
   done
