@@ -152,16 +152,26 @@ def test_on_cuda_the_kernel_sums_norms_and_quantizes_as_the_torch_ops():
     prefill's many: the sum, the rows' scales and float8 codes of the torch ops. The kernel adds
     `raw * scale` to x in one fused multiply-add (one rounding, the torch ops round twice) and
     its rsqrt is not torch's, so a value that lands on a bf16 rounding edge may come out one unit
-    of the last place away: a few sums, a row's scale now and then, a few codes, never more."""
+    of the last place away: a few sums, a row's scale now and then, a few codes a neighbouring
+    code (on an H200, one of 773,120 at 302 rows, a value below float8's normal range)."""
     for n in (1, 48, 300):
         args = [t.cuda() for t in _inputs(n + 2, 2560, torch.bfloat16)]
         s, q, q_scale = add_rms_norm_quant_kernel(*args, 1e-6)
         want_s, want_q, want_scale = add_rms_norm_quant_torch(*args, 1e-6)
         _within_one_bf16_unit(s.float(), want_s.float(), exact_share=0.999, what=f"sum, {n} rows")
         _within_one_bf16_unit(q_scale, want_scale, exact_share=0.95, what=f"row scales, {n} rows")
-        got, want = q.float(), want_q.float()
-        same = (got == want).float().mean().item()
-        assert torch.isclose(got, want, rtol=0.13, atol=0).all() and same > 0.999, (n, same)
+        steps = _code_steps(q, want_q)
+        same = (steps == 0).float().mean().item()
+        assert steps.max().item() <= 1 and same > 0.999, (n, steps.max().item(), same)
+
+
+def _code_steps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """How many float8 e4m3 codes apart two float8 tensors are, element by element (0: equal, 1:
+    neighbours, also below 2**-6 where neighbours are 2**-9 apart, far more than 13%)."""
+    def ordered(q: torch.Tensor) -> torch.Tensor:
+        bits = q.view(torch.uint8).int()
+        return torch.where(bits >= 0x80, -(bits & 0x7F), bits & 0x7F)
+    return (ordered(got) - ordered(want)).abs()
 
 
 def _within_one_bf16_unit(got: torch.Tensor, want: torch.Tensor, exact_share: float, what: str) -> None:
