@@ -21,7 +21,9 @@ and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) an
   → its admission by the talker (the coordinator and the talker's inbox), and its first and final
   chunks decoded → their PCM taken off the client's ring (the codec's ring writes for its whole
   dispatch, then the client's reader); when the API gave its arrival, the request received by
-  the API process → submitted (body, voice, prompt); the first chunk on the client's ring → taken
+  the API process → submitted, and its parts where the API gave them: received → parsed (the
+  body read and validated), parsed → voice (the reference codes resolved), voice → submit (the
+  prompt built and sent); the first chunk on the client's ring → taken
   by its request (the process's loop) → handled (encoded and handed to the HTTP server).
 """
 
@@ -214,11 +216,13 @@ def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] | No
             done[e["rid"]] = e["t"]
     submit, client_first, client_final = {}, {}, {}  # the API processes' side (engine clients)
     received, first_taken, first_out = {}, {}, {}
+    parsed, voiced = {}, {}  # the API process's marks between received and submit
     for e in events:
         if e["k"] == "client_submit":
             submit[e["rid"]] = e["t"]
-            if "received" in e:
-                received[e["rid"]] = e["received"]
+            for mark, into in (("received", received), ("parsed", parsed), ("voiced", voiced)):
+                if mark in e:
+                    into[e["rid"]] = e[mark]
         elif e["k"] == "client_first_taken":
             first_taken[e["rid"]] = e["t"]
         elif e["k"] == "client_first_out":
@@ -253,6 +257,9 @@ def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] | No
         "first_frame_to_first_chunk_ms": (first, first_chunk_end),
         "admit_to_final_chunk_ms": (admit, final_end),
         "received_to_submit_ms": (received, submit),
+        "received_to_parsed_ms": (received, parsed),
+        "parsed_to_voice_ms": (parsed, voiced),
+        "voice_to_submit_ms": (voiced, submit),
         "submit_to_admit_ms": (submit, admit),
         "first_chunk_to_client_ms": (first_decoded, client_first),
         "final_chunk_to_client_ms": (final_decoded, client_final),

@@ -369,7 +369,9 @@ print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "m
       "allocating steps", t.get("allocating_steps"), "longest", round(t.get("allocating_step_max_ms", 0.0), 1))
 for part in ("requests", "requests_first_wave", "requests_later"):
     r = d.get(part, {})
-    print("   ", sys.argv[2], part, "ms | received to submit", ms(r.get("received_to_submit_ms", {})),
+    parts = (f"(parsed {ms(r.get('received_to_parsed_ms', {}))}, voice {ms(r.get('parsed_to_voice_ms', {}))},"
+             f" submit {ms(r.get('voice_to_submit_ms', {}))})")
+    print("   ", sys.argv[2], part, "ms | received to submit", ms(r.get("received_to_submit_ms", {})), parts,
           "| submit to admit", ms(r.get("submit_to_admit_ms", {})),
           "| admit to first frame", ms(r.get("admit_to_first_frame_ms", {})),
           "| first frame to first chunk", ms(r.get("first_frame_to_first_chunk_ms", {})),

@@ -194,9 +194,10 @@ class EngineClient:
                           initial_chunk_frames=job.initial_chunk_frames,
                           prime_frames=request.prime_frames, echo_codes=echo_codes,
                           open_input=open_input), request.payload())
-        if self._timeline is not None:
-            received = {} if job.received_at is None else {"received": job.received_at}
-            self._timeline.add("client_submit", time.monotonic(), rid=rid, **received)
+        if self._timeline is not None:  # the API process's marks, where it gave them
+            marks = {name: t for name, t in (("received", job.received_at), ("parsed", job.parsed_at),
+                                              ("voiced", job.voice_at)) if t is not None}
+            self._timeline.add("client_submit", time.monotonic(), rid=rid, **marks)
         return rid, box
 
     async def _receive(self, rid: int, box: _Mailbox) -> AsyncIterator[AudioChunk]:

@@ -43,6 +43,8 @@ class SpeechJob:
     context_text: str | None = None        # the transcript of context_codes
     received_at: float | None = None       # time.monotonic() when the API process began handling
     #   the request (engine timelines only: received to submit)
+    parsed_at: float | None = None         # ... when its body was read and validated
+    voice_at: float | None = None          # ... when its voice's reference codes were resolved
 
     def given_fields(self) -> tuple[OptionalField, ...]:
         """The optional fields this job sets, in `OPTIONAL_FIELDS` order (blank text counts as unset)."""

@@ -60,6 +60,8 @@ class RequestTracker:
         self.done = False
         self.request_id = f"speech-{uuid.uuid4().hex[:16]}"
         self.received_at = time.monotonic()  # the engine timelines' clock (`SpeechJob.received_at`)
+        self.parsed_at: float | None = None  # the same clock: the body read and validated
+        self.voice_at: float | None = None  # ... and the voice's reference codes resolved
 
     def chunk(self, chunk) -> None:
         now = time.perf_counter()
@@ -182,11 +184,12 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
         raise ApiError(503, "The engine is not ready yet", code="not_ready",
                        headers={"Retry-After": "1"})
     voice = await resolve_voice(req, state)
+    tracker.voice_at = time.monotonic()
     job = SpeechJob(text=req.input, language=req.language, instructions=req.instructions,
                     ref_codes=voice.codes, ref_text=voice.ref_text, extra_ref_codes=list(voice.extra_codes),
                     sampling=sampling_overrides(req),
                     initial_chunk_frames=req.initial_codec_chunk_frames, forced_frames=req.forced_frames,
-                    received_at=tracker.received_at)
+                    received_at=tracker.received_at, parsed_at=tracker.parsed_at, voice_at=tracker.voice_at)
     try:
         encoder = make_encoder(plan.response_format, client.sample_rate, client.channels,
                                streaming=plan.mode != "file", speed=plan.speed, out_rate=plan.sample_rate,
@@ -218,6 +221,7 @@ async def _until_disconnect(work, receive):
 
 async def _create_speech(request: Request, state, tracker: RequestTracker) -> Response:
     req = decode_speech_request(await request.body())
+    tracker.parsed_at = time.monotonic()
     started = await start_speech(req, state, tracker, request.receive)
     plan, encoder, headers = started.plan, started.encoder, started.headers
     if plan.mode == "file":

@@ -1,5 +1,6 @@
 """`python -m bench.timeline` over the timelines of a real engine (tiny demo model, CPU): a pass of
-one request then two of the same voice; the figures count what the engine did."""
+one request then two of the same voice; the figures count what the engine did. Then a real
+server over HTTP: a request's time in its API process, from received to submit, in its parts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -15,6 +17,8 @@ from engine.launcher import launch
 from profiles import load_profile
 from speech.job import SpeechJob
 from stages.workers.timeline import read_events
+from tests.api.helpers import data_url, tone_wav
+from tests.api.server_process import ServerProcess
 from tests.engine.conftest import collect, demo_model_dir  # noqa: F401 (a fixture)
 
 FRAMES = (9, 7, 8)
@@ -108,3 +112,25 @@ def test_steps_timed_on_the_gpu_give_their_spans_and_the_idle_time_between_them(
     window = 0.026 + 0.009
     assert talker["gpu_idle_share"] == pytest.approx(0.006 / window)
     assert talker["gpu_busy"] == pytest.approx(0.030 / window)
+
+
+def test_over_http_the_api_process_marks_the_body_and_the_voice_before_submit(tmp_path):
+    """A request with an inline reference clip, twice (a miss, then a hit), through the real server:
+    each request's received -> parsed -> voice -> submit parts are all there, in order, and add
+    up to its received -> submit."""
+    timelines = tmp_path / "timelines"
+    server = ServerProcess(tmp_path / "data", sets=(f"engine.timeline_dir={timelines}",)).start()
+    try:
+        body = {"model": "mossvox", "input": "Marks before the engine.", "response_format": "pcm",
+                "ref_audio": data_url(tone_wav(2.0))}
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            for _ in range(2):
+                response = http.post("/v1/audio/speech", json=body)
+                assert response.status_code == 200 and response.content
+    finally:
+        server.stop()
+    life = summarize(read_events(timelines))["requests"]
+    for name in ("received_to_parsed_ms", "parsed_to_voice_ms", "voice_to_submit_ms", "received_to_submit_ms"):
+        assert life[name]["n"] == 2 and life[name]["p50"] >= 0, (name, life[name])
+    parts = sum(life[name]["mean"] for name in ("received_to_parsed_ms", "parsed_to_voice_ms", "voice_to_submit_ms"))
+    assert parts == pytest.approx(life["received_to_submit_ms"]["mean"], rel=1e-6)
