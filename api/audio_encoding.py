@@ -18,9 +18,8 @@ from __future__ import annotations
 import io
 import struct
 from abc import ABC, abstractmethod
+from types import ModuleType
 
-import av
-import av.filter
 import numpy as np
 
 # Output rates a request may ask for (``sample_rate``); the model's own rate is always allowed.
@@ -42,6 +41,23 @@ _CONTAINERS = {
     "aac": ("adts", "aac", 64_000),
     "flac": ("flac", "flac", None),
 }
+
+
+class FFmpegUnavailable(RuntimeError):
+    """PyAV (FFmpeg) cannot be imported here: only raw PCM and WAV at the model's own rate and
+    channels can be encoded."""
+
+
+def _ffmpeg() -> ModuleType:
+    """PyAV (FFmpeg), imported when a request first needs it: raw PCM and WAV at the model's own
+    rate and channels never do, so an API process serving only those never loads it."""
+    try:
+        import av
+        import av.filter  # noqa: F401  (the atempo graph)
+    except ImportError as exc:
+        raise FFmpegUnavailable(f"this server cannot encode compressed audio or change its rate, "
+                                f"channels or speed: PyAV (FFmpeg) is not installed ({exc})") from None
+    return av
 
 
 def _layout(channels: int) -> str:
@@ -161,6 +177,7 @@ class ContainerEncoder(AudioEncoder):
         self._in_rate = sample_rate
         self._sink: _ByteSink | io.BytesIO = _ByteSink() if streaming else io.BytesIO()
         options = {"page_duration": "20000"} if muxer == "ogg" else {}  # one Ogg page per ~20 ms
+        av = self._av = _ffmpeg()
         self._container = av.open(self._sink, mode="w", format=muxer, options=options,
                                   container_options={"flush_packets": "1"}, buffer_size=4096)
         rates = av.codec.Codec(codec, "w").audio_rates
@@ -175,7 +192,7 @@ class ContainerEncoder(AudioEncoder):
         if pcm.shape[0] == 0:
             return b""
         planar = np.ascontiguousarray(pcm.T, dtype=np.float32)  # [C, S]
-        frame = av.AudioFrame.from_ndarray(planar, format="fltp", layout=self._layout)
+        frame = self._av.AudioFrame.from_ndarray(planar, format="fltp", layout=self._layout)
         frame.sample_rate = self._in_rate
         frame.pts = self._pts
         self._pts += pcm.shape[0]
@@ -223,7 +240,8 @@ class SpeedChange:
         self.channels = channels
         self._layout = _layout(channels)
         self._rate = sample_rate
-        self._graph = av.filter.Graph()
+        self._av = _ffmpeg()
+        self._graph = self._av.filter.Graph()
         src = self._graph.add_abuffer(format="flt", sample_rate=sample_rate, layout=self._layout,
                                       time_base=f"1/{sample_rate}")
         last = src
@@ -252,7 +270,7 @@ class SpeedChange:
         while True:
             try:
                 frame = self._graph.pull()
-            except (av.error.BlockingIOError, av.error.EOFError):
+            except (self._av.error.BlockingIOError, self._av.error.EOFError):
                 break
             parts.append(frame.to_ndarray().reshape(-1, self.channels))  # [S, C]
         if not parts:
@@ -260,10 +278,10 @@ class SpeedChange:
         return np.concatenate(parts).astype(np.float32, copy=False)
 
 
-def _interleaved_frame(pcm: np.ndarray, layout: str, rate: int, pts: int) -> av.AudioFrame:
+def _interleaved_frame(pcm: np.ndarray, layout: str, rate: int, pts: int):
     """[S, C] float32 PCM as one packed-float FFmpeg frame at ``rate`` starting at ``pts``."""
     interleaved = np.ascontiguousarray(pcm, dtype=np.float32).reshape(1, -1)  # [1, S*C]
-    frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=layout)
+    frame = _ffmpeg().AudioFrame.from_ndarray(interleaved, format="flt", layout=layout)
     frame.sample_rate = rate
     frame.pts = pts
     return frame
@@ -289,7 +307,7 @@ class RateChange:
         self.channels = channels
         self._layout = _layout(channels)
         self._rate_in = rate_in
-        self._resampler = av.AudioResampler(format="flt", layout=self._layout, rate=rate_out)
+        self._resampler = _ffmpeg().AudioResampler(format="flt", layout=self._layout, rate=rate_out)
         self._pts = 0
 
     def process(self, pcm: np.ndarray) -> np.ndarray:

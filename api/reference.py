@@ -26,9 +26,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import unquote, urlparse
 
-import av
 import httpx
 import numpy as np
 import soundfile
@@ -307,8 +307,13 @@ def decode_audio_bytes(data: bytes, param: str = "ref_audio") -> tuple[np.ndarra
         return np.ascontiguousarray(pcm.T), int(rate)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError):
         pass
+    try:  # FFmpeg only for what libsndfile cannot read (MP3, AAC, Opus, WebM): loaded then
+        import av
+    except ImportError:
+        raise bad_request("Reference audio could not be decoded; this server reads WAV, FLAC and "
+                          "OGG/Vorbis clips only (PyAV is not installed)", param=param) from None
     try:
-        return _decode_with_pyav(data)
+        return _decode_with_pyav(av, data)
     except (av.error.FFmpegError, ValueError, IndexError, StopIteration) as exc:
         raise bad_request(f"Reference audio could not be decoded ({type(exc).__name__}); send WAV, "
                           f"FLAC, MP3, OGG/Opus, AAC/M4A or WebM audio", param=param) from None
@@ -321,7 +326,7 @@ _PYAV_OPTIONS = {"format_whitelist": ",".join(SELF_CONTAINED_FORMATS),
                  "protocol_whitelist": "none"}  # no demuxer may open a nested file or URL
 
 
-def _decode_with_pyav(data: bytes) -> tuple[np.ndarray, int]:
+def _decode_with_pyav(av: ModuleType, data: bytes) -> tuple[np.ndarray, int]:
     with av.open(io.BytesIO(data), mode="r", options=dict(_PYAV_OPTIONS)) as container:
         if container.format.name.split(",")[0] not in SELF_CONTAINED_FORMATS:
             raise ValueError(f"container format {container.format.name} is not accepted")

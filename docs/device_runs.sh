@@ -4,6 +4,9 @@
 # in $WHEELS (default .whl). Each phase keeps to $BUDGET seconds (default 560) by skipping the
 # levels that no longer fit; results go to $OUT/results_PHASE.tgz (phases can follow each other in one call); with SAVE_CACHE=1 the compile caches
 # go to $OUT/cache.tgz.* (about 40 MB; restored from $CACHE, when given, so later calls start warm).
+# $WHEELS may leave out PyAV's wheel (35 of its 37 MB): the API imports PyAV only for compressed
+# formats, other rates or channels, and clips libsndfile cannot read, none of which a pass asks
+# for; that leaves room in what a call carries (64 MiB) for the compile caches.
 # PASSES=N gives every level of a `pair` (the phases that compare servers) N measured passes;
 # a pass sends PER (3) prompts a client, or NP prompts in all; WARM_WINDOW=1 summarises the
 # first pass's timeline too.

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api import sse
-from api.audio_encoding import AudioEncoder, make_encoder
+from api.audio_encoding import AudioEncoder, FFmpegUnavailable, make_encoder
 from api.errors import ApiError, bad_request
 from api.fields import FieldReport, screen_fields
 from api.schemas import SpeechRequest, decode_speech_request
@@ -196,6 +196,8 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
                                out_channels=plan.channels)
     except ValueError as exc:
         raise bad_request(str(exc), param="response_format") from None
+    except FFmpegUnavailable as exc:
+        raise ApiError(501, str(exc), param="response_format", code="format_unavailable") from None
     tracker.encoder, tracker.out_rate = encoder, plan.sample_rate
     tracker.submitted = time.perf_counter()
     chunks = client.generate(job)

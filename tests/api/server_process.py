@@ -25,12 +25,13 @@ class ServerProcess:
     """Start with ``start()``; ``url`` is the base URL; ``stop()`` sends SIGTERM and waits."""
 
     def __init__(self, data_dir: Path, *args: str, sets: tuple[str, ...] = (), cwd: Path = REPO,
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+                 start_timeout_s: float = START_TIMEOUT_S, env: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.cwd = cwd
         self.start_timeout_s = start_timeout_s  # longer when several servers start at once
         self.args = args
         self.sets = sets
+        self.env = env or {}  # more environment for the server's processes
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.log: list[str] = []
@@ -42,7 +43,7 @@ class ServerProcess:
         for item in self.sets:
             cmd += ["--set", item]
         self.proc = subprocess.Popen(cmd, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         found = threading.Event()
 
         def pump() -> None:
