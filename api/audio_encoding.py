@@ -49,8 +49,9 @@ class FFmpegUnavailable(RuntimeError):
 
 
 def _ffmpeg() -> ModuleType:
-    """PyAV (FFmpeg), imported when a request first needs it: raw PCM and WAV at the model's own
-    rate and channels never do, so an API process serving only those never loads it."""
+    """PyAV (FFmpeg), imported when a request first needs it (after that a lookup in
+    `sys.modules`): raw PCM and WAV at the model's own rate and channels never do, so an API
+    process serving only those never loads it."""
     try:
         import av
         import av.filter  # noqa: F401  (the atempo graph)
@@ -177,7 +178,7 @@ class ContainerEncoder(AudioEncoder):
         self._in_rate = sample_rate
         self._sink: _ByteSink | io.BytesIO = _ByteSink() if streaming else io.BytesIO()
         options = {"page_duration": "20000"} if muxer == "ogg" else {}  # one Ogg page per ~20 ms
-        av = self._av = _ffmpeg()
+        av = _ffmpeg()
         self._container = av.open(self._sink, mode="w", format=muxer, options=options,
                                   container_options={"flush_packets": "1"}, buffer_size=4096)
         rates = av.codec.Codec(codec, "w").audio_rates
@@ -192,7 +193,7 @@ class ContainerEncoder(AudioEncoder):
         if pcm.shape[0] == 0:
             return b""
         planar = np.ascontiguousarray(pcm.T, dtype=np.float32)  # [C, S]
-        frame = self._av.AudioFrame.from_ndarray(planar, format="fltp", layout=self._layout)
+        frame = _ffmpeg().AudioFrame.from_ndarray(planar, format="fltp", layout=self._layout)
         frame.sample_rate = self._in_rate
         frame.pts = self._pts
         self._pts += pcm.shape[0]
@@ -240,8 +241,7 @@ class SpeedChange:
         self.channels = channels
         self._layout = _layout(channels)
         self._rate = sample_rate
-        self._av = _ffmpeg()
-        self._graph = self._av.filter.Graph()
+        self._graph = _ffmpeg().filter.Graph()
         src = self._graph.add_abuffer(format="flt", sample_rate=sample_rate, layout=self._layout,
                                       time_base=f"1/{sample_rate}")
         last = src
@@ -266,11 +266,11 @@ class SpeedChange:
         return self._pull()
 
     def _pull(self) -> np.ndarray:
-        parts = []
+        parts, av = [], _ffmpeg()
         while True:
             try:
                 frame = self._graph.pull()
-            except (self._av.error.BlockingIOError, self._av.error.EOFError):
+            except (av.error.BlockingIOError, av.error.EOFError):
                 break
             parts.append(frame.to_ndarray().reshape(-1, self.channels))  # [S, C]
         if not parts:
