@@ -24,6 +24,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route, WebSocketRoute
 
 from api.auth import BearerAuthMiddleware
+from api.clip_index import ClipIndex
 from api.errors import EXCEPTION_HANDLERS
 from api.http_timeouts import BodyTimeoutMiddleware
 from api.limits import BodyLimitMiddleware
@@ -78,7 +79,7 @@ def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "") -
         profile=profile,
         client=client,
         metrics=metrics,
-        references=ReferenceLoader(policy),
+        references=ReferenceLoader(policy, index=ClipIndex(root / "ref_clips")),
         limits=limits,
         ref_cache=ReferenceCodeCache(root / "ref_codes", namespace, client.n_vq, client.encode_reference),
         voices=VoiceRegistry(root / "voices"),

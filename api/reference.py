@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 import soundfile
 
+from api.clip_index import ClipIndex, KnownClip
 from api.errors import ApiError, bad_request
 from stages.models.codec.audio_prep import prepare_reference
 
@@ -92,15 +93,6 @@ class ReferencePolicy:
                    sample_rate=sample_rate, channels=channels)
 
 
-@dataclass(frozen=True, slots=True)
-class _KnownClip:
-    """What validating a clip's bytes found: its content digest, duration and decoded rate."""
-
-    digest: str
-    duration_s: float
-    rate: int
-
-
 class ReferenceLoader:
     """Turns a ``ref_audio`` locator or uploaded bytes into a :class:`PreparedReference`.
 
@@ -113,13 +105,17 @@ class ReferenceLoader:
     process's event loop held meanwhile); a clip read from a file or a URL by the SHA-256 of its
     bytes, which may change under the same name. Identical bytes decode to identical samples, so
     a repeat is known without decoding its audio; its waveform is decoded only if the reference
-    cache misses. Refused clips are not remembered: a repeat is refused again with the same
-    error."""
+    cache misses. With an ``index`` (:class:`ClipIndex`, shared through the data directory) a
+    clip any API process validated is known to every other one too, so a repeat landing on
+    another process is not decoded either; an entry another server wrote is trusted only within
+    this server's limits (duration and size), else the clip is decoded and judged here. Refused
+    clips are not remembered: a repeat is refused again with the same error."""
 
-    def __init__(self, policy: ReferencePolicy, memo_size: int = 4096) -> None:
+    def __init__(self, policy: ReferencePolicy, memo_size: int = 4096, *, index: ClipIndex | None = None) -> None:
         self.policy = policy
         self.memo_size = memo_size
-        self._known: OrderedDict[bytes, _KnownClip] = OrderedDict()
+        self.index = index
+        self._known: OrderedDict[bytes, KnownClip] = OrderedDict()
 
     @property
     def remembered(self) -> int:
@@ -129,21 +125,41 @@ class ReferenceLoader:
     async def load(self, locator: str, *, param: str = "ref_audio") -> PreparedReference:
         text = locator.strip()
         sent = _sent_key(text)
-        known = self._known.get(sent)
+        known = self._recall(sent)
         if known is not None:  # this very text was an inline clip, validated: not even decoded
-            self._known.move_to_end(sent)
             return self._known_clip(known, functools.partial(_inline_bytes, text))
         data, inline = await self._fetch(text, param)
         key = hashlib.sha256(data).digest()  # ~0.1 ms for a few seconds of WAV
-        known = self._known.get(key)
+        known = self._recall(key)
         if known is not None:  # the same bytes came another way (a path, other base64 text)
-            self._known.move_to_end(key)
             prepared = self._known_clip(known, data)
         else:
             prepared = await asyncio.to_thread(self.prepare_bytes, data, param=param)
-            known = _KnownClip(prepared.digest, prepared.duration_s, prepared.rate)
-        self._remember(sent if inline else key, known)
+            known = KnownClip(prepared.digest, prepared.duration_s, prepared.rate, len(data))
+        self._learn(sent if inline else key, known)
         return prepared
+
+    def _recall(self, key: bytes) -> KnownClip | None:
+        """The memo's entry for ``key``, else the shared index's (when within this server's
+        limits: remembered from then on), else None."""
+        known = self._known.get(key)
+        if known is not None:
+            self._known.move_to_end(key)
+            return known
+        known = self.index.get(key) if self.index is not None else None
+        if known is None or not self._within_limits(known):
+            return None
+        self._remember(key, known)
+        return known
+
+    def _within_limits(self, known: KnownClip) -> bool:
+        p = self.policy
+        return known.size <= p.max_bytes and p.min_seconds <= known.duration_s <= p.max_seconds
+
+    def _learn(self, key: bytes, known: KnownClip) -> None:
+        if self.index is not None and key not in self._known:
+            self.index.put(key, known)  # a few small syscalls: ~50 us
+        self._remember(key, known)
 
     async def _fetch(self, text: str, param: str) -> tuple[bytes, bool]:
         """The encoded bytes named by stripped ``text``, and whether they were inline (a data: URL
@@ -169,11 +185,11 @@ class ReferenceLoader:
                               "(file://...) or, where enabled, an http(s) URL", param=param)
         return self._check_size(data, param), True
 
-    def _known_clip(self, known: _KnownClip, data: bytes | Callable[[], bytes]) -> PreparedReference:
+    def _known_clip(self, known: KnownClip, data: bytes | Callable[[], bytes]) -> PreparedReference:
         return PreparedReference(None, known.rate, digest=known.digest, policy=self.policy,
                                  duration_s=known.duration_s, data=data)
 
-    def _remember(self, key: bytes, known: _KnownClip) -> None:
+    def _remember(self, key: bytes, known: KnownClip) -> None:
         self._known[key] = known
         self._known.move_to_end(key)
         while len(self._known) > self.memo_size:

@@ -481,7 +481,7 @@ class ApiConfig(_Section):
     allowed_local_paths: Annotated[tuple[str, ...], doc(
         "directories under which file:// or plain-path ref_audio may be read")] = ()
     data_dir: Annotated[str, doc(
-        "reference-code cache and registered voices, shared by API processes (~ expanded)",
+        "reference-code cache, validated clips and registered voices, shared by API processes (~ expanded)",
         min_length=1)] = "~/.cache/mossvox/data"
     header_timeout_s: Annotated[float, doc(
         "a connection whose request headers are not complete this long after it opened (or after "

@@ -57,11 +57,12 @@ def test_both_processes_serve_the_port(server):
     assert len(pids) == 2
 
 
-def test_reference_encoded_through_one_is_a_hit_on_the_other(server):
+def test_reference_encoded_through_one_is_a_hit_on_the_other(server, data_dir):
     ref = data_url(tone_wav(2.0, hz=523.0))
     body = {"input": "Shared reference.", "response_format": "pcm", "ref_audio": ref}
     first = fresh_post(server.url, "/v1/audio/speech", json=body)
     assert first.status_code == 200 and first.headers["x-ref-cache"] == "miss"
+    assert len([p for p in (data_dir / "ref_clips").rglob("*") if p.is_file()]) == 1  # the clip, validated
     other = until_process(server.url, "/v1/audio/speech", exclude=first.headers["x-api-process"], json=body)
     assert other.status_code == 200
     assert other.headers["x-ref-cache"] == "hit"  # from the shared directory, not this process's memory
