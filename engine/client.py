@@ -105,6 +105,28 @@ class _Mailbox:
         return self.items.popleft()
 
 
+class SubmittedSpeech:
+    """A submitted request's chunks: an async iterator of `AudioChunk`. `aclose()` aborts the
+    request unless it finished, whether it was iterated or not (closing a generator never
+    started runs nothing, so an abort would otherwise be left to nobody)."""
+
+    def __init__(self, chunks: AsyncIterator[AudioChunk], forget: Any) -> None:
+        self._chunks, self._forget, self._started = chunks, forget, False
+
+    def __aiter__(self) -> SubmittedSpeech:
+        return self
+
+    def __anext__(self) -> Any:
+        self._started = True
+        return self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        never_started, self._started = not self._started, True
+        await self._chunks.aclose()  # a later __anext__ finds it closed
+        if never_started:
+            self._forget()
+
+
 def fit_kv_cache(request: TalkerRequest, rows: int) -> TalkerRequest:
     """`request` as one talker KV cache of `rows` rows can serve it alone: its frame budget cut to
     the rows its prompt leaves (it then finishes with "length", never fails for room); ValueError
@@ -167,12 +189,20 @@ class EngineClient:
     async def generate(self, job: SpeechJob, *, echo_codes: bool = False) -> AsyncIterator[AudioChunk]:
         """Stream `job`'s audio. Raises `EngineRejected`, `EngineFailed`, or `ValueError` (bad
         job fields, before anything is submitted). With `echo_codes` every chunk also carries the
-        codes it was decoded from (`AudioChunk.codes`)."""
-        request = self.variant.build_request(job)  # prompt [S, 1 + n_vq], sampling, priming
-        rid, box = self._submit(request, job, echo_codes=echo_codes)
-        async with contextlib.aclosing(self._receive(rid, box)) as chunks:
+        codes it was decoded from (`AudioChunk.codes`). Submits on the first `anext`."""
+        async with contextlib.aclosing(self.start(job, echo_codes=echo_codes)) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    def start(self, job: SpeechJob, *, echo_codes: bool = False) -> SubmittedSpeech:
+        """`generate`, with `job` submitted now, before the caller's next await: its first chunk
+        does not wait for a turn of the event loop behind every other request's work (a first
+        wave lands 16 requests on one API process at once). `ValueError` (bad job fields) or
+        `EngineFailed` here, before anything is submitted; `EngineRejected` from the chunks. The
+        caller must `aclose()` what it gets unless it iterates it to the end."""
+        request = self.variant.build_request(job)  # prompt [S, 1 + n_vq], sampling, priming
+        rid, box = self._submit(request, job, echo_codes=echo_codes)
+        return SubmittedSpeech(self._receive(rid, box), lambda: self._forget(rid))
 
     def open_speech(self, job: SpeechJob, *, held: bool = False) -> OpenSpeech:
         """A request whose text arrives while it speaks (`engine.open_speech.OpenSpeech`: `push`,

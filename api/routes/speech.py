@@ -32,7 +32,7 @@ from api.fields import FieldReport, screen_fields
 from api.schemas import SpeechRequest, decode_speech_request
 from api.speech_job import OutputPlan, check_request, output_plan, resolve_voice, sampling_overrides
 from api.streaming import AudioStreamResponse, ClientGone, run_until_disconnect
-from engine.client import EngineFailed, EngineRejected
+from engine.client import EngineFailed, EngineRejected, SubmittedSpeech
 from speech.job import SpeechJob
 
 log = logging.getLogger("mossvox.api")
@@ -200,8 +200,12 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
         raise ApiError(501, str(exc), param="response_format", code="format_unavailable") from None
     tracker.encoder, tracker.out_rate = encoder, plan.sample_rate
     tracker.submitted = time.perf_counter()
-    chunks = client.generate(job)
-    first = await _until_disconnect(_first_chunk(chunks), receive)
+    chunks = _submit(client, job)
+    try:
+        first = await _until_disconnect(_first_chunk(chunks), receive)
+    except BaseException:
+        await chunks.aclose()  # the client left, or the engine refused it: nothing left running
+        raise
     headers = {"X-Request-Id": tracker.request_id, "X-Audio-Sample-Rate": str(plan.sample_rate),
                "X-Audio-Channels": str(plan.channels), "X-Audio-Format": plan.response_format,
                "Cache-Control": "no-store", "X-Api-Process": str(os.getpid())}
@@ -248,6 +252,16 @@ async def _encode(encoder: AudioEncoder, pcm) -> bytes:
 
 async def _finish(encoder: AudioEncoder) -> bytes:
     return await asyncio.to_thread(encoder.finish) if encoder.heavy else encoder.finish()
+
+
+def _submit(client, job: SpeechJob) -> SubmittedSpeech:
+    """``job`` submitted at once (``EngineClient.start``), its refusals as HTTP statuses."""
+    try:
+        return client.start(job)
+    except ValueError as exc:  # the variant's request adapter refused a field
+        raise bad_request(str(exc)) from None
+    except EngineFailed as exc:
+        raise ApiError(500, f"The engine failed this request: {exc}") from None
 
 
 async def _first_chunk(chunks: AsyncIterator):

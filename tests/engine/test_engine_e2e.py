@@ -235,6 +235,32 @@ async def test_cancel_200_requests_at_random_points_leaks_nothing(client) -> Non
     assert chunks[-1].final and chunks[-1].finish_reason == "stop"
 
 
+async def test_a_started_request_runs_before_it_is_read_and_closed_unread_leaves_nothing(client) -> None:
+    """`start` submits at once: the engine serves the request while nobody reads it yet, and its
+    chunks are all there when they are read. Closed without a single read, it is aborted and
+    every gauge returns to zero."""
+    job = SpeechJob(text="h", forced_frames=1 + 2 + 4, sampling={"seed": 5})
+    expected = joined(await collect(client, job))
+    before = await settle(client)
+    chunks = client.start(job)
+    deadline = asyncio.get_running_loop().time() + 10
+    while client.counters()["finished_stop"] == before["finished_stop"]:  # served, unread
+        assert asyncio.get_running_loop().time() < deadline, "the unread request never ran"
+        await asyncio.sleep(0.02)
+    assert client.counters()["submitted"] == before["submitted"] + 1
+    np.testing.assert_array_equal(joined([c async for c in chunks]), expected)
+
+    aborted = client.counters()["aborted"]
+    unread = client.start(SpeechJob(text="i", forced_frames=3000, sampling={"seed": 6}))
+    await asyncio.sleep(0.2)
+    await unread.aclose()
+    snap = await settle(client)
+    assert all(snap[gauge] == 0 for gauge in ("running", "queued", "talker_slots", "codec_slots",
+                                              "client_ring_bytes", "client_open")), snap
+    assert snap["aborted"] == aborted + 1
+    assert [c async for c in unread] == []  # closed: nothing more to read
+
+
 async def test_longest_accepted_reference_encodes(engine, client) -> None:
     """A reference of `api.max_ref_seconds` fits the reference rings and encodes on the codec."""
     seconds = engine.profile.api.max_ref_seconds
