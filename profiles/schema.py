@@ -412,10 +412,6 @@ class CoalescingConfig(_Section):
         "time); alone only when no batch is due; first audio then waits for the whole batch (on an "
         "H200 at C=128: ~1.05x audio-s/s, ~20 ms more first audio after a pass's first wave); on "
         "in high-concurrency")] = False
-    express_join_min_streams: Annotated[int, doc(
-        "with express_joins_dispatch: first chunks join a due batch only while at least this many "
-        "streams are open; with fewer, the codec has room for their own small call, and first audio "
-        "does not wait for a whole batch's replay; 0 = always join", ge=0)] = 0
     patient_wait_ms: Annotated[float, doc(
         "a steady chunk (not a request's first or final) of a stream whose client holds audio "
         "may wait up to this long for a larger dispatch, never past the moment that client's "
