@@ -3,7 +3,8 @@
 # Run from the tree to measure; wheels the GPU image lacks (starlette, msgspec, uvicorn, av, ...)
 # in $WHEELS (default .whl). Each phase keeps to $BUDGET seconds (default 560) by skipping the
 # levels that no longer fit; results go to $OUT/results_PHASE.tgz (phases can follow each other in one call); with SAVE_CACHE=1 the compile caches
-# go to $OUT/cache.tgz.* (about 40 MB; restored from $CACHE, when given, so later calls start warm).
+# go to $OUT/cache.tgz.* (12-40 MB packed, 15 MB a part; restored from $CACHE, when given, so a
+# later call's first server is ready in 70-110 s instead of ~230).
 # $WHEELS may leave out PyAV's wheel (35 of its 37 MB): the API imports PyAV only for compressed
 # formats, other rates or channels, and clips libsndfile cannot read, none of which a pass asks
 # for; that leaves room in what a call carries (64 MiB) for the compile caches.
