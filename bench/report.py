@@ -11,7 +11,9 @@ Definitions (all times from the client's clock, ``time.perf_counter``):
   460 KB over in several reads).
 - player: starts playing at the first byte and plays at real time; when the next byte it needs
   has not arrived it stalls until it does. Underrun = the summed stall time of a request; a
-  request is "smooth" when no single stall is longer than 100 ms.
+  request is "smooth" when no single stall is longer than 100 ms. For the streams that are not,
+  the run's ``stalls`` says when in the pass their longest stall ended and after how much audio
+  (many streams stalling at one moment: one event in the server).
 - audio-s/s = all audio seconds of the pass / the pass's wall time (first send to last byte);
   requests/s likewise. With several client processes (``--client-procs``) their records are
   merged first: the wall time runs from the first send in any process to the last byte in any
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -65,6 +68,8 @@ class RequestResult:
 class PlayerStats:
     underrun_s: float  # summed stall time
     max_stall_s: float  # longest single stall
+    max_stall_end_s: float = 0.0  # when it ended (the late chunk came), from the request's send
+    max_stall_after_s: float = 0.0  # seconds of audio played before it
 
     @property
     def smooth(self) -> bool:
@@ -76,14 +81,32 @@ def simulate_player(chunk_at_s: list[float], chunk_bytes: list[int], bytes_per_s
     audio before it has played out, else the player stalls until it does."""
     if not chunk_at_s:
         return PlayerStats(0.0, 0.0)
-    stalled = longest = 0.0
+    stalled = longest = longest_end = longest_after = received = 0.0
     played_until = chunk_at_s[0]  # wall time at which the audio received so far runs out
     for at, size in zip(chunk_at_s, chunk_bytes):
         stall = max(0.0, at - played_until)
         stalled += stall
-        longest = max(longest, stall)
+        if stall > longest:
+            longest, longest_end, longest_after = stall, at, received
         played_until = max(played_until, at) + size / bytes_per_s
-    return PlayerStats(stalled, longest)
+        received += size / bytes_per_s
+    return PlayerStats(stalled, longest, longest_end, longest_after)
+
+
+def stall_moments(results: list[RequestResult], players: list[PlayerStats], concurrency: int) -> dict:
+    """Where the streams that were not smooth stalled: how many (and of the first wave), when in
+    the pass their longest stall ended and after how much audio (each as [value, streams], the
+    most frequent first, at most three). Streams stalling together at one moment point to one
+    event in the server; stalls after the first chunk's audio, to a first wave's burst."""
+    first_wave = {id(r) for r in sorted(results, key=lambda r: r.start_s)[:concurrency]}
+    late = [(r, p) for r, p in zip(results, players) if not p.smooth]
+
+    def common(values: list[float]) -> list[list[float]]:
+        return [[v, n] for v, n in Counter(values).most_common(3)]
+
+    return {"streams": len(late), "first_wave": sum(id(r) in first_wave for r, _ in late),
+            "at_s": common([round(r.start_s + p.max_stall_end_s, 1) for r, p in late]),
+            "after_audio_s": common([round(p.max_stall_after_s, 2) for _, p in late])}
 
 
 def burst_gaps(chunk_at_s: list[float], within_s: float = BURST_S) -> list[float]:
@@ -133,6 +156,7 @@ def summarize(concurrency: int, results: list[RequestResult], wall_s: float, byt
                        "total": round(sum(p.underrun_s for p in players), 4)},
         "max_stall_ms": _stats([p.max_stall_s for p in players], 1000, 1),
         "share_smooth": round(sum(p.smooth for p in players) / len(results), 4) if results else 0.0,
+        "stalls": stall_moments(ok, players, concurrency),
         "ref_cache_hits": sum(r.ref_cache == "hit" for r in ok),
         "ignored_fields": _ignored(ok),
         "errors": [f"{r.utt_id}: {r.error}" for r in failed[:10]],
@@ -214,11 +238,22 @@ def format_table(runs: list[dict]) -> str:
     if loads:
         lines.append("audio-s/s at full load (every client with a request in flight; the pass's "
                      "tail left out): " + ", ".join(loads))
+    stalls = [_stalls(r) for r in runs if (r.get("stalls") or {}).get("streams")]
+    if stalls:
+        lines.append("streams with a gap over 100 ms (when in the pass the longest one ended; after how "
+                     "much audio): " + "; ".join(stalls))
     cpu = [_client_cpu(r) for r in runs if r.get("client_cpu_s") is not None and r["wall_s"] > 0]
     if cpu:
         lines.append("client CPU over the pass, busiest client process's % of one core "
                      "(near 100% = the client is the limit): " + ", ".join(cpu))
     return "\n".join(lines)
+
+
+def _stalls(run: dict) -> str:
+    s = run["stalls"]
+    at = ", ".join(f"{v:.1f} s ({n})" for v, n in s["at_s"])
+    after = ", ".join(f"{v:.2f} s ({n})" for v, n in s["after_audio_s"])
+    return f"C={run['concurrency']} {s['streams']}, {s['first_wave']} of the first wave: at {at}; after {after}"
 
 
 def _client_cpu(run: dict) -> str:

@@ -262,7 +262,7 @@ bench() {  # bench PORT NAME C [extra bench args]
   local n=${NP:-$(( c * ${PER:-3} ))}; [ $n -lt 8 ] && n=8
   timeout $(( $(left) - 10 )) mossvox bench serve --url "http://127.0.0.1:$port" --concurrency "$c" \
     --num-prompts $n --no-progress --out "$R/${name}_c$c.json" "$@" > "$R/${name}_c$c.txt" 2>&1
-  el "$name C=$c rc=$?"; grep -E "^\| [0-9]|client CPU|at full load|failed request" "$R/${name}_c$c.txt" | head -5
+  el "$name C=$c rc=$?"; grep -E "^\| [0-9]|client CPU|at full load|gap over|failed request" "$R/${name}_c$c.txt" | head -6
   curl -s "localhost:$port/metrics" > "$R/${name}_c${c}_metrics.txt"
 }
 sweep() {  # sweep PORT NAME "CS" SERVE_ARGS...

@@ -137,6 +137,10 @@ def test_player_simulation_counts_stalls():
     assert stats.underrun_s == 0 and stats.smooth
     # a 50 ms stall is still smooth (no gap over 100 ms)
     assert simulate_player([0.0, 0.15], [100, 100], bytes_per_s).smooth
+    # the longest stall: when it ended and after how much audio (0.2 s, then 0.3 s after 0.6 s)
+    stats = simulate_player([0.0, 0.3, 0.4, 1.1], [100, 200, 300, 100], bytes_per_s)
+    assert stats.max_stall_s == pytest.approx(0.3) and stats.max_stall_end_s == pytest.approx(1.1)
+    assert stats.max_stall_after_s == pytest.approx(0.6)
     assert _concurrencies(["1,4", "16"]) == [1, 4, 16]
 
 
@@ -196,6 +200,22 @@ def test_the_first_wave_is_the_first_requests_sent():
     assert [r.index for r in after_first_wave(results, 2)] == [0, 3]
     assert summarize(2, results, 2.0, 1000.0)["ttfa_after_first_wave_ms"]["mean"] == pytest.approx(150.0)
     assert after_first_wave(results, 4) == []
+
+
+def test_streams_stalling_together_are_reported_with_the_moment_and_the_audio_before():
+    """Two first-wave streams stall at 0.5 s into the pass after their first 80 ms; a later one
+    at 1.9 s after 1 s; a smooth one is left out; the printed table says so."""
+    def result(i, start, at, size):
+        return RequestResult(index=i, utt_id=f"u{i}", target_chars=10, forced_frames=None, ok=True,
+                             start_s=start, ttfa_s=at[0], latency_s=at[-1], audio_s=sum(size) / 1000.0,
+                             chunk_at_s=at, chunk_bytes=size)
+    results = [result(0, 0.0, [0.2, 0.5], [80, 160]), result(1, 0.01, [0.21, 0.49], [80, 160]),
+               result(2, 0.02, [0.1, 0.15], [80, 160]), result(3, 0.6, [0.1, 1.3], [1000, 100])]
+    run = summarize(3, results, 2.0, 1000.0)
+    assert run["share_smooth"] == 0.25
+    assert run["stalls"] == {"streams": 3, "first_wave": 2, "at_s": [[0.5, 2], [1.9, 1]],
+                             "after_audio_s": [[0.08, 2], [1.0, 1]]}
+    assert "C=3 3, 2 of the first wave: at 0.5 s (2), 1.9 s (1); after 0.08 s (2), 1.00 s (1)" in format_table([run])
 
 
 def test_full_load_leaves_out_the_first_audio_wait_and_the_tail():
