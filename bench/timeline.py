@@ -1,6 +1,7 @@
 """Where a serving pass spent its time, from the workers' timelines (`stages.workers.timeline`).
 
     python -m bench.timeline DIR [--gap 0.5] [--window START END] [--json out.json] [--first-wave N]
+                                 [--events out.jsonl [--events-s 1.0]]
 
 Splits the events into passes (activity separated by at least `--gap` seconds with no talker step
 and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) and prints, per pass (with `--window`, only the events between two
@@ -294,6 +295,23 @@ def _print(summary: dict[str, Any], index: int) -> None:
             print(f"    {key}: {fmt(value)}")
 
 
+def opening(events: list[dict[str, Any]], seconds: float) -> list[dict[str, Any]]:
+    """A pass's events in its first `seconds`, from its first event, in time order."""
+    if not events:
+        return []
+    start = min(e["t"] for e in events)
+    return sorted((e for e in events if e["t"] - start <= seconds), key=lambda e: e["t"])
+
+
+def write_opening(passes: list[list[dict[str, Any]]], path: str, seconds: float) -> None:
+    """Each pass's opening (`opening`) to `path` as JSON lines, a pass's events tagged with its
+    index (`"pass"`)."""
+    with open(path, "w") as f:
+        for i, events in enumerate(passes):
+            for e in opening(events, seconds):
+                f.write(json.dumps({**e, "pass": i}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.timeline", description=__doc__.split("\n")[0])
     ap.add_argument("directory")
@@ -303,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the summaries here too")
     ap.add_argument("--first-wave", type=int, default=0, metavar="N",
                     help="also the request figures of each pass's first N requests, and of the rest")
+    ap.add_argument("--events", metavar="PATH",
+                    help="write each pass's first --events-s seconds of events here, as JSON lines "
+                         "(talker steps, codec dispatches, request marks: a first wave, event by event)")
+    ap.add_argument("--events-s", type=float, default=1.0, metavar="S")
     args = ap.parse_args(argv)
     events = read_events(args.directory)
     if args.window:
@@ -315,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no talker step or codec dispatch in {args.directory}" + (" in that window" if args.window else ""))
         return 1
     summaries = [summarize(p, args.first_wave) for p in passes]
+    if args.events:
+        write_opening(passes, args.events, args.events_s)
     for i, s in enumerate(summaries):
         _print(s, i)
     if args.json:

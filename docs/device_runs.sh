@@ -9,7 +9,8 @@
 # formats, other rates or channels, and clips libsndfile cannot read, none of which a pass asks
 # for; that leaves room in what a call carries (64 MiB) for the compile caches.
 # PASSES=N gives every level of a `pair` (the phases that compare servers) N measured passes;
-# a pass sends PER (3) prompts a client, or NP prompts in all; WARM_WINDOW=1 summarises the
+# a pass sends PER (3) prompts a client, or NP prompts in all; EVENTS_S=S keeps each measured
+# pass's first S seconds of timeline events (events_NAME_cC.jsonl); WARM_WINDOW=1 summarises the
 # first pass's timeline too.
 #
 #   bash docs/device_runs.sh timeline   # one server, C=128 then C=64, with the workers' timelines;
@@ -351,7 +352,7 @@ steps_as_shipped() {  # steps_as_shipped "BENCH FLAGS"...: the talker's step alo
 summaries() {  # per line of windows.txt (NAME C START END): its timeline over that window, one line
   while read -r name c a b; do
     python3 -m bench.timeline "/tmp/tl_${name%%_*}" --window "$a" "$b" --first-wave "$c" \
-      --json "$R/timeline_${name}_c$c.json" > /dev/null
+      --json "$R/timeline_${name}_c$c.json" ${EVENTS_S:+--events "$R/events_${name}_c$c.jsonl" --events-s "$EVENTS_S"} > /dev/null
     python3 - "$R/timeline_${name}_c$c.json" "$name C=$c" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))[0]

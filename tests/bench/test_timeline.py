@@ -81,6 +81,21 @@ def test_a_pass_counts_frames_requests_and_cached_prompt_rows(timeline_dir, tmp_
     assert json.loads((tmp_path / "t.json").read_text())[0]["talker"]["frames"] == sum(FRAMES)
 
 
+def test_a_passs_opening_is_written_event_by_event(timeline_dir, tmp_path):
+    """`--events`: each pass's first seconds as they happened, in time order, tagged by pass; a
+    window as long as the pass holds every one of its events."""
+    out = tmp_path / "events.jsonl"
+    assert main([str(timeline_dir), "--gap", "30", "--events", str(out), "--events-s", "3600"]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    (everything,) = [p for p in split_passes(read_events(timeline_dir), gap=30.0) if p]
+    assert len(lines) == len(everything) and {e["pass"] for e in lines} == {0}
+    assert [e["t"] for e in lines] == sorted(e["t"] for e in everything)
+    assert sum(e["k"] == "client_submit" for e in lines) == len(FRAMES)
+    assert main([str(timeline_dir), "--gap", "30", "--events", str(out), "--events-s", "0"]) == 0
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 1 <= len(first) < len(lines) and first[0]["t"] == lines[0]["t"]
+
+
 def test_padding_share_counts_the_frames_calls_padded():
     """Two dispatches: a 1-frame and a 15-frame chunk padded into one 15-frame call (14 of 30
     row-frames padding), then the same chunks cut into 1-frame rows of one call (none)."""
