@@ -412,11 +412,6 @@ class CoalescingConfig(_Section):
         "time); alone only when no batch is due; first audio then waits for the whole batch (on an "
         "H200 at C=128: ~1.05x audio-s/s, ~20 ms more first audio after a pass's first wave); on "
         "in high-concurrency")] = False
-    express_join_max_chunks: Annotated[int, doc(
-        "with express_joins_dispatch: first chunks join a due batch only when at most this many are "
-        "ready; a burst of them (a wave of new requests prefilled together) goes alone, first: "
-        "joined, each 1-frame chunk would be padded to the batch's longest chunk and the whole "
-        "dispatch would wait for it; 0 = any number joins", ge=0)] = 0
     patient_wait_ms: Annotated[float, doc(
         "a steady chunk (not a request's first or final) of a stream whose client holds audio "
         "may wait up to this long for a larger dispatch, never past the moment that client's "

@@ -5,7 +5,7 @@ and closed on its final record) and control from the coordinator (aborts, refere
 shutdown). Each loop iteration (`CodecLoop.step`): drain both inboxes (sleeping on their doorbells
 only when nothing is runnable, up to the coalescing deadline) → hand terminal records (no frames)
 straight through → decode requests' first chunks at once (express; with `express_joins_dispatch`,
-inside the batch due now if one is and they are few, `express_join_max_chunks`) → ask the `Coalescer` whether to decode now → decode one
+inside the batch due now if one is) → ask the `Coalescer` whether to decode now → decode one
 chunk of each chosen stream in one call → PCM records to each request's client ring, a
 `ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator → run waiting
 reference-encode jobs as one batch (after the streams that were due, so an encode never delays
@@ -69,22 +69,19 @@ class CodecLoop:
                  to_clients: list[Any], coalescer: Coalescer, encode_batch: int,
                  clock: Any = time.monotonic, client_stall_s: float = 5.0,
                  timeline: Timeline | None = None, express_first_chunks: bool = False,
-                 express_joins_dispatch: bool = False, express_join_max_chunks: int = 0,
-                 patient_wait_s: float = 0.0, buffer_margin_s: float = 0.2, final_wait_s: float | None = None,
+                 express_joins_dispatch: bool = False, patient_wait_s: float = 0.0,
+                 buffer_margin_s: float = 0.2, final_wait_s: float | None = None,
                  encode_batch_streaming: int | None = None,
                  kernels: Callable[[], int] | None = None) -> None:
         """`encode_batch`: reference-encode jobs run together at most; `encode_batch_streaming`:
         at most while any stream is open (an encode batch delays every open stream's next chunk
         by its duration), None = `encode_batch`; `kernels`: `triton_kernel_counter`'s function (a
-        dispatch over `SLOW_DISPATCH_S` says how many Triton kernels it specialised);
-        `express_join_max_chunks`: with `express_joins_dispatch`, first chunks join a due batch
-        only when at most this many are ready (0 = any number); a burst goes alone, first."""
+        dispatch over `SLOW_DISPATCH_S` says how many Triton kernels it specialised)."""
         self.client_stall_s = client_stall_s
         self.patient_wait_s, self.buffer_margin_s = patient_wait_s, buffer_margin_s
         self.final_wait_s = final_wait_s
         self.express_first_chunks = express_first_chunks
         self.express_joins_dispatch = express_joins_dispatch
-        self.express_join_max_chunks = express_join_max_chunks
         self.timeline = timeline
         self._dead_clients: set[int] = set()
         self.runner = runner
@@ -114,8 +111,7 @@ class CodecLoop:
         joining: tuple[int, ...] = ()
         if express:  # first chunks go at once, in their own small call, ahead of any batch...
             self.coalescer.take(express)
-            if self.express_joins_dispatch and (not self.express_join_max_chunks
-                                                or len(express) <= self.express_join_max_chunks):
+            if self.express_joins_dispatch:
                 joining = express  # ...or in the batch due now, if one is (one call, fewer replays)
             else:
                 self._decode(express)
@@ -482,8 +478,7 @@ def main(spec: WorkerSpec) -> None:
                   spec.profile.codec.encode_batch,
                   client_stall_s=spec.profile.codec.client_stall_s, timeline=timeline,
                   express_first_chunks=c.express_first_chunks,
-                  express_joins_dispatch=c.express_joins_dispatch,
-                  express_join_max_chunks=c.express_join_max_chunks, patient_wait_s=c.patient_wait_ms / 1000.0,
+                  express_joins_dispatch=c.express_joins_dispatch, patient_wait_s=c.patient_wait_ms / 1000.0,
                   buffer_margin_s=c.buffer_margin_ms / 1000.0,
                   final_wait_s=None if c.final_wait_ms is None else c.final_wait_ms / 1000.0,
                   encode_batch_streaming=spec.profile.codec.encode_batch_streaming,

@@ -105,25 +105,20 @@ def test_first_chunks_skip_the_coalescing_window(demo_model_dir, express) -> Non
         rig.close()
 
 
-@pytest.mark.parametrize("due, max_chunks", [(True, 0), (False, 0), (True, 1), (True, 2)])
-def test_express_first_chunks_join_the_batch_due_at_the_same_moment(demo_model_dir, due, max_chunks) -> None:
+@pytest.mark.parametrize("due", [True, False])
+def test_express_first_chunks_join_the_batch_due_at_the_same_moment(demo_model_dir, due) -> None:
     """With `express_joins_dispatch`, first chunks go in the batch due now (one decode call, not
-    two); with no batch due they still go at once, alone, and the others keep waiting. With
-    `express_join_max_chunks` they join only when that few are ready: two first chunks and a
-    limit of one go alone first, then the batch."""
+    two); with no batch due they still go at once, alone, and the others keep waiting."""
     window = Coalescer(min_batch=2, max_wait_s=10.0, max_batch=8, policy="fixed")
-    rig = Rig(demo_model_dir, coalescer=window, express=True, express_joins_dispatch=True,
-              express_join_max_chunks=max_chunks)
+    rig = Rig(demo_model_dir, coalescer=window, express=True, express_joins_dispatch=True)
     try:
         rig.chunk(1, 0, 1, 2)  # request 1's second chunk
         if due:
             rig.chunk(3, 1, 1, 2)  # and request 3's: two ready, the window's batch is due
         rig.chunk(2, 0, 0, 1)  # request 2's first chunk
-        rig.chunk(4, 1, 0, 1)  # and request 4's
         rig.loop.step()
         batches = [m for m in rig.drain_events() if isinstance(m, DecodeBatch)]
-        joined = due and max_chunks != 1
-        assert [b.size for b in batches] == ([4] if joined else [2, 2] if due else [2])
+        assert [b.size for b in batches] == ([3] if due else [1])
         got = []
         while (rec := rig.client_rx[0].try_recv()) is not None:
             got.append((rec.msg.rid, rec.msg.seq))
