@@ -265,22 +265,18 @@ def _submit(client, job: SpeechJob) -> SubmittedSpeech:
 
 
 async def _first_chunk(chunks: AsyncIterator):
-    """The first chunk, with engine errors turned into HTTP statuses (nothing was sent yet)."""
+    """The first chunk, with engine errors turned into HTTP statuses (nothing was sent yet; the
+    caller closes ``chunks``)."""
     try:
         return await anext(chunks)
     except StopAsyncIteration:
         return None
     except EngineRejected as exc:
-        await chunks.aclose()
         retry = str(max(1, math.ceil(exc.retry_after_s or 1)))
         status = 503 if _is_unavailable(exc.reason) else 429
         raise ApiError(status, f"Request rejected by admission: {exc.reason}", code="overloaded",
                        headers={"Retry-After": retry}) from None
-    except ValueError as exc:  # the variant's request adapter refused a field
-        await chunks.aclose()
-        raise bad_request(str(exc)) from None
     except EngineFailed as exc:
-        await chunks.aclose()
         raise ApiError(500, f"The engine failed this request: {exc}") from None
 
 
