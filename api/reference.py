@@ -158,7 +158,7 @@ class ReferenceLoader:
 
     def _learn(self, key: bytes, known: KnownClip) -> None:
         if self.index is not None and key not in self._known:
-            self.index.put(key, known)  # a few small syscalls: ~50 us
+            self.index.put(key, known)  # once a clip: ~0.2 ms (a get ~30 us) on the development machine
         self._remember(key, known)
 
     async def _fetch(self, text: str, param: str) -> tuple[bytes, bool]:
