@@ -33,12 +33,6 @@ def server(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
-
 @pytest.mark.parametrize("method,path", [("POST", "/v1/audio/speech"), ("GET", "/v1/models"),
                                          ("GET", "/v1/audio/voices"), ("DELETE", "/v1/audio/voices/x")])
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}])

@@ -48,12 +48,6 @@ def oai(server):
 
 
 @pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def rate_channels(http):
     card = http.get("/v1/models").json()["data"][0]
     return card["sample_rate"], card["channels"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-import httpx
 import pytest
 
 from tests.api.helpers import data_url, tone_wav
@@ -22,12 +21,6 @@ def server(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("data"), env={"PYTHONPATH": path}).start()
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
 
 
 def test_pcm_and_wav_with_a_wav_clip_need_no_pyav(http):
