@@ -12,7 +12,11 @@ requests need more blocks than are free, the newest requests holding blocks (dec
 prefilled) are preempted until they fit; the oldest decoding request never is, so it always
 progresses. A preempted request's blocks are freed and its rows (prompt + generated) are
 prefilled again later, which resumes it exactly (recompute; host-side generation state is
-untouched). With `prefill_interval` N > 1, while some request is decoding, prefill chunks are
+untouched). With `max_prefill_chunks`, a step takes at most that many prompt chunks (the
+runners set it to what one prefill-graph replay holds: a step with more would run one eager
+backbone call, bound by the host's launches; a first wave of prompts mostly taken from the
+prefix cache is then prefilled over a few short steps, not one long one that holds every
+decoding stream). With `prefill_interval` N > 1, while some request is decoding, prefill chunks are
 scheduled at most every N-th step (after a step that prefilled, the next N - 1 steps only
 decode); with nothing decoding, prefill runs every step. N = 1: every step.
 
@@ -123,17 +127,20 @@ class ScheduledBatch:
 class RowScheduler:
     def __init__(self, cache: PagedKVCache, *, max_running: int, prefill_chunk_tokens: int = 512,
                  max_prefill_tokens_per_step: int = 2048, prefill_interval: int = 1,
-                 max_step_s: float | None = None) -> None:
+                 max_step_s: float | None = None, max_prefill_chunks: int | None = None) -> None:
         if prefill_interval < 1:
             raise ValueError(f"prefill_interval {prefill_interval} < 1")
         if max_step_s is not None and max_step_s <= 0:
             raise ValueError(f"max_step_s {max_step_s} <= 0")
+        if max_prefill_chunks is not None and max_prefill_chunks < 1:
+            raise ValueError(f"max_prefill_chunks {max_prefill_chunks} < 1")
         self.cache = cache
         self.max_running = max_running
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self.prefill_interval = prefill_interval
         self.max_step_s = max_step_s
+        self.max_prefill_chunks = max_prefill_chunks  # prompt chunks a step takes at most (None: any)
         self.decode_step_s: float | None = None  # cost model: a decode-only step (moving average)
         self.prefill_token_s: float | None = None  # ... and what one prefill token adds to a step
         self._prefill_wait = 0  # decode-only steps still due before prefill may run next to decoders
@@ -217,15 +224,19 @@ class RowScheduler:
         elif decode:
             budget = min(budget, self.step_prefill_budget())
         batch = [(r, 1) for r in decode]
+        chunks_left = self.max_prefill_chunks if self.max_prefill_chunks is not None else len(self.requests)
         for r in self._ordered():
             if r.pending <= 1 or budget <= 0:
                 continue
+            if chunks_left <= 0:
+                break  # first come, first served: the next step takes the rest
             spare = len(cache.block_table(r.rid)) * cache.spec.block_size - cache.length(r.rid)
             take = min(self.prefill_chunk_tokens, r.pending, budget, spare + free * cache.spec.block_size)
             if take <= 0:
                 break  # first come, first served
             free -= cache.blocks_needed(r.rid, take)
             budget -= take
+            chunks_left -= 1
             batch.append((r, take))
         if not batch:
             raise KVCacheExhausted("no request can make progress: the KV cache is full of prompts")

@@ -86,7 +86,8 @@ class ScheduledRunner:
         resolved `stages.runtime.graph_capture` path; graphs need an attention backend that reads
         tensors only, `PaddedBatchAttention` when none is given). `prefill_graphs`: with backbone
         graphs, prefill chunks replay `PrefillGraphs` too (else one eager call), at most
-        `prefill_graph_seqs` chunks a replay (a step with more: one eager call). `batch_invariant`:
+        `prefill_graph_seqs` chunks a replay and so a step (the scheduler keeps the rest for
+        the next step: more would run one eager call, bound by the host's launches). `batch_invariant`:
         every step and graph capture runs inside `stages.runtime.batch_invariant`'s mode
         (`kernel_mode`), with its attention when none is given (a given one must be
         batch-invariant). `kv_cache_dtype`: the KV pool's element type, the model's when None
@@ -310,6 +311,7 @@ class ScheduledRunner:
             max_blocks=cache.spec.num_blocks - 1, scratch_block=self._graph_block, block_size=cache.spec.block_size,
             device=self.device, capture=capture, pool=torch.cuda.graph_pool_handle() if capture else None,
             table_width=self.graph_table_width())
+        self.scheduler.max_prefill_chunks = self.prefill_graph_seqs  # a step's chunks fit one replay
 
     def _pack(self, scheduled: list[tuple[RowRequest, int]]) -> ScheduledBatch:
         """The one-call path's backbone inputs (the tensor-parallel runner also sends them to its ranks)."""

@@ -402,8 +402,9 @@ def run_together(runner: Any, requests: list[tuple[int, Any]], max_steps: int) -
 def wide_batch(runner: Any, serving: list[Any]) -> list[tuple[int, Any]]:
     """The serving-size requests again, one more than a prefill-graph replay holds (as many as
     the runner runs at most): with the prefix cache they all start from their prompts' cached
-    blocks, so their few remaining rows are prefilled in one step of many chunks, the runner's
-    eager call (`talker.prefill_graph_seqs`). On a fresh machine the first such step came with
+    blocks, so their few remaining rows are prefilled in steps of many chunks (without prefill
+    graphs one eager call for all; with them, as many as a replay holds a step,
+    `talker.prefill_graph_seqs`). On a fresh machine the first such step came with
     the first burst of requests for known voices and took 2.8 s (compiling, by all signs: a later
     server on that machine, its compile caches on disk, had no such step), stalling every stream."""
     wide = min(runner.max_running, max(len(serving), getattr(runner, "prefill_graph_seqs", 0) + 1))

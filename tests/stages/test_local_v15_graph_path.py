@@ -11,6 +11,7 @@ from speech.sampling import SamplingParams
 from stages.models.local_v15.config import tiny_config
 from stages.models.local_v15.loader import build_talker_module
 from stages.models.local_v15.runner import LocalV15Runner
+from stages.runtime.row_scheduler import RowScheduler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -256,6 +257,34 @@ def test_prefill_graphs_equal_the_eager_runner_event_for_event(model, max_seqs):
     runner = LocalV15Runner(model, **tight, graph_path="eager", prefill_graphs=True)
     assert drive(runner, reqs)[0] == drive(plain_runner, reqs)[0]
     assert runner.preemptions == plain_runner.preemptions
+
+
+def test_a_step_takes_no_more_prompt_chunks_than_a_prefill_replay_holds(model):
+    """A burst of short prompts (as many prefix-cache hits make) is prefilled a replay's worth of
+    chunks a step, never in one eager call for them all; only their first frames move, not their
+    codes."""
+    rng = np.random.default_rng(7)
+    reqs = {}
+    for i in range(6):
+        prompt = np.full((int(rng.integers(3, 7)), 13), 1024, np.int64)
+        prompt[:, 0] = rng.integers(0, 600, len(prompt))
+        reqs[i] = (0 if i < 5 else 3, prompt, SamplingParams(seed=300 + i, forced_frames=6, **SETTINGS[i]))
+    plain_steps, plain_batches = drive(LocalV15Runner(model, **CAPACITY), reqs)
+    assert max(sum(pending > 1 for _, _, pending in b) for b in plain_batches) == 5  # one call for the burst
+    runner = LocalV15Runner(model, **CAPACITY, graph_path="eager", prefill_graphs=True, prefill_graph_seqs=2)
+    assert runner.scheduler.max_prefill_chunks == 2
+    eager, pack = [], runner.scheduler.pack  # the eager prefill call's packing
+    runner.scheduler.pack = lambda *a: eager.append(1) or pack(*a)
+    steps, batches = drive(runner, reqs)
+    chunks = [sum(pending > 1 for _, _, pending in b) for b in batches]
+    assert max(chunks) == 2 and chunks[:3] == [2, 2, 1] and not eager
+    assert any(pending == 1 for _, _, pending in batches[1])  # the first two decode beside the next chunks
+    capped, plain = per_request(steps), per_request(plain_steps)
+    assert set(capped) == set(plain) == set(reqs)
+    for rid in reqs:
+        np.testing.assert_array_equal(capped[rid][0], plain[rid][0], err_msg=str(rid))
+    with pytest.raises(ValueError, match="max_prefill_chunks"):
+        RowScheduler(runner.cache, max_running=2, max_prefill_chunks=0)
 
 
 def test_token_buckets_pad_at_most_one_step():

@@ -208,6 +208,7 @@ class LocalV15Runner(ScheduledRunner):
                 scratch_block=self._scratch_block, block_size=cache.spec.block_size, device=self.device,
                 capture=self._capture, pool=self._pool,
                 table_width=self.graph_table_width())
+            self.scheduler.max_prefill_chunks = self.prefill_graph_seqs  # a step's chunks fit one replay
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
