@@ -180,7 +180,9 @@ def sample_tokens(
 
 
 class SamplingSlots:
-    """Sampling settings of every request slot, kept on the device and gathered per step."""
+    """Sampling settings of every request slot, kept on the device and gathered per step. New
+    requests' settings are staged on the host (`write`) and applied together before a step
+    (`flush`): a burst of admissions costs a dozen kernels, not a dozen each."""
 
     def __init__(self, num_slots: int, device: torch.device | str) -> None:
         def f32():
@@ -193,21 +195,43 @@ class SamplingSlots:
         self.text = {"temperature": f32(), "top_k": i64(), "top_p": f32(), "repetition_penalty": f32()}
         self.greedy = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.seed = i64()
+        self._staged: dict[int, SamplingParams] = {}  # slot -> settings written since the last flush
 
     def write(self, slot: int, p: SamplingParams) -> None:
-        """Slot `slot` takes `p`'s settings: one fill kernel a value, with the value as its argument
-        (a Python value assigned through indexing is a host-to-device copy that waits for every
-        kernel already queued: with `overlap_steps`, for the step in flight)."""
-        for table, values in (
-            (self.audio, (p.temperature, p.top_k, p.top_p, p.repetition_penalty)),
-            (self.text, (p.text_temperature, p.text_top_k, p.text_top_p, 1.0)),
-        ):
-            for name, value in zip(("temperature", "top_k", "top_p", "repetition_penalty"), values):
-                table[name][slot].fill_(value)
-        self.greedy[slot].fill_(p.greedy)
-        self.seed[slot].fill_(p.seed)
+        """Slot `slot` takes `p`'s settings at the next `flush` (a later write of the slot wins)."""
+        self._staged[slot] = p
+
+    def flush(self) -> torch.Tensor | None:
+        """Apply the staged writes, before the step that reads them: their values go to the device
+        in one copy from pinned memory (asynchronous: it waits for no kernel already queued, as a
+        Python value assigned through indexing would, with `overlap_steps` for the step in
+        flight) and are scattered by one kernel a setting, however many requests came. Returns
+        the written slots on the device (`[n]` int64, for the runner's own per-slot resets), None
+        when nothing was staged."""
+        if not self._staged:
+            return None
+        staged, self._staged = self._staged, {}
+        floats = torch.tensor([(p.temperature, p.top_p, p.repetition_penalty, p.text_temperature, p.text_top_p)
+                               for p in staged.values()], dtype=torch.float32)  # [n, 5]
+        ints = torch.tensor([(slot, p.top_k, p.text_top_k, p.greedy, p.seed) for slot, p in staged.items()],
+                            dtype=torch.int64)  # [n, 5]
+        if self.greedy.device.type == "cuda":
+            floats, ints = floats.pin_memory(), ints.pin_memory()
+        floats = floats.to(self.greedy.device, non_blocking=True)
+        ints = ints.to(self.greedy.device, non_blocking=True)
+        slots = ints[:, 0]
+        a, t = self.audio, self.text
+        for table, column in ((a["temperature"], floats[:, 0]), (a["top_p"], floats[:, 1]),
+                              (a["repetition_penalty"], floats[:, 2]), (t["temperature"], floats[:, 3]),
+                              (t["top_p"], floats[:, 4]), (a["top_k"], ints[:, 1]), (t["top_k"], ints[:, 2]),
+                              (self.greedy, ints[:, 3].bool()), (self.seed, ints[:, 4])):
+            table.index_copy_(0, slots, column)
+        t["repetition_penalty"].index_fill_(0, slots, 1.0)
+        return slots
 
     def rows(self, slots: torch.Tensor, *, text: bool = False) -> RowSampling:
         """The settings of `slots [B]` for the audio heads (or the stop/text head)."""
+        if self._staged:  # a step would sample new requests with their slots' old settings
+            raise RuntimeError(f"sampling settings of slots {sorted(self._staged)} written but not flushed")
         table = self.text if text else self.audio
         return RowSampling(**{k: v[slots] for k, v in table.items()}, greedy=self.greedy[slots], seed=self.seed[slots])

@@ -1,8 +1,10 @@
-"""Sampling: upstream filter order on hand-built logits, greedy, per-request seeded noise."""
+"""Sampling: upstream filter order on hand-built logits, greedy, per-request seeded noise, the
+slots' settings staged and applied together."""
 
 import math
 
 import msgspec
+import pytest
 import torch
 
 from bench.sampling import top_k_filter, top_p_filter
@@ -72,6 +74,7 @@ def rows_for(params: list[SamplingParams]) -> RowSampling:
     slots = SamplingSlots(len(params), "cpu")
     for i, p in enumerate(params):
         slots.write(i, p)
+    slots.flush()
     return slots.rows(torch.arange(len(params)))
 
 
@@ -129,3 +132,26 @@ def test_params_round_trip_msgspec():
     p = SamplingParams(seed=42, forced_frames=30)
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
     assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.text_temperature) == (1.7, 0.8, 25, 1.0, 1.0)
+
+
+def test_slot_settings_are_staged_then_applied_together():
+    """Admissions stage their settings; one flush applies them (the latest write of a slot wins)
+    and names the slots written; a step reading a slot before the flush is an error, not a
+    sample drawn with the slot's previous request's settings."""
+    slots = SamplingSlots(4, "cpu")
+    slots.write(2, SamplingParams(temperature=0.5, top_k=7, seed=2**40 + 3))
+    slots.write(0, SamplingParams(greedy=True, top_p=0.3, text_top_k=9))
+    slots.write(2, SamplingParams(temperature=0.9, top_k=11, repetition_penalty=1.2, seed=5))
+    with pytest.raises(RuntimeError, match=r"slots \[0, 2\]"):
+        slots.rows(torch.tensor([1]))
+    assert sorted(slots.flush().tolist()) == [0, 2]
+    assert slots.flush() is None  # nothing staged since
+    audio, text = slots.rows(torch.tensor([2, 0, 1])), slots.rows(torch.tensor([2, 0, 1]), text=True)
+    assert audio.temperature.tolist() == pytest.approx([0.9, 1.7, 1.0])
+    assert audio.top_k.tolist() == [11, 25, 0] and audio.top_p.tolist() == pytest.approx([0.8, 0.3, 1.0])
+    assert audio.repetition_penalty.tolist() == pytest.approx([1.2, 1.0, 1.0])
+    assert audio.greedy.tolist() == [False, True, False] and audio.seed.tolist() == [5, 0, 0]
+    assert text.top_k.tolist() == [50, 9, 0] and text.repetition_penalty.tolist() == [1.0, 1.0, 1.0]
+    slots.write(1, SamplingParams(seed=2**62))
+    slots.flush()
+    assert slots.rows(torch.tensor([1])).seed.item() == 2**62

@@ -135,6 +135,7 @@ class RealtimeRunner(ScheduledRunner):
     def step(self) -> list[FrameEvent]:
         if all(req.held is not None for req in self._requests.values()):
             return []  # every request waits for text (none at all: nothing to do either)
+        self.sampling.flush()  # the settings of the requests added since the last step
         return super().step()
 
     def capture_decode_graphs(self, budget_s: float) -> int:
