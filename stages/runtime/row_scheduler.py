@@ -108,10 +108,17 @@ class RowRequest:
     prefilled: int = 0
     keys: list[BlockKey] = field(default_factory=list)  # its prompt's full blocks' content keys
     named: int = 0  # blocks of its table from which naming resumes
+    prompt_len: int = 0  # rows of its prompt (the rows past them are generated)
 
     @property
     def pending(self) -> int:
         return len(self.rows) - self.prefilled
+
+    @property
+    def in_prompt(self) -> bool:
+        """No row generated yet: what it feeds is its prompt's (its last row, with the others
+        cached, is a prompt chunk of one row)."""
+        return len(self.rows) <= self.prompt_len
 
 
 @dataclass(frozen=True)
@@ -175,7 +182,8 @@ class RowScheduler:
         if not self._free_slots:
             raise RuntimeError(f"request {rid}: all {self.max_running} slots are taken (check can_admit)")
         keys = block_keys(prompt, self.cache.spec.block_size) if self.cache.prefix is not None else []
-        request = RowRequest(rid, self._free_slots.pop(), self._next_order, RowBuffer(prompt), keys=keys)
+        request = RowRequest(rid, self._free_slots.pop(), self._next_order, RowBuffer(prompt), keys=keys,
+                             prompt_len=len(prompt))
         self._next_order += 1
         self.prompt_tokens += len(prompt)
         self.requests[rid] = request
@@ -201,6 +209,12 @@ class RowScheduler:
         if cache.prefix is not None:
             self._attach_prefixes(ordered)
         decode = [r for r in ordered if r.pending == 1]
+        chunks_left = self.max_prefill_chunks if self.max_prefill_chunks is not None else len(ordered)
+        if self.max_prefill_chunks is not None:  # a prompt's last row alone is a prompt chunk too
+            last_rows = [r for r in decode if r.in_prompt]
+            later = set(last_rows[chunks_left:])  # beyond the cap: the next step
+            decode = [r for r in decode if r not in later]
+            chunks_left -= len(last_rows) - len(later)
         need = sum(cache.blocks_needed(r.rid, 1) for r in decode)
         # newest first; the oldest decoding request is never a victim, so it always progresses
         victims = [r for r in reversed(ordered) if not decode or r is not decode[0]]
@@ -224,7 +238,6 @@ class RowScheduler:
         elif decode:
             budget = min(budget, self.step_prefill_budget())
         batch = [(r, 1) for r in decode]
-        chunks_left = self.max_prefill_chunks if self.max_prefill_chunks is not None else len(self.requests)
         for r in self._ordered():
             if r.pending <= 1 or budget <= 0:
                 continue

@@ -287,6 +287,33 @@ def test_a_step_takes_no_more_prompt_chunks_than_a_prefill_replay_holds(model):
         RowScheduler(runner.cache, max_running=2, max_prefill_chunks=0)
 
 
+def test_a_prompt_left_with_one_row_counts_as_a_chunk():
+    """A prompt whose other rows came from the prefix cache feeds one row, as a decoding request
+    does, but through the prefill path: it counts against the step's chunk cap, decoders not."""
+    from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
+
+    cache = PagedKVCache(KVCacheSpec(1, 1, 2, 64, 4), dtype=torch.float32, device="cpu")
+    s = RowScheduler(cache, max_running=8, prefill_chunk_tokens=8, max_prefill_tokens_per_step=64,
+                     max_prefill_chunks=2)
+    s.add(0, np.zeros((3, 13), np.int64))
+    s.reserve(s.schedule())
+    s.requests[0].rows.append(np.zeros(13, np.int64))  # its first frame: it decodes from now on
+    for rid in range(1, 5):
+        s.add(rid, np.zeros((1, 13), np.int64))  # one row each: pending 1 from the start
+    s.add(5, np.zeros((6, 13), np.int64))
+    steps = []
+    for _ in range(3):
+        batch = s.schedule()
+        steps.append([(r.rid, n) for r, n in batch])
+        s.reserve(batch)
+        for r, _ in batch:
+            if r.pending == 0:
+                r.rows.append(np.zeros(13, np.int64))
+    assert steps[0] == [(0, 1), (1, 1), (2, 1)]  # the decoder, then two one-row prompts
+    assert steps[1] == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]  # those two decode now
+    assert steps[2] == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 6)]
+
+
 def test_token_buckets_pad_at_most_one_step():
     """Powers of two up to TOKEN_STEP, then its multiples: a 1123-token step pads to 1280."""
     from stages.runtime.prefill_graphs import TOKEN_STEP, token_bucket
