@@ -36,6 +36,8 @@ steps (never in the same step: their rows are written by this step's work).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -257,6 +259,16 @@ class RowScheduler:
             self._prefill_wait = self.prefill_interval - 1
         self.last_batch = (len(decode), sum(n for _, n in batch[len(decode):]))
         return batch
+
+    @contextmanager
+    def chunks_uncapped(self) -> Iterator[None]:
+        """Steps scheduled inside take any number of prompt chunks (the talker's warm-up: the
+        eager call that a chunk no replay fits still needs is compiled there, not under load)."""
+        cap, self.max_prefill_chunks = self.max_prefill_chunks, None
+        try:
+            yield
+        finally:
+            self.max_prefill_chunks = cap
 
     def step_prefill_budget(self) -> int:
         """Prefill tokens a step that decodes may take under `max_step_s` (by the cost model; no

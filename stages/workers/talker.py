@@ -20,6 +20,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -405,8 +406,8 @@ def wide_batch(runner: Any, serving: list[Any]) -> list[tuple[int, Any]]:
     blocks, so their few remaining rows are prefilled in one step of many chunks, the runner's
     eager call (served, a step takes no more chunks than a prefill-graph replay holds,
     `talker.prefill_graph_seqs`; the eager call remains for a chunk no replay fits, a long
-    prompt's, and is compiled here with the scheduler's cap lifted). On a fresh machine the first such step came with
-    the first burst of requests for known voices and took 2.8 s (compiling, by all signs: a later
+    prompt's, and is compiled here with that cap lifted). On a fresh machine the first such
+    step came with the first burst of requests for known voices and took 2.8 s (compiling, by all signs: a later
     server on that machine, its compile caches on disk, had no such step), stalling every stream."""
     wide = min(runner.max_running, max(len(serving), getattr(runner, "prefill_graph_seqs", 0) + 1))
     return [(-100 - j, serving[j % len(serving)]) for j in range(wide)]
@@ -439,15 +440,9 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
         run_together(runner, [(-10 - i, request) for i, request in enumerate(serving)], max_steps=64)
         took["serving"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        sched = getattr(runner, "scheduler", None)
-        cap = getattr(sched, "max_prefill_chunks", None)
-        if cap is not None:  # all at once: the eager call a step that fits no replay makes is compiled here
-            sched.max_prefill_chunks = None
-        try:
+        uncapped = getattr(getattr(runner, "scheduler", None), "chunks_uncapped", nullcontext)
+        with uncapped():  # all its chunks in one step: the runner's eager call
             run_together(runner, wide_batch(runner, serving), max_steps=64)
-        finally:
-            if cap is not None:
-                sched.max_prefill_chunks = cap
         took["wide"] = time.perf_counter() - t0
     log.info("talker: warm-up requests %s", ", ".join(f"{k} {v:.1f} s" for k, v in took.items()))
     t0 = time.perf_counter()

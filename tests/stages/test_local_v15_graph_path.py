@@ -289,11 +289,12 @@ def test_a_step_takes_no_more_prompt_chunks_than_a_prefill_replay_holds(model):
 
 def test_a_prompt_left_with_one_row_counts_as_a_chunk():
     """A prompt whose other rows came from the prefix cache feeds one row, as a decoding request
-    does, but through the prefill path: it counts against the step's chunk cap, decoders not."""
+    does, but through the prefill path: it counts against the step's chunk cap, decoders not;
+    the cap can be lifted for a while (the talker's warm-up)."""
     from stages.runtime.kv_cache import KVCacheSpec, PagedKVCache
 
     cache = PagedKVCache(KVCacheSpec(1, 1, 2, 64, 4), dtype=torch.float32, device="cpu")
-    s = RowScheduler(cache, max_running=8, prefill_chunk_tokens=8, max_prefill_tokens_per_step=64,
+    s = RowScheduler(cache, max_running=12, prefill_chunk_tokens=8, max_prefill_tokens_per_step=64,
                      max_prefill_chunks=2)
     s.add(0, np.zeros((3, 13), np.int64))
     s.reserve(s.schedule())
@@ -312,6 +313,11 @@ def test_a_prompt_left_with_one_row_counts_as_a_chunk():
     assert steps[0] == [(0, 1), (1, 1), (2, 1)]  # the decoder, then two one-row prompts
     assert steps[1] == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]  # those two decode now
     assert steps[2] == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 6)]
+    for rid in range(6, 10):
+        s.add(rid, np.zeros((1, 13), np.int64))
+    with s.chunks_uncapped():  # the warm-up's wide batch: every chunk in one step
+        assert [r.rid for r, _ in s.schedule() if r.in_prompt] == [6, 7, 8, 9]
+    assert s.max_prefill_chunks == 2
 
 
 def test_token_buckets_pad_at_most_one_step():
