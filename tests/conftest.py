@@ -1,6 +1,6 @@
-"""Shared test helpers: where the golden fixtures live (outside the repository: docs/model_facts.md,
-"Golden fixtures"), loading a golden case or codec, one intra-op torch thread for modules of tiny
-tensors, and a speech job for request adapters."""
+"""Shared test helpers: where the golden fixtures live (tests/golden/, described in its README.md),
+loading a golden case or codec, one intra-op torch thread for modules of tiny tensors, and a speech
+job for request adapters."""
 
 import os
 from pathlib import Path
@@ -10,7 +10,7 @@ import pytest
 
 from speech.job import SpeechJob
 
-GOLDEN_ROOT = Path(__file__).resolve().parents[2] / "shared" / "golden"
+GOLDEN_ROOT = Path(__file__).resolve().parent / "golden"
 
 
 def pytest_configure(config) -> None:
@@ -61,10 +61,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def golden_dir(name: str) -> Path:
-    """The golden fixture folder `name`, or skip the test with the reason when it is absent."""
+    """The golden fixture folder `name` (tests/golden/), or skip with the reason when it is absent:
+    the test that asks, or the whole module when a module asks at import."""
     path = GOLDEN_ROOT / name
-    if not path.is_dir():
-        pytest.skip(f"golden fixtures not found at {path} (docs/model_facts.md, 'Golden fixtures')")
+    if not (path / "config.json").is_file():
+        pytest.skip(f"golden fixtures not found at {path} (tests/golden/README.md)", allow_module_level=True)
     return path
 
 

@@ -16,11 +16,9 @@ from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
 from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAttention
 from tests.stages.runner_drive import drive
+from tests.conftest import golden_dir
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "golden"
-DELAY, REALTIME = SHARED / "moss_tts_delay", SHARED / "moss_tts_realtime"
-if not DELAY.is_dir() or not REALTIME.is_dir():
-    pytest.skip(f"golden fixtures not found under {SHARED}", allow_module_level=True)
+DELAY, REALTIME = golden_dir("moss_tts_delay"), golden_dir("moss_tts_realtime")
 GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=1000)
 
 

@@ -7,21 +7,19 @@ import torch
 
 from stages.models.codec.runner import CodecRunner, SlotsExhausted
 from stages.models.codec.streaming import StreamingDecoder
-from tests.conftest import GOLDEN_ROOT, golden_codec
+from tests.conftest import golden_codec, golden_dir
 
-GOLDEN = GOLDEN_ROOT
-pytestmark = [pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}"),
-              pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def v2():
-    return golden_codec(GOLDEN / "moss_audio_tokenizer_v2")
+    return golden_codec(golden_dir("moss_audio_tokenizer_v2"))
 
 
 @pytest.fixture(scope="module")
 def v1():
-    return golden_codec(GOLDEN / "moss_audio_tokenizer_v1")
+    return golden_codec(golden_dir("moss_audio_tokenizer_v1"))
 
 
 def whole(model, codes: np.ndarray) -> np.ndarray:

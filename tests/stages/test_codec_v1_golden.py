@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from stages.models.codec import CodecConfig, count_parameters, full_size_v1_config, load_codec
-from tests.conftest import GOLDEN_ROOT, golden_error
+from tests.conftest import golden_dir, golden_error
 
-GOLDEN = GOLDEN_ROOT / "moss_audio_tokenizer_v1"
-pytestmark = [pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}"),
-              pytest.mark.usefixtures("one_torch_thread")]
+GOLDEN = golden_dir("moss_audio_tokenizer_v1")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,10 @@ import torch
 from stages.models.codec import CodecConfig, build_codec, count_parameters, full_size_v2_config, load_codec, tiny_v2_config
 from stages.models.codec.loader import CODEC_RENAMES
 from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
-from tests.conftest import GOLDEN_ROOT, golden_error
+from tests.conftest import golden_dir, golden_error
 
-GOLDEN = GOLDEN_ROOT / "moss_audio_tokenizer_v2"
-pytestmark = [pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}"),
-              pytest.mark.usefixtures("one_torch_thread")]
+GOLDEN = golden_dir("moss_audio_tokenizer_v2")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

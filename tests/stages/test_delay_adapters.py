@@ -1,6 +1,5 @@
 """Delay request adapters: each variant's prompt rules, its errors, and its sampling defaults."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,8 +7,9 @@ import pytest
 from stages.models.delay.adapters import (SAMPLING_DEFAULTS, AdapterError, DelayRequest, build_request,
                                    variant_for_config)
 from stages.models.delay.processor import DelayProcessor
+from tests.conftest import golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
+GOLDEN = golden_dir("moss_tts_delay")
 
 
 @pytest.fixture(scope="module")

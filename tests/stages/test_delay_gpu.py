@@ -1,6 +1,5 @@
 """Delay talker on CUDA: golden greedy runs and teacher forcing in fp32, a bf16 smoke run."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,12 +7,12 @@ import torch
 
 from speech.sampling import SamplingParams
 from stages.models.delay.runner import DelayRunner
+from tests.conftest import golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
+GOLDEN = golden_dir("moss_tts_delay")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(not GOLDEN.is_dir(), reason="needs the golden fixtures"),
 ]
 GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=1000)
 

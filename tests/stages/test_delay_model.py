@@ -7,9 +7,9 @@ import torch
 from stages.models.delay.config import DelayConfig, full_size_config, tiny_config
 from stages.models.delay.model import DelayModel
 from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
-from tests.conftest import GOLDEN_ROOT, golden_case
+from tests.conftest import golden_case, golden_dir
 
-GOLDEN = GOLDEN_ROOT / "moss_tts_delay"
+GOLDEN = golden_dir("moss_tts_delay")
 ATOL = RTOL = 1e-4
 
 

@@ -1,13 +1,13 @@
 """Delay pattern: apply / whole de-delay / incremental de-delay agree with upstream's golden arrays."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stages.models.delay.delay_pattern import IncrementalDeDelayer, apply_delay_pattern, de_delay, is_pad_frame
+from tests.conftest import golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
+GOLDEN = golden_dir("moss_tts_delay")
 CASES = ["plain", "voice_clone", "continuation"]
 PAD = 64
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from stages.models.delay.processor import DelayProcessor
-from tests.conftest import GOLDEN_ROOT, golden_case
+from tests.conftest import golden_case, golden_dir
 
-GOLDEN = GOLDEN_ROOT / "moss_tts_delay"
+GOLDEN = golden_dir("moss_tts_delay")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """Delay runner: upstream greedy generation reproduced exactly, streaming frames, batching, budgets."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,8 +8,9 @@ from speech.sampling import SamplingParams
 from stages.models.delay.delay_pattern import de_delay, is_pad_frame
 from stages.models.delay.model import DelayModel
 from stages.models.delay.runner import DelayRunner
+from tests.conftest import golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
+GOLDEN = golden_dir("moss_tts_delay")
 GREEDY = SamplingParams(greedy=True, temperature=0.0, text_temperature=0.0, max_new_frames=1000)
 
 

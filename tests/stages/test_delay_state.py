@@ -2,18 +2,15 @@
 ranges and frame counts agree with what upstream `generate` produced row by row."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stages.models.delay.config import DelayConfig
 from stages.models.delay.state import INSIDE_AUDIO, OUTSIDE_AUDIO, DelayState
+from tests.conftest import golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_delay"
-if not GOLDEN.is_dir():
-    pytest.skip(f"golden fixtures not found at {GOLDEN} (docs/model_facts.md, 'Golden fixtures')",
-                allow_module_level=True)
+GOLDEN = golden_dir("moss_tts_delay")
 CONFIG = DelayConfig.from_dict(json.loads((GOLDEN / "config.json").read_text()))
 
 

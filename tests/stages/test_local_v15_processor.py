@@ -6,9 +6,9 @@ import pytest
 
 from stages.models.local_v15.config import LocalV15Config
 from stages.models.local_v15.processor import LocalV15Processor
-from tests.conftest import GOLDEN_ROOT, golden_case
+from tests.conftest import golden_case, golden_dir
 
-GOLDEN = GOLDEN_ROOT / "moss_tts_local_v1_5"
+GOLDEN = golden_dir("moss_tts_local_v1_5")
 TARGET = "Hello world, this is a tiny golden test."
 
 

@@ -4,7 +4,6 @@ a tokenizer whose special ids match the config, and the embedded demo model."""
 import hashlib
 import json
 import logging
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,8 +30,8 @@ from stages.tools.make_checkpoint import (
 from stages.tools.random_weights import (TensorSpec, module_specs, plan_shards, random_tensor, tensor_seed,
                                          write_weights)
 from stages.tools.tokenizer_builder import build_tokenizer, write_tokenizer_files
+from tests.conftest import golden_dir
 
-GOLDEN_V15 = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"
 QWEN_IDS = dict(
     pad_token_id=151643, im_start_token_id=151644, im_end_token_id=151645,
     audio_start_token_id=151669, audio_end_token_id=151670, audio_user_slot_token_id=151654,
@@ -135,7 +134,7 @@ def test_tokenizer_for_full_size_ids():
 
 
 def test_tokenizer_files_drive_the_processor(tmp_path):
-    golden_cfg = json.loads((GOLDEN_V15 / "config.json").read_text())
+    golden_cfg = json.loads((golden_dir("moss_tts_local_v1_5") / "config.json").read_text())
     write_tokenizer_files(golden_cfg, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(golden_cfg))
     tok = TextTokenizer.from_dir(tmp_path)
@@ -168,7 +167,7 @@ def test_tiny_checkpoint_loads_strictly_through_both_loaders(tiny_dir):
 
 def test_tiny_config_mirrors_the_golden_layout(tiny_dir):
     out, _ = tiny_dir
-    golden = json.loads((GOLDEN_V15 / "config.json").read_text())
+    golden = json.loads((golden_dir("moss_tts_local_v1_5") / "config.json").read_text())
     config = json.loads((out / "config.json").read_text())
     assert set(config) == set(golden)
     assert set(config["qwen3_config"]) == set(golden["qwen3_config"])

@@ -1,7 +1,6 @@
 """Realtime talker on CUDA: golden greedy frames in fp32 (with and without repetition penalty)."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,12 +9,12 @@ import torch
 from speech.sampling import SamplingParams
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
+from tests.conftest import golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
+GOLDEN = golden_dir("moss_tts_realtime")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(not GOLDEN.is_dir(), reason="needs the golden fixtures"),
 ]
 
 

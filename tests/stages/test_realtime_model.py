@@ -7,9 +7,9 @@ import torch
 from stages.models.realtime.config import RealtimeConfig, full_size_config, tiny_config
 from stages.models.realtime.model import UNUSED_CHECKPOINT_TENSORS, RealtimeModel
 from stages.runtime.checkpoint import CheckpointError, load_weights, read_state_dict
-from tests.conftest import GOLDEN_ROOT, golden_case
+from tests.conftest import golden_case, golden_dir
 
-GOLDEN = GOLDEN_ROOT / "moss_tts_realtime"
+GOLDEN = golden_dir("moss_tts_realtime")
 ATOL = RTOL = 1e-4
 
 

@@ -1,7 +1,6 @@
 """Realtime runner: upstream greedy frames reproduced exactly, streaming from the first step, batching."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,11 +8,9 @@ import pytest
 from speech.sampling import SamplingParams
 from stages.models.realtime.processor import RealtimeProcessor
 from stages.models.realtime.runner import RealtimeRunner
+from tests.conftest import golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_realtime"
-if not GOLDEN.is_dir():
-    pytest.skip(f"golden fixtures not found at {GOLDEN} (docs/model_facts.md, 'Golden fixtures')",
-                allow_module_level=True)
+GOLDEN = golden_dir("moss_tts_realtime")
 TEXT = json.loads((GOLDEN / "cases.json").read_text())["text"]
 
 

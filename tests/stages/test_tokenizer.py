@@ -1,13 +1,13 @@
 """The checkpoint tokenizer reproduces the golden tokenizer's ids (and round-trips text)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from stages.runtime.tokenizer import TextTokenizer
+from tests.conftest import golden_dir
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "moss_tts_local_v1_5"
+GOLDEN = golden_dir("moss_tts_local_v1_5")
 
 
 @pytest.fixture(scope="module")
