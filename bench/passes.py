@@ -2,7 +2,7 @@
 
     python -m bench.passes RESULTS_DIR [--baseline shipped]
 
-`docs/device_runs.sh` writes each measured pass of `mossvox bench serve` as `NAME_cC.json`, the
+`bench/device_runs.sh` writes each measured pass of `mossvox bench serve` as `NAME_cC.json`, the
 server's later passes as `NAME_r2_cC.json`, `NAME_r3_cC.json`, ..., and the discarded first pass
 as `NAME_warm_cC.json` (left out here). Per concurrency C this prints every server's passes
 (audio-s/s; mean TTFA; smooth share), their means, and each server's mean audio-s/s and mean TTFA
@@ -77,7 +77,7 @@ def table(passes: list[Pass], baseline: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("root", type=Path, help="a device run's results folder (docs/device_runs.sh: $OUT/r)")
+    ap.add_argument("root", type=Path, help="a device run's results folder (bench/device_runs.sh: $OUT/r)")
     ap.add_argument("--baseline", default=None, help="the server the ratios are against (default: shipped)")
     args = ap.parse_args(argv)
     passes = read_passes(args.root)

@@ -355,7 +355,7 @@ class CodecConfig(_Section):
         "instead of the checkpoint's erf GELU; a fidelity change (the two differ by at most ~5e-4, "
         "under bf16's step for |x| > 0.06; on an H200 the full-size random codec's audio is 89 dB "
         "from erf's in fp32, while bf16 itself is 32.4 dB from fp32 with either GELU: "
-        "`python -m bench.codec_gelu`); replays alone 0.93-0.97x the time (C=64's served mix "
+        "`python -m bench.kernels.codec_gelu`); replays alone 0.93-0.97x the time (C=64's served mix "
         "0.94x); the encoder keeps erf; off until measured served")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8

@@ -20,7 +20,7 @@ fp32 scale per output row (`W ≈ weight_fp8 * weight_scale`) and multiplies by 
 
 Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; on
 random inputs one product lands ~4% from the full-precision one with both operands quantized.
-What that does to a model's outputs is measured, not assumed (`bench.fp8_fidelity`,
+What that does to a model's outputs is measured, not assumed (`bench.kernels.fp8_fidelity`,
 docs/performance.md).
 
 `quantize_linears(module, names, scheme)` swaps the named linears of a module for `Fp8Linear`s

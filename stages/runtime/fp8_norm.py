@@ -92,7 +92,7 @@ def launch_add_rms_norm_quant(x: torch.Tensor, raw: torch.Tensor, row_scale: tor
                               weight: torch.Tensor, eps: float, out_sum: torch.Tensor, out: torch.Tensor,
                               out_scale: torch.Tensor, num_warps: int | None = None) -> None:
     """`add_rms_norm_quant_kernel` into out_sum, out and out_scale; `num_warps`: a program's warps
-    (None: 256 columns a warp; `bench.fp8_kernels` times others)."""
+    (None: 256 columns a warp; `bench.kernels.fp8_kernels` times others)."""
     n, h = x.shape
     if n == 0:
         return

@@ -75,7 +75,7 @@ def silu_mul_quant(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tens
 def launch_silu_mul_quant(raw: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor,
                           out_scale: torch.Tensor, num_warps: int | None = None) -> None:
     """`silu_mul_quant` into out [M, I] (float8) and out_scale [M, 1]; `num_warps`: a program's
-    warps (None: 512 columns a warp; `bench.fp8_kernels` times others)."""
+    warps (None: 512 columns a warp; `bench.kernels.fp8_kernels` times others)."""
     m, i = out.shape
     if m == 0:
         return

@@ -15,7 +15,7 @@ Everything happens in rank order: the scores are ranked once (value descending, 
 ascending on ties), top-k is a threshold on the ranked values, top-p a prefix of their cumulative
 mass, and the race runs over ranked entries with the noise of each entry's vocabulary index
 (`exponential_noise` takes an index tensor). Against the previous implementation (two full sorts,
-a scatter, noise for the whole vocabulary; kept as `bench.sampling.legacy_sample_tokens`)
+a scatter, noise for the whole vocabulary; kept as `bench.kernels.sampling.legacy_sample_tokens`)
 the tokens are the same except where float rounding decides (the race and the top-p sum skip the
 softmax normaliser) and where the noise is 0 (U rounds to 1, 2**-24 of the entries): such an
 entry is never drawn, where the previous code drew it even when filtered out (0 / -0.0 = NaN won).

@@ -37,7 +37,7 @@ def test_the_kernel_multiplies_x_by_the_dequantized_weights(m, n, k, dtype):
 
 def test_every_launch_configuration_the_bench_sweeps_gives_the_same_product():
     """Tiles of 32-256 channels and 64-256 inputs, 1-4 input splits, row tiles larger than the
-    rows: any of them may become `plan`'s choice after a GPU sweep (`bench.fp8_matmul --sweep`)."""
+    rows: any of them may become `plan`'s choice after a GPU sweep (`bench.kernels.fp8_matmul --sweep`)."""
     x, w, scale, want = _operands(7, 96, 768, torch.float32)
     for block_m in (16, 32):
         for block_n in (32, 64, 128, 256):

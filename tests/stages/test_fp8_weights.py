@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from bench.fp8_fidelity import compare, outputs
+from bench.kernels.fp8_fidelity import compare, outputs
 from profiles import load_profile
 from stages.models.local_v15.config import tiny_config
 from stages.models.local_v15.loader import build_talker_module

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 import torch
 
-from bench.sampling import top_k_filter, top_p_filter
+from bench.kernels.sampling import top_k_filter, top_p_filter
 from speech.sampling import SamplingParams
 from stages.runtime.sampling import RowSampling, SamplingSlots, exponential_noise, sample_tokens
 

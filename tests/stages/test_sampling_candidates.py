@@ -4,7 +4,7 @@ draw the legacy sampler's tokens, and the cheaper noise hash is the legacy one, 
 import numpy as np
 import torch
 
-from bench.sampling import legacy_noise, legacy_sample_tokens
+from bench.kernels.sampling import legacy_noise, legacy_sample_tokens
 from stages.runtime.sampling import K_CAP, RowSampling, _mix32, exponential_noise, noise_key, sample_tokens
 
 V = 1024
@@ -128,7 +128,7 @@ def test_wrapping_multiply_hash_equals_the_split_multiply():
     gen = torch.Generator().manual_seed(5)
     x = torch.cat([torch.randint(0, 2**32, (100_000,), generator=gen),
                    torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1])])
-    from bench.sampling import _mix32 as split_mix32
+    from bench.kernels.sampling import _mix32 as split_mix32
 
     assert torch.equal(_mix32(x), split_mix32(x))
 

@@ -107,7 +107,7 @@ def ring_attention(q: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, 
     fastest or within 3% of it at 1, 4, 8 and 15 frames for 128 rows of the full v2 decoder; on
     CPU, where the interpreter runs each program in numpy, 64 x 256: fewer, larger steps);
     `num_warps`, `num_stages` (None: 2 on CUDA) as for any Triton launch (`python -m
-    bench.codec_ring` times configurations)."""
+    bench.kernels.codec_ring` times configurations)."""
     cpu = q.device.type == "cpu"
     block_m = block_m or 64
     block_n = block_n or (256 if cpu else 64)

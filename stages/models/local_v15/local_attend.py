@@ -140,7 +140,7 @@ def local_attend(qkv: list[torch.Tensor], num_heads: int, rope_base: float,
     side. Equals `LocalAttention.step` with plain attention up to float rounding (the angles'
     own: computed here in fp32, cos and sin rounded to qkv's dtype as the torch tables are).
     `heads_per_program`: 2 is the fastest on an H200 at 48 and 88 rows (`python -m
-    bench.local_attend`)."""
+    bench.kernels.local_attend`)."""
     first = qkv[0]
     B, width = first.shape
     hidden = width // 3

@@ -204,7 +204,7 @@ class TritonPagedAttention:
         or 2 for 1-byte elements and Triton's default (None) for wider ones. On one H200 a float8
         cache's 128-key tiles took 54.7 / 97.2 / 46.6 / 54.6 us with 2 stages against 92.5 / 95.4
         / 47.1 / 52.8 with the default, one decode layer of 88 x 400, 88 x 1000, 44 x 400 and
-        44 x 1000 keys (`python -m bench.paged_attention`); bf16 tiles gained nothing from 2."""
+        44 x 1000 keys (`python -m bench.kernels.paged_attention`); bf16 tiles gained nothing from 2."""
         if self.num_stages is not None or cache_dtype.itemsize != 1:
             return self.num_stages
         return 2

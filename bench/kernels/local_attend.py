@@ -2,7 +2,7 @@
 heads a program, against the plain steps' attention compiled (full-size local block shapes:
 32 heads of 80, random bf16 projections).
 
-    python -m bench.local_attend [--rows 48 88] [--heads 1 2 4 8] [--iters 50]
+    python -m bench.kernels.local_attend [--rows 48 88] [--heads 1 2 4 8] [--iters 50]
 
 Per row count (each launch timed from CUDA graph replays): each heads-a-program setting's
 microseconds at positions 1, 4, 8 and 12 (keys so far) and summed over a frame's 12 positions; then the same 12 positions through the plain
@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from bench.timing import graph_us
+from bench.kernels.timing import graph_us
 from stages.models.local_v15.local_attend import local_attend
 from stages.models.local_v15.model import apply_rope_interleaved, rope_interleaved_tables
 

@@ -1,4 +1,4 @@
-"""cuBLAS's float8 matmuls at a decode step's rows, by scales and operand order: `python -m bench.fp8_cublas`.
+"""cuBLAS's float8 matmuls at a decode step's rows, by scales and operand order: `python -m bench.kernels.fp8_cublas`.
 
 For each of the Local-v1.5 talker's weight shapes at each row count of `--rows`, this times,
 from CUDA graphs, with enough weight copies in turn that no call finds its weights in L2: bf16
@@ -20,7 +20,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from bench.timing import graph_us
+from bench.kernels.timing import graph_us
 from stages.runtime.fp8_linear import quantize_rows
 
 SHAPES = (("qkv", 6144, 2560, 36), ("o", 2560, 4096, 36), ("gate_up", 19456, 2560, 36), ("down", 2560, 9728, 36),
@@ -57,7 +57,7 @@ def main() -> None:
     if args.quick:
         args.rows, args.iters = [16], 1
     elif not torch.cuda.is_available():
-        raise SystemExit("bench.fp8_cublas needs a CUDA device with float8 matmuls (sm89+), or --quick")
+        raise SystemExit("bench.kernels.fp8_cublas needs a CUDA device with float8 matmuls (sm89+), or --quick")
     dev = torch.device("cpu" if args.quick else "cuda")
     print(f"torch {torch.__version__}, {dev.type}; us a call (from a graph on CUDA), weights from memory")
     step = {m: [0.0] * len(WAYS) for m in args.rows}

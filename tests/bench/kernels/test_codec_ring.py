@@ -1,4 +1,4 @@
-"""`bench.codec_ring` on the tiny codec: every way of the streaming attention (copy and mask, the
+"""`bench.kernels.codec_ring` on the tiny codec: every way of the streaming attention (copy and mask, the
 in-place kernel with its default tiles and with given tiles) gives the same output, and the report
 adds each stage's layers up per decode call. On CPU the kernel runs in Triton's interpreter
 (TRITON_INTERPRET=1 set before triton is imported, as in the codec's ring-attention tests)."""
@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from bench.codec_ring import bench_stage, parse_tiles, report  # noqa: E402
+from bench.kernels.codec_ring import bench_stage, parse_tiles, report  # noqa: E402
 from stages.models.codec.config import CodecConfig, TransformerStage, tiny_v2_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -1,7 +1,7 @@
 """`stages.runtime.sampling` before the candidate path (the reference the tests and this benchmark compare
 against) and a micro-benchmark of `sample_tokens`.
 
-    python -m bench.sampling [--device cuda] [--iters 200]
+    python -m bench.kernels.sampling [--device cuda] [--iters 200]
 
 prints ms per call of the legacy sampler, the full path and the candidate path at B = 1, 64, 256,
 V = 1024 (default audio parameters, repetition penalty on), eager and, on CUDA, replayed from a

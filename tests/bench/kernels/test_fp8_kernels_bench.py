@@ -1,4 +1,4 @@
-"""`bench.fp8_kernels --quick` (tiny widths, Triton's interpreter on the CPU): every warp count of
+"""`bench.kernels.fp8_kernels --quick` (tiny widths, Triton's interpreter on the CPU): every warp count of
 both kernels runs and is reported beside the torch ops with its share of equal float8 codes, so
 a GPU call does not find the bench broken."""
 
@@ -9,7 +9,7 @@ import re  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from bench import fp8_kernels  # noqa: E402
+from bench.kernels import fp8_kernels  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the quick run is the CPU's")

@@ -1,4 +1,4 @@
-"""The talker's paged attention alone, a decode step's layer: `python -m bench.paged_attention`.
+"""The talker's paged attention alone, a decode step's layer: `python -m bench.kernels.paged_attention`.
 
 One decode row per sequence over a paged cache filled round-robin (so every sequence's blocks
 are scattered through the pool, as in the server), the Local-v1.5 backbone's heads (32 query, 8
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.timing import graph_us
+from bench.kernels.timing import graph_us
 from stages.runtime.attention.backends import ReferenceAttention
 from stages.runtime.attention.metadata import build_attention_metadata
 from stages.runtime.attention.triton_paged import TritonPagedAttention

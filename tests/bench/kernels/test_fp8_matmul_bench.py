@@ -1,4 +1,4 @@
-"""`bench.fp8_matmul --quick` (one tiny shape through Triton's interpreter on the CPU): the kernel's
+"""`bench.kernels.fp8_matmul --quick` (one tiny shape through Triton's interpreter on the CPU): the kernel's
 sweep and the comparison line come out, so a GPU call does not find the bench broken."""
 
 import tests.triton_cpu  # noqa: F401  (before triton: its CPU interpreter)
@@ -8,7 +8,7 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from bench import fp8_matmul  # noqa: E402
+from bench.kernels import fp8_matmul  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the quick run is the CPU's")

@@ -1,10 +1,10 @@
-"""The talker's matmuls from float8 weights against bf16, alone: `python -m bench.fp8_matmul`.
+"""The talker's matmuls from float8 weights against bf16, alone: `python -m bench.kernels.fp8_matmul`.
 
 For each of the Local-v1.5 talker's weight shapes (the backbone's fused q/k/v, o, fused gate/up
 and down projections, and the local block's four) at each row count of `--rows` (a decode step's
 rows; 344 is a mixed step's 256 prompt tokens beside 88 rows), two ways of one product in
 bf16: `F.linear` on the bf16 weights (cuBLAS) and `w8a16_mm` on float8 weights (the Triton
-kernel of `talker.fp8_scheme: w8a16`; the w8a8 scheme's cuBLAS products: `bench.fp8_cublas`).
+kernel of `talker.fp8_scheme: w8a16`; the w8a8 scheme's cuBLAS products: `bench.kernels.fp8_cublas`).
 Each is timed as a CUDA graph of `--iters` calls (no host launch cost), and
 printed with the rate at which it read its weights and its time against bf16's. The last lines
 add one decode step's matmuls up (36 backbone layers, the local block 12 times a frame). With
@@ -22,7 +22,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from bench.timing import graph_us
+from bench.kernels.timing import graph_us
 from stages.runtime.fp8_linear import quantize_rows
 from stages.runtime.fp8_matmul import MIN_SPLIT_K, launch, plan, w8a16_mm
 

@@ -1,4 +1,4 @@
-"""The float8 layer's own kernels by warps, against the compiled torch ops: `python -m bench.fp8_kernels`.
+"""The float8 layer's own kernels by warps, against the compiled torch ops: `python -m bench.kernels.fp8_kernels`.
 
 At each row count of `--rows`, at the Local-v1.5 backbone's widths (gate|up 2 x 9,728 columns,
 the hidden size 2,560), this times from CUDA graphs the kernels a layer runs around its float8
@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from bench.timing import graph_us
+from bench.kernels.timing import graph_us
 
 SWIGLU_WARPS = (4, 8, 16, 32)
 NORM_WARPS = (2, 4, 8, 16)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     elif torch.cuda.is_available():
         device, rows, iters, swiglu_cols, norm_cols = torch.device("cuda"), args.rows, args.iters, 9728, 2560
     else:
-        raise SystemExit("bench.fp8_kernels needs a CUDA device, or --quick")
+        raise SystemExit("bench.kernels.fp8_kernels needs a CUDA device, or --quick")
     compiled = device.type == "cuda"
     print(f"torch {torch.__version__}, {device.type}; us a call (from a graph on CUDA)", flush=True)
     for m in rows:

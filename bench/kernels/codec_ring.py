@@ -1,4 +1,4 @@
-"""The codec's streaming attention alone, per decoder stage: `python -m bench.codec_ring`.
+"""The codec's streaming attention alone, per decoder stage: `python -m bench.kernels.codec_ring`.
 
 For each transformer stage of the decoder (its heads, head size, window and ring capacity) and
 each chunk length, one layer's attention for a batch of slots, timed two ways:
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.timing import time_ms
+from bench.kernels.timing import time_ms
 from stages.models.codec.config import CodecConfig, TransformerStage
 from stages.models.codec.streaming import ring_capacity
 from stages.models.codec.transformer import CausalWindowAttention, LayerCache, WindowPlan

@@ -1,4 +1,4 @@
-"""`bench.paged_attention` on a tiny shape: every variant (cache dtype, keys per tile, warps,
+"""`bench.kernels.paged_attention` on a tiny shape: every variant (cache dtype, keys per tile, warps,
 stages, key splits) gives the reference's output over the values its cache holds, and the report names each
 with its bytes read; on the CPU through Triton's interpreter."""
 
@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from bench.paged_attention import Variant, report, run  # noqa: E402
+from bench.kernels.paged_attention import Variant, report, run  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -1,4 +1,4 @@
-"""`bench.fp8_cublas --quick` (one tiny shape, torch's float8 matmul on the CPU): every way is
+"""`bench.kernels.fp8_cublas --quick` (one tiny shape, torch's float8 matmul on the CPU): every way is
 timed and lands near the fp32 product, so a GPU call does not find the bench broken."""
 
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from bench import fp8_cublas
+from bench.kernels import fp8_cublas
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the quick run is the CPU's")

@@ -1,7 +1,7 @@
 """How far the decoder's tanh GELU (`codec.gelu_epilogue`) moves the codec's audio, beside bf16's
 own distance from fp32 (the full-size v2 codec, seeded random weights).
 
-    python -m bench.codec_gelu [--device cpu] [--frames 8] [--rows 2] [--seeds 3]
+    python -m bench.kernels.codec_gelu [--device cpu] [--frames 8] [--rows 2] [--seeds 3]
 
 Random codes [12 quantizers, rows, frames] decoded whole (from position 0) four ways: fp32 with
 the checkpoint's erf GELU (the reference), fp32 with the tanh GELU, bf16 with erf, bf16 with

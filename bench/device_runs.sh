@@ -1,0 +1,309 @@
+#!/bin/bash
+# The GPU measurements behind docs/performance.md's figures, one phase a run, from the tree to
+# measure (its root as the working directory). Results go to $OUT/r and $OUT/results_PHASE.tgz
+# (OUT defaults to ./device_results); phases can follow each other with the same OUT.
+#
+#   bash bench/device_runs.sh table     # the headline table: high-concurrency at HC_LEVELS
+#                                       # (1 16 64 128 256), low-latency at LL_LEVELS (1 64),
+#                                       # PASSES (2) measured passes a level after a discarded one
+#   bash bench/device_runs.sh ceilings  # the stages alone at the served shapes: the codec's B=128
+#                                       # replays of 1 and 15 frames, the talker's step at ROWS
+#                                       # (128) rows of CONTEXT (300) keys
+#   bash bench/device_runs.sh sweep     # high-concurrency C=1..256 and low-latency C=1..128
+#                                       # (HC_LEVELS, LL_LEVELS: other levels; empty skips one)
+#   bash bench/device_runs.sh peer      # high-concurrency at C=128 and 64, 3 prompts a client,
+#                                       # then 1088 prompts a pass (the peers' protocol: the whole
+#                                       # Seed-TTS EN set, first pass discarded); FLAGS changes it
+#   bash bench/device_runs.sh gputests  # the GPU-marked tests of TESTS (tests/stages), K: -k filter
+#   bash bench/device_runs.sh families [NAME...]
+#                                       # every model family (default: delay, ttsd, sound-effect,
+#                                       # realtime, voice-generator), full-size random weights,
+#                                       # one server a GPU, all at once: C=1, 16, 64 with the
+#                                       # prompt set in the model's own fields, one table of every
+#                                       # run (on fewer GPUs than families the last ones queue;
+#                                       # PROFILE, CS, SIZE and GPUS change it)
+#   bash bench/device_runs.sh invariant # the batch-invariant GPU tests, then high-concurrency with
+#                                       # talker.batch_invariant off and on (C=1, 64, 128);
+#                                       # SKIP_TESTS=1: servers only
+#   BASE=DIR bash bench/device_runs.sh build
+#                                       # the build in DIR (an earlier tree) against this one,
+#                                       # PROFILE, CS (128 64), PASSES (2): a changed code default
+#   FLAGS="--set k=v" bash bench/device_runs.sh flags
+#                                       # the shipped profile against it with FLAGS (and FLAGS2,
+#                                       # FLAGS3: one server each), CS (128 64), PASSES (2)
+#
+# Common settings: PROFILE (high-concurrency) the profile served; PASSES measured passes a level
+# (one server's passes differ by ~2%, servers by up to ~8%, so a change under ~5% needs several);
+# a pass sends PER (3) prompts a client, or NP prompts in all; BUDGET (560) seconds a phase,
+# levels that no longer fit skipped; EVENTS_S=S keeps each measured pass's first S seconds of
+# timeline events; WARM_WINDOW=1 summarises the discarded first pass's timeline too.
+# Wheels the GPU image lacks (starlette, msgspec, uvicorn, ...) are installed from $WHEELS
+# (default .whl) when it holds any. Compile caches: SAVE_CACHE=1 packs them to $OUT/cache.tgz.*
+# (15 MB parts), CACHE=DIR restores them, so a later run's first server is ready in 70-110 s
+# instead of ~230.
+set -u
+PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|gputests|families [NAME...]|invariant|build|flags}
+OUT=${OUT:-$PWD/device_results}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
+WHEELS=${WHEELS:-.whl}
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then  # none: the environment has them all already
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p /tmp/cache
+if [ -n "${CACHE:-}" ] && ls "$CACHE"/cache.tgz.* >/dev/null 2>&1; then
+  cat "$CACHE"/cache.tgz.* | tar xzf - -C /tmp/cache && echo "compile caches restored: $(du -sh /tmp/cache | cut -f1)"
+fi
+mkdir -p /tmp/bin && export PATH=/tmp/bin:$PATH  # a command, not a function: `timeout` runs it
+printf '#!/bin/sh\nexec python3 -c "import sys; from cli.main import main; sys.argv[0] = %s; sys.exit(main())" "$@"\n' \
+  "'mossvox'" > /tmp/bin/mossvox && chmod +x /tmp/bin/mossvox
+mono() { python3 -c 'import time; print(time.monotonic())'; }
+R=$OUT/r; mkdir -p "$R"
+T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
+finish() {
+  el "done"
+  tar czf "$OUT/results_$PHASE.tgz" -C "$OUT" r
+  [ -n "${SAVE_CACHE:-}" ] && (cd /tmp/cache && tar czf - inductor triton 2>/dev/null | split -b 15m - "$OUT/cache.tgz.")
+  ls -la "$OUT"
+}
+trap finish EXIT
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.device_count(), "GPU")'
+
+start_server() {  # start_server PORT NAME SERVE_ARGS... ; sets SPID. SERVER_TREE=DIR: serve DIR's build
+  local port=$1 name=$2; shift 2
+  # from inside the tree served: `python -c` puts the working directory ahead of PYTHONPATH
+  (cd "${SERVER_TREE:-.}" && PYTHONPATH=/tmp/site:$PWD exec mossvox serve "${MODEL:-/tmp/l15}" --port "$port" "$@") \
+    > "$R/serve_$name.log" 2>&1 &
+  SPID=$!
+  for _ in $(seq 1 400); do
+    curl -sf "localhost:$port/ready" >/dev/null && break
+    kill -0 $SPID 2>/dev/null || break; [ "$(left)" -lt 30 ] && break; sleep 1
+  done
+  el "$name ready: $(curl -s "localhost:$port/ready")"
+}
+stop_server() {
+  kill -INT $SPID; for _ in $(seq 1 30); do kill -0 $SPID 2>/dev/null || break; sleep 1; done; kill -9 $SPID 2>/dev/null
+  grep -E "ERROR|Traceback|exited|captured|loaded in|warm-up requests|after loading|ms step|garbage collection" \
+    "$R/serve_$1.log" | head -24 | cut -c1-300
+}
+bench() {  # bench PORT NAME C [extra bench args]
+  local port=$1 name=$2 c=$3; shift 3
+  local n=${NP:-$(( c * ${PER:-3} ))}; [ $n -lt 8 ] && n=8
+  timeout $(( $(left) - 10 )) mossvox bench serve --url "http://127.0.0.1:$port" --concurrency "$c" \
+    --num-prompts $n --no-progress --out "$R/${name}_c$c.json" "$@" > "$R/${name}_c$c.txt" 2>&1
+  el "$name C=$c rc=$?"; grep -E "^\| [0-9]|client CPU|at full load|gap over|failed request" "$R/${name}_c$c.txt" | head -6
+  curl -s "localhost:$port/metrics" > "$R/${name}_c${c}_metrics.txt"
+}
+sweep() {  # sweep PORT NAME "CS" SERVE_ARGS...
+  local port=$1 name=$2 cs=$3; shift 3
+  start_server "$port" "$name" "$@"
+  for c in $cs; do
+    [ "$(left)" -lt 40 ] && { el "$name: no time left for C=$c"; break; }
+    bench "$port" "$name" "$c"
+  done
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader ${CUDA_VISIBLE_DEVICES:+-i $CUDA_VISIBLE_DEVICES} \
+    | sed "s/^/$name GPU memory: /"
+  stop_server "$name"
+}
+pair() {  # pair PORT NAME "CS": per level a first pass (shown) and the measured pass, its window
+  # kept; PASSES=N: N measured passes (NAME, NAME_r2, ...: one server's passes differ by ~2%,
+  # servers by up to ~8%, so a lever under ~5% needs several)
+  local port=$1 name=$2 cs=$3 i run
+  for c in $cs; do
+    [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
+    a=$(mono); bench "$port" "${name}_warm" "$c" --no-warmup; b=$(mono)
+    [ -n "${WARM_WINDOW:-}" ] && echo "${name}_warm $c $a $b" >> "$R/windows.txt"
+    for i in $(seq 1 "${PASSES:-1}"); do
+      run=$name; [ "$i" -gt 1 ] && run=${name}_r$i
+      [ "$i" -gt 1 ] && [ "$(left)" -lt 40 ] && break
+      a=$(mono); bench "$port" "$run" "$c" --no-warmup; b=$(mono)
+      echo "$run $c $a $b" >> "$R/windows.txt"
+    done
+  done
+}
+compare() {  # compare "CS" NAME "FLAGS" [NAME "FLAGS"]...: a server of PROFILE (high-concurrency) per
+  # NAME in turn (with its timeline), each through `pair` at the levels CS, while the budget allows one
+  local -; set -f  # flags such as chunking.ramp=[4,8] stay words, never file patterns
+  local cs=$1; shift
+  while [ $# -ge 2 ]; do
+    local name=$1 flags=$2; shift 2
+    [ "$(left)" -lt 150 ] && { el "$name: no time left"; break; }
+    start_server 8000 "$name" --profile "${PROFILE:-high-concurrency}" --set engine.timeline_dir=/tmp/tl_$name $flags
+    pair 8000 "$name" "$cs"
+    stop_server "$name"
+  done
+}
+steps_as_shipped() {  # steps_as_shipped "BENCH FLAGS"...: the talker's step alone at ROWS (48; a list: each) rows
+  # with high-concurrency's paths (compiled, one step ahead, the local attention and sampling
+  # kernels, fused projections, the layer kernel, the sums deferred), once per argument, into
+  # talker_steps.txt
+  local v
+  for v in "$@"; do
+    [ "$(left)" -lt ${STEP_MIN_S:-150} ] && { el "no time left for the step with '$v'"; break; }
+    timeout $(( $(left) - 10 )) python3 -m bench.local_v15_profile_step --batch ${ROWS:-48} --context ${CONTEXT:-200} \
+      --attention triton --compile --compiled-only --top 14 --local-attention kernel --fused-sampling --overlap \
+      --fused-projections --qk-rope-store --deferred-residuals $v 2>&1 | grep -v -i warn | tee -a "$R/talker_steps.txt" \
+      | grep -E "^B=|kernel time|compilation"
+  done
+}
+summaries() {  # per line of windows.txt (NAME C START END): its timeline over that window, one line
+  while read -r name c a b; do
+    python3 -m bench.timeline "/tmp/tl_${name%%_*}" --window "$a" "$b" --first-wave "$c" \
+      --json "$R/timeline_${name}_c$c.json" ${EVENTS_S:+--events "$R/events_${name}_c$c.jsonl" --events-s "$EVENTS_S"} > /dev/null
+    python3 - "$R/timeline_${name}_c$c.json" "$name C=$c" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))[0]
+t, k, g = d.get("talker", {}), d.get("codec", {}), d["gpu"]
+ms = lambda s, key="mean": round(s.get(key, 0.0), 1)
+print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "max"), "decode-only",
+      ms(t["decode_only_step_ms"]), "rows", round(t["rows_per_step"], 1), "| prefill", t["prefill_steps"], "x",
+      ms(t["prefill_step_ms"]), "ms,", t.get("prefill_tokens"), "tokens,", t.get("cached_prompt_tokens"), "cached",
+      "| codec", k.get("dispatches"), "x", ms(k.get("decode_ms", {})), "ms,", round(k.get("chunks_per_dispatch", 0), 1),
+      "chunks,", round(k.get("calls_per_dispatch", 0), 2),
+      "calls of", round(k.get("rows_per_call", 0), 1), "rows,", round(100 * k.get("padding_share", 0)), "% padding,",
+      round(k.get("decode_us_per_frame", 0)),
+      "us/frame | busy", round(g["talker_busy"], 2), round(g["codec_busy"], 2),
+      "| talker on the GPU: step", ms(t.get("gpu_step_ms", {})), "p90", ms(t.get("gpu_step_ms", {}), "p90"),
+      "idle before it", ms(t.get("gpu_idle_ms_per_step", {})), "p90", ms(t.get("gpu_idle_ms_per_step", {}), "p90"),
+      "busy", round(t.get("gpu_busy", 0.0), 2), "idle", round(t.get("gpu_idle_share", 0.0), 2),
+      "| steps over 100 ms", t.get("steps_over_100ms"), "graphs recorded", t.get("graphs_recorded"),
+      "compiles", t.get("compiles"), "triton kernels", t.get("triton_kernels"), "gc ms", round(t.get("gc_ms", 0.0), 1),
+      "allocating steps", t.get("allocating_steps"), "longest", round(t.get("allocating_step_max_ms", 0.0), 1))
+for part in ("requests", "requests_first_wave", "requests_later"):
+    r = d.get(part, {})
+    parts = (f"(parsed {ms(r.get('received_to_parsed_ms', {}))}, voice {ms(r.get('parsed_to_voice_ms', {}))},"
+             f" submit {ms(r.get('voice_to_submit_ms', {}))})")
+    print("   ", sys.argv[2], part, "ms | received to submit", ms(r.get("received_to_submit_ms", {})), parts,
+          "| submit to admit", ms(r.get("submit_to_admit_ms", {})),
+          "| admit to first frame", ms(r.get("admit_to_first_frame_ms", {})),
+          "| first frame to first chunk", ms(r.get("first_frame_to_first_chunk_ms", {})),
+          "| first chunk to client", ms(r.get("first_chunk_to_client_ms", {})),
+          "| taken", ms(r.get("first_chunk_in_client_to_taken_ms", {})),
+          "| out", ms(r.get("first_chunk_taken_to_out_ms", {})),
+          "| last frame to final chunk", ms(r.get("last_frame_to_final_chunk_ms", {})),
+          "| final chunk to client", ms(r.get("final_chunk_to_client_ms", {})))
+PY
+  done < "$R/windows.txt"
+  python3 -m bench.passes "$R" | tee "$R/passes.md"  # the measured passes, server against server
+}
+checkpoint() {
+  [ -f /tmp/l15/config.json ] || mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
+  el "checkpoint written"
+}
+
+case $PHASE in
+table)  # the headline table as shipped: high-concurrency at HC_LEVELS (1 16 64 128 256), then
+  # low-latency at LL_LEVELS (1 64), PASSES (2) measured passes a level after a discarded one
+  checkpoint
+  PASSES=${PASSES:-2} compare "${HC_LEVELS:-1 16 64 128 256}" hc ""
+  PROFILE=low-latency PASSES=${PASSES:-2} compare "${LL_LEVELS:-1 64}" ll ""
+  summaries
+  ;;
+ceilings)  # the stage ceilings beside the server's figures, as high-concurrency ships them: the codec's
+  # B=128 replays of 1 and 15 frames (ring attention in place, fused ring writes and norms), then
+  # the talker's decode step alone at ROWS (128) rows of CONTEXT (300) keys (steps_as_shipped with
+  # the float8 backbone and its kernels; CEIL_FLAGS replaces those flags)
+  timeout $(( $(left) * 2 / 5 )) python3 -m bench.codec --version v2 --size full --batches 128 --grid 1,15 --iters 5 \
+    --ring-attention --fused-writes --fused-norms 2>&1 | grep -v "^exactness" | tee "$R/ceiling_codec.txt" | tail -6
+  ROWS=${ROWS:-128} CONTEXT=${CONTEXT:-300} steps_as_shipped \
+    "${CEIL_FLAGS:---fp8 backbone --fp8-scheme w8a8 --fp8-swiglu --fp8-scales}"
+  ;;
+sweep)  # both profiles over their levels (HC_LEVELS, LL_LEVELS; empty skips a profile)
+  checkpoint
+  [ -n "${HC_LEVELS-1 16 64 128 256}" ] && sweep 8000 hc "${HC_LEVELS-1 16 64 128 256}" --profile high-concurrency
+  [ -n "${LL_LEVELS-1 16 64 128}" ] && sweep 8001 ll "${LL_LEVELS-1 16 64 128}" --profile low-latency
+  ;;
+peer)  # the shipped profile at the peers' pass size (NP=1088, the whole Seed-TTS EN set a pass,
+  # first pass discarded) beside ours (3 prompts a client), C=128 and 64, PASSES (1) each
+  checkpoint
+  start_server 8000 shipped --profile high-concurrency --set engine.timeline_dir=/tmp/tl_shipped ${FLAGS:-}
+  pair 8000 shipped "128 64"
+  WARM_WINDOW=1 NP=1088 pair 8000 shipped_np1088 "128 64"  # the first 1088 pass meets ~700 new voices
+  stop_server shipped
+  summaries
+  ;;
+gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
+  timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS:-tests/stages} \
+    ${K:+-k "$K"} 2>&1 | tee "$R/gpu_tests_full.txt" | tail -12 | tee "$R/gpu_tests.txt"
+  ;;
+families)
+  shift
+  NAMES=(${*:-delay ttsd sound-effect realtime voice-generator})
+  NGPU=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}; [ "$NGPU" -ge 1 ] || NGPU=1
+  # the first NGPU families get a GPU each; the others queue behind them from the last GPU back
+  # (named last: the 1.7B models). CUDA_VISIBLE_DEVICES, not engine.devices: each server's private
+  # MPS daemon must see its GPU only.
+  declare -A QUEUE
+  for i in "${!NAMES[@]}"; do
+    g=$(( i < NGPU ? i : NGPU - 1 - (i - NGPU) % NGPU ))
+    QUEUE[$g]="${QUEUE[$g]:-} $i"
+  done
+  for g in "${!QUEUE[@]}"; do
+    (
+      export CUDA_VISIBLE_DEVICES=$g
+      for i in ${QUEUE[$g]}; do
+        name=${NAMES[$i]}
+        [ "$(left)" -lt 120 ] && { el "$name: no time left to start it"; continue; }
+        mossvox make-checkpoint --variant "$name" --size "${SIZE:-full}" --out "/tmp/fam_$name" \
+          > "$R/mkck_$name.log" 2>&1 || { el "$name: make-checkpoint failed"; tail -3 "$R/mkck_$name.log"; continue; }
+        el "$name checkpoint written; serving it on GPU $g"
+        MODEL=/tmp/fam_$name sweep $(( 8000 + i )) "$name" "${CS:-1 16 64}" --profile "${PROFILE:-high-concurrency}" \
+          --set engine.timeline_dir=/tmp/tl_$name
+        python3 -m bench.timeline /tmp/tl_$name --json "$R/timeline_$name.json" > "$R/timeline_$name.txt" 2>&1
+        cp -r /tmp/tl_$name "$R/"
+        rm -rf "/tmp/fam_$name"
+      done
+    ) &
+  done
+  wait
+  el "every family's runs (profile ${PROFILE:-high-concurrency}; smooth: no stall over 100 ms)"
+  python3 - "$R" "${NAMES[@]}" <<'PY'
+import json, pathlib, sys
+root, names = pathlib.Path(sys.argv[1]), sys.argv[2:]
+print("| family | C | audio-s/s | TTFA mean / p50 / p99 | smooth | failed | ignored fields |")
+print("|---|---:|---:|---|---:|---:|---|")
+for name in names:
+    outs = sorted(root.glob(f"{name}_c*.json"), key=lambda p: int(p.stem.rsplit("_c", 1)[1]))
+    if not outs:
+        print(f"| {name} | - | no run | | | | |")
+    for out in outs:
+        for r in json.loads(out.read_text())["runs"]:
+            t = r["ttfa_ms"]
+            ttfa = " / ".join("-" if t.get(k) is None else f"{t[k]:.1f}" for k in ("mean", "p50", "p99"))
+            print(f"| {name} | {r['concurrency']} | {r['audio_s_per_s']} | {ttfa} ms "
+                  f"| {100 * r['share_smooth']:.0f}% | {r['num_failed']} of {r['num_requests']} "
+                  f"| {', '.join(f'{k} ({n})' for k, n in r['ignored_fields'].items()) or '-'} |")
+PY
+  ;;
+invariant)  # batch invariance needs the paths it has kernels for: bf16 weights, sdpa local attention
+  # (without the float8 layer's kernels); both servers run those, one with it off, one with it on
+  checkpoint
+  inv="--set talker.fp8_weights=none --set talker.fp8_fused_swiglu=false --set talker.fp8_fused_scales=false"
+  inv="$inv --set talker.local_attention=sdpa"
+  [ -z "${SKIP_TESTS:-}" ] && timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
+    tests/stages/test_batch_invariant_gpu.py tests/stages/test_batch_invariant.py \
+    tests/stages/test_attention_triton.py 2>&1 | tail -8 | tee "$R/invariant_tests.txt"
+  start_server 8000 inv_off --profile high-concurrency $inv
+  pair 8000 inv_off "1 64 128"
+  stop_server inv_off
+  start_server 8001 inv_on --profile high-concurrency $inv --set talker.batch_invariant=true
+  pair 8001 inv_on "1 64 128"
+  stop_server inv_on
+  ;;
+build)  # the build in BASE against this one, one server each (base, shipped), both with PROFILE
+  checkpoint
+  SERVER_TREE=${BASE:?a tree of the earlier build} PASSES=${PASSES:-2} compare "${CS:-128 64}" base ""
+  PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped ""
+  summaries
+  ;;
+flags)  # the shipped profile (PROFILE, high-concurrency) against it with FLAGS (serve options), then
+  # with FLAGS2 and FLAGS3 when set (servers alt, alt2, alt3), at CS (128 64), PASSES (2) each
+  checkpoint
+  PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped "" alt "${FLAGS:?serve options}" \
+    ${FLAGS2:+alt2 "$FLAGS2"} ${FLAGS3:+alt3 "$FLAGS3"}
+  summaries
+  ;;*) echo "unknown phase $PHASE"; exit 2 ;;
+esac
