@@ -1,8 +1,10 @@
 """Streaming audio encoders: float32 PCM chunks in, the bytes of ONE continuous file out.
 
 Every response format is produced incrementally from one encoder per request: raw s16le PCM, WAV
-with a streaming header (sizes 0xFFFFFFFF), and mp3 / opus-in-Ogg / aac-ADTS / flac muxed by
-PyAV (FFmpeg) into one container whose bytes are handed out as packets are written. Another
+with a streaming header (sizes 0xFFFFFFFF), mp3 / opus-in-Ogg / aac-ADTS / flac muxed by PyAV
+(FFmpeg) into one container whose bytes are handed out as packets are written, and raw G.711
+μ-law / A-law (``ulaw``, ``alaw``: telephony, 8 bits a sample, no header) through the same path.
+Those two are not OpenAI formats: only the ElevenLabs-compatible endpoints ask for them. Another
 channel count is mixed first (mono = the mean of the channels, stereo = mono doubled), ``speed``
 other than 1 is applied with FFmpeg's ``atempo`` filter and another output rate with FFmpeg's
 resampler, all streaming as well. ``AudioEncoder.samples`` counts the samples per channel that
@@ -32,15 +34,21 @@ CONTENT_TYPES = {
     "opus": "audio/ogg",
     "aac": "audio/aac",
     "flac": "audio/flac",
+    "ulaw": "audio/basic",
+    "alaw": "audio/x-alaw-basic",
 }
 
-# response_format -> (FFmpeg muxer, encoder, bit rate per channel or None)
+# response_format -> (FFmpeg muxer, encoder, default bit rate per channel or None)
 _CONTAINERS = {
     "mp3": ("mp3", "libmp3lame", 64_000),
     "opus": ("ogg", "libopus", 48_000),
     "aac": ("adts", "aac", 64_000),
     "flac": ("flac", "flac", None),
+    "ulaw": ("mulaw", "pcm_mulaw", None),
+    "alaw": ("alaw", "pcm_alaw", None),
 }
+# the formats whose bit rate a request may set (``bit_rate`` of `make_encoder`)
+BIT_RATE_FORMATS = ("mp3", "opus", "aac")
 
 
 class FFmpegUnavailable(RuntimeError):
@@ -166,12 +174,14 @@ class _ByteSink:
 
 
 class ContainerEncoder(AudioEncoder):
-    """mp3 / opus (Ogg) / aac (ADTS) / flac through one PyAV encoder and muxer per request."""
+    """mp3 / opus (Ogg) / aac (ADTS) / flac / μ-law / A-law through one PyAV encoder and muxer
+    per request. ``bit_rate`` (bits per second, all channels) replaces the format's default."""
 
     heavy = True
 
-    def __init__(self, fmt: str, sample_rate: int, channels: int, *, streaming: bool) -> None:
-        muxer, codec, bit_rate = _CONTAINERS[fmt]
+    def __init__(self, fmt: str, sample_rate: int, channels: int, *, streaming: bool,
+                 bit_rate: int | None = None) -> None:
+        muxer, codec, default_rate = _CONTAINERS[fmt]
         self.content_type = CONTENT_TYPES[fmt]
         self.streaming = streaming
         self._layout = _layout(channels)
@@ -184,8 +194,8 @@ class ContainerEncoder(AudioEncoder):
         rates = av.codec.Codec(codec, "w").audio_rates
         out_rate = sample_rate if not rates or sample_rate in rates else (48000 if 48000 in rates else max(rates))
         self._stream = self._container.add_stream(codec, rate=out_rate, layout=self._layout)
-        if bit_rate:
-            self._stream.codec_context.bit_rate = bit_rate * channels
+        if bit_rate or default_rate:
+            self._stream.codec_context.bit_rate = bit_rate or default_rate * channels
         self._pts = 0
         self._closed = False
 
@@ -363,11 +373,14 @@ class StagedEncoder(AudioEncoder):
 
 def make_encoder(fmt: str, sample_rate: int, channels: int, *, streaming: bool,
                  speed: float = 1.0, out_rate: int | None = None,
-                 out_channels: int | None = None) -> AudioEncoder:
+                 out_channels: int | None = None, bit_rate: int | None = None) -> AudioEncoder:
     """The encoder for ``response_format`` ``fmt`` (one of ``CONTENT_TYPES``): PCM at
     ``sample_rate`` with ``channels`` in, a file at ``out_rate`` with ``out_channels`` (default:
-    the same) out."""
+    the same) out, at ``bit_rate`` bits per second where the format has one (`BIT_RATE_FORMATS`;
+    default: the format's own)."""
     _layout(channels)
+    if bit_rate is not None and fmt not in BIT_RATE_FORMATS:
+        raise ValueError(f"response_format {fmt!r} has no bit rate to set")
     out_rate = out_rate or sample_rate
     out_channels = out_channels or channels
     if fmt == "pcm":
@@ -375,7 +388,7 @@ def make_encoder(fmt: str, sample_rate: int, channels: int, *, streaming: bool,
     elif fmt == "wav":
         encoder = WavEncoder(out_rate, out_channels, streaming=streaming)
     elif fmt in _CONTAINERS:
-        encoder = ContainerEncoder(fmt, out_rate, out_channels, streaming=streaming)
+        encoder = ContainerEncoder(fmt, out_rate, out_channels, streaming=streaming, bit_rate=bit_rate)
     else:
         raise ValueError(f"unknown response_format {fmt!r}")
     stages: list = []

@@ -17,7 +17,11 @@ def decode_audio(data: bytes, fmt: str, *, sample_rate: int = 0, channels: int =
         with soundfile.SoundFile(io.BytesIO(data)) as f:
             if f.frames < 2**31:  # a streamed file leaves its length unknown; PyAV reads those
                 return f.read(dtype="float32", always_2d=True), f.samplerate
-    container = av.open(io.BytesIO(data))
+    if fmt in ("ulaw", "alaw"):  # raw G.711: no header, the layout must be given
+        container = av.open(io.BytesIO(data), format={"ulaw": "mulaw", "alaw": "alaw"}[fmt],
+                            options={"sample_rate": str(sample_rate), "ch_layout": "mono"})
+    else:
+        container = av.open(io.BytesIO(data))
     parts, rate = [], 0
     for frame in container.decode(audio=0):
         rate = frame.sample_rate

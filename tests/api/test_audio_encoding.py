@@ -133,6 +133,41 @@ def test_samples_count_what_the_file_holds(speed, out_rate):
     assert abs(encoder.samples / (out_rate or 48000) - 2.0 / speed) < 0.05
 
 
+@pytest.mark.parametrize("fmt", ["ulaw", "alaw"])
+def test_g711_telephony_formats_stream_one_byte_a_sample(fmt):
+    """μ-law and A-law at 8 kHz mono (phone lines): one byte a sample, no header, and the
+    decoded wave is the tone that went in."""
+    encoder = make_encoder(fmt, 48000, 2, streaming=True, out_rate=8000, out_channels=1)
+    pieces = [encoder.encode(c) for c in sine_chunks(48000, 2, 1.0)]
+    body = b"".join(pieces) + encoder.finish()
+    assert sum(len(p) for p in pieces) > 0.9 * len(body)
+    assert abs(len(body) - 8000) < 200 and encoder.samples == len(body)
+    pcm, rate = decode_audio(body, fmt, sample_rate=8000, channels=1)
+    assert rate == 8000 and abs(dominant_hz(pcm, rate) - 440.0) < 10.0
+    assert abs(np.abs(pcm).max() - 0.4) < 0.05
+
+
+def _encoded(fmt: str, bit_rate: int, seconds: float = 3.0) -> bytes:
+    encoder = make_encoder(fmt, 48000, 2, streaming=True, out_rate=48000 if fmt == "opus" else 44100,
+                           out_channels=1, bit_rate=bit_rate)
+    return b"".join(encoder.encode(c) for c in sine_chunks(48000, 2, seconds)) + encoder.finish()
+
+
+@pytest.mark.parametrize("bit_rate", [32_000, 128_000, 192_000])
+def test_an_mp3_bit_rate_is_the_files_bit_rate(bit_rate):
+    assert 0.85 < len(_encoded("mp3", bit_rate)) * 8 / 3.0 / bit_rate < 1.15
+
+
+def test_an_opus_bit_rate_sets_the_size_of_the_file():
+    """Opus is variable-rate (and Ogg pages add their own bytes): a higher rate, a larger file."""
+    assert len(_encoded("opus", 128_000)) > 2 * len(_encoded("opus", 32_000))
+
+
+def test_a_bit_rate_for_a_format_without_one_is_refused():
+    with pytest.raises(ValueError, match="no bit rate"):
+        make_encoder("pcm", 48000, 2, streaming=True, bit_rate=64_000)
+
+
 def test_a_whole_flac_file_states_its_length():
     """soundfile (libsndfile) reads a FLAC's length from its header: a whole file states it."""
     import io
