@@ -2,7 +2,10 @@
 
 Every failure a client can see leaves the server through :class:`ApiError` (or one of the
 Starlette exception handlers below, which wrap framework errors in the same envelope), so clients
-written for the OpenAI API parse our errors unchanged.
+written for the OpenAI API parse our errors unchanged. An error that a server limit caused names
+that limit's profile field in ``ApiError.limit``; the handler counts it in
+``mossvox_limit_hits_total{limit=...}`` (``count_limit`` for errors answered elsewhere: batch
+items, WebSocket frames).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ ERROR_TYPES = {
     408: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",
@@ -41,6 +45,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        limit: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -48,6 +53,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.limit = limit  # the profile field of the server limit that caused it, if one did
 
     def body(self) -> dict:
         """The envelope as a JSON-ready dict."""
@@ -65,12 +71,22 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
     }
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
+def bad_request(message: str, param: str | None = None, code: str | None = None,
+                limit: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code, limit=limit)
+
+
+def count_limit(state, exc: BaseException) -> None:
+    """Count ``exc`` in the limit metric when a server limit caused it (``ApiError.limit``);
+    ``state`` is the process's ``ApiState`` (or None before it exists)."""
+    limit = getattr(exc, "limit", None)
+    if limit and state is not None:
+        state.metrics.limit_hit(limit)
 
 
 async def api_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
+    count_limit(getattr(request.state, "api", None), exc)
     if exc.status >= 500:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)

@@ -2,7 +2,7 @@
 
 Per-request figures (requests by outcome, time to first audio, chunk intervals, real-time
 factor, audio seconds, reference-cache hits and misses; WebSocket sessions open, utterances and
-their time to first audio) are recorded by whichever API process
+their time to first audio; what each server limit stopped, by its profile field) are recorded by whichever API process
 served the request; with several API processes prometheus-client's multiprocess mode (its
 ``PROMETHEUS_MULTIPROC_DIR`` directory, set up by ``api.server``) sums them at scrape time.
 Engine-wide figures (running and queued requests, talker and codec slots in use, ring bytes,
@@ -133,10 +133,16 @@ class ApiMetrics:
                                      "WebSocket sessions: the input.text that completed an "
                                      "utterance's first sentence to its first audio frame",
                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.limits = Counter(f"{PREFIX}_limit_hits", "Requests, connections and streams a server limit "
+                              "stopped, by the profile field of the limit", ["limit"], registry=r)
         self.loop_lag = Histogram(f"{PREFIX}_api_loop_lag_seconds",
                                   "How late an API process's event loop ran a 20 ms timer: "
                                   "the wait requests and chunks had there", buckets=_LAG_BUCKETS, registry=r)
         self._engine_counters = engine_counters
+
+    def limit_hit(self, limit: str) -> None:
+        """One request, connection or stream stopped by ``limit`` (its profile field)."""
+        self.limits.labels(limit=limit).inc()
 
     def render(self) -> bytes:
         """The exposition text: this server's request metrics (all processes) + engine gauges."""

@@ -1,15 +1,15 @@
 """Reference audio for voice cloning: locate, fetch, decode, validate, prepare.
 
 A ``ref_audio`` value may be a ``data:`` URL, bare base64, ``file://`` URL or plain path (only
-under ``api.allowed_local_paths``), or an http(s) URL (only when ``api.allow_remote_ref_audio``).
-Any common format decodes (libsndfile first, then PyAV/FFmpeg), always from memory; FFmpeg may
-pick only demuxers of self-contained audio files (``SELF_CONTAINED_FORMATS``: WAV, FLAC, MP3,
-Ogg, AAC, MP4/M4A, Matroska/WebM) and may open no protocol, so bytes written as a concat list, a
-playlist or an image sequence cannot make it read other files. A local path is read only when it
-is a regular file (not a FIFO or a device), off the event loop, its size checked before reading.
-The clip must last between
-``api.min_ref_seconds`` and ``api.max_ref_seconds``; errors carry the measured duration. The
-decoded samples are then fixed to the codec's channel count and rate and loudness-normalised by
+under ``api.allowed_local_paths``), or an http(s) URL (only when ``api.allow_remote_ref_audio``;
+fetched by ``api.remote_fetch``). Any common format decodes (libsndfile first, then PyAV/FFmpeg),
+always from memory and within bounds (``api.reference_decode``: the header's rate, channels and
+length checked before a sample is decoded, then decoded in pieces that stop past
+``api.max_ref_seconds``), at most ``api.max_ref_decodes`` at once per API process. A local path
+is read only when it is a regular file (not a FIFO or a device), off the event loop, its size
+checked before reading. The clip must last between ``api.min_ref_seconds`` and
+``api.max_ref_seconds``; errors carry the measured duration. The decoded samples are then fixed
+to the codec's channel count and rate and loudness-normalised by
 ``stages.models.codec.audio_prep.prepare_reference`` (the model's processor rules).
 """
 
@@ -19,22 +19,22 @@ import asyncio
 import binascii
 import functools
 import hashlib
-import io
 import os
 import stat
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from urllib.parse import unquote, urlparse
 
 import httpx
 import numpy as np
-import soundfile
 
 from api.clip_index import ClipIndex, KnownClip
 from api.errors import ApiError, bad_request
+from api.reference_decode import (DecodeBounds, PyAvMissing, ReferenceDecodeError, ReferenceDecodeTooLong,
+                                  ReferenceOutOfBounds, decode_reference)
 from stages.models.codec.audio_prep import prepare_reference
 
 
@@ -63,7 +63,7 @@ class PreparedReference:
         if self._prepared is None:
             if self._samples is None:
                 data = self._data() if callable(self._data) else self._data
-                self._samples, self.rate = decode_audio_bytes(data)
+                self._samples, self.rate = decode_audio_bytes(data, self._policy)
             self._prepared = prepare_reference(self._samples, self.rate, target_rate=self._policy.sample_rate,
                                                channels=self._policy.channels)
         return self._prepared
@@ -84,13 +84,27 @@ class ReferencePolicy:
     allowed_local_paths: tuple[str, ...]
     sample_rate: int  # codec input rate
     channels: int  # codec input channels
+    max_channels: int = 8  # channels a clip's file may have
+    max_rate: int = 192000  # Hz a clip's file may have
+    max_decodes: int = 4  # clips decoded at once by this process (threads wait for a turn)
+    decode_turns: threading.BoundedSemaphore | None = None  # the turns themselves (made at once)
+
+    def __post_init__(self) -> None:
+        if self.decode_turns is None:
+            object.__setattr__(self, "decode_turns", threading.BoundedSemaphore(self.max_decodes))
+
+    @property
+    def bounds(self) -> DecodeBounds:
+        return DecodeBounds(max_seconds=self.max_seconds, max_channels=self.max_channels,
+                            max_rate=self.max_rate, channels=self.channels)
 
     @classmethod
     def from_profile(cls, api_config, *, sample_rate: int, channels: int) -> "ReferencePolicy":
         return cls(min_seconds=api_config.min_ref_seconds, max_seconds=api_config.max_ref_seconds,
                    max_bytes=api_config.max_ref_bytes, allow_remote=api_config.allow_remote_ref_audio,
                    allowed_local_paths=tuple(api_config.allowed_local_paths),
-                   sample_rate=sample_rate, channels=channels)
+                   sample_rate=sample_rate, channels=channels, max_channels=api_config.max_ref_channels,
+                   max_rate=api_config.max_ref_sample_rate, max_decodes=api_config.max_ref_decodes)
 
 
 class ReferenceLoader:
@@ -198,14 +212,15 @@ class ReferenceLoader:
     def prepare_bytes(self, data: bytes, *, param: str = "ref_audio") -> PreparedReference:
         """Decode, validate the duration and hash (CPU work); the codec waveform comes later."""
         self._check_size(data, param)
-        wav, rate = decode_audio_bytes(data, param)  # [C, S]
+        wav, rate = decode_audio_bytes(data, self.policy, param)  # [codec channels, S]
         duration = wav.shape[1] / rate
         if duration < self.policy.min_seconds:
             raise bad_request(f"Reference audio too short ({duration:.2f} s). At least "
                               f"{self.policy.min_seconds:g} s of clear speech is required.", param=param)
         if duration > self.policy.max_seconds:
             raise bad_request(f"Reference audio too long ({duration:.2f} s). At most "
-                              f"{self.policy.max_seconds:g} s is supported; use a shorter clip.", param=param)
+                              f"{self.policy.max_seconds:g} s is supported; use a shorter clip.", param=param,
+                              limit="api.max_ref_seconds")
         if not np.isfinite(wav).all():
             raise bad_request("Reference audio contains NaN or infinite samples", param=param)
         digest = hashlib.sha256()
@@ -216,7 +231,8 @@ class ReferenceLoader:
     def _check_size(self, data: bytes, param: str) -> bytes:
         if len(data) > self.policy.max_bytes:
             raise ApiError(413, f"Reference audio is {len(data)} bytes; the limit is "
-                                f"{self.policy.max_bytes} bytes (api.max_ref_bytes)", param=param)
+                                f"{self.policy.max_bytes} bytes (api.max_ref_bytes)", param=param,
+                           limit="api.max_ref_bytes")
         if not data:
             raise bad_request("Reference audio is empty", param=param)
         return data
@@ -270,7 +286,7 @@ def _read_regular_file(path: Path, max_bytes: int, param: str) -> bytes:
             raise bad_request(f"ref_audio is not a regular file: {path}", param=param)
         if info.st_size > max_bytes:
             raise ApiError(413, f"Reference audio is {info.st_size} bytes; the limit is {max_bytes} "
-                                f"bytes (api.max_ref_bytes)", param=param)
+                                f"bytes (api.max_ref_bytes)", param=param, limit="api.max_ref_bytes")
         with open(fd, "rb", closefd=False) as handle:
             return handle.read(max_bytes + 1)
     except OSError as exc:
@@ -316,47 +332,20 @@ def _data_url_bytes(text: str, param: str) -> bytes:
         raise bad_request("ref_audio data: URL holds invalid base64", param=param) from None
 
 
-def decode_audio_bytes(data: bytes, param: str = "ref_audio") -> tuple[np.ndarray, int]:
-    """Any common audio file -> (float32 [channels, samples], sample rate)."""
-    try:
-        pcm, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)  # [S, C]
-        return np.ascontiguousarray(pcm.T), int(rate)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError):
-        pass
-    try:  # FFmpeg only for what libsndfile cannot read (MP3, AAC, Opus, WebM): loaded then
-        import av
-    except ImportError:
-        raise bad_request("Reference audio could not be decoded; this server reads WAV, FLAC and "
-                          "OGG/Vorbis clips only (PyAV is not installed)", param=param) from None
-    try:
-        return _decode_with_pyav(av, data)
-    except (av.error.FFmpegError, ValueError, IndexError, StopIteration) as exc:
-        raise bad_request(f"Reference audio could not be decoded ({type(exc).__name__}); send WAV, "
-                          f"FLAC, MP3, OGG/Opus, AAC/M4A or WebM audio", param=param) from None
-
-
-# FFmpeg demuxers of audio files that cannot name other files or URLs (no concat, HLS/DASH,
-# playlists, image sequences); the MP4 demuxer leaves external data references off by default.
-SELF_CONTAINED_FORMATS = ("wav", "flac", "mp3", "ogg", "aac", "mov", "matroska")
-_PYAV_OPTIONS = {"format_whitelist": ",".join(SELF_CONTAINED_FORMATS),
-                 "protocol_whitelist": "none"}  # no demuxer may open a nested file or URL
-
-
-def _decode_with_pyav(av: ModuleType, data: bytes) -> tuple[np.ndarray, int]:
-    with av.open(io.BytesIO(data), mode="r", options=dict(_PYAV_OPTIONS)) as container:
-        if container.format.name.split(",")[0] not in SELF_CONTAINED_FORMATS:
-            raise ValueError(f"container format {container.format.name} is not accepted")
-        stream = next(s for s in container.streams if s.type == "audio")
-        rate = stream.codec_context.sample_rate
-        channels = stream.codec_context.channels or 1
-        layout = "mono" if channels == 1 else "stereo"
-        resampler = av.AudioResampler(format="fltp", layout=layout, rate=rate)
-        parts = []
-        for frame in container.decode(stream):
-            for out in resampler.resample(frame):
-                parts.append(out.to_ndarray())  # [C, n]
-        for out in resampler.resample(None):
-            parts.append(out.to_ndarray())
-    if not parts or not rate:
-        raise ValueError("no audio frames")
-    return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.float32), int(rate)
+def decode_audio_bytes(data: bytes, policy: ReferencePolicy, param: str = "ref_audio") -> tuple[np.ndarray, int]:
+    """Any common audio file -> (float32 [codec channels, samples], sample rate), within the
+    policy's bounds (``api.reference_decode``), once a decode turn is free; 400 otherwise."""
+    with policy.decode_turns:
+        try:
+            return decode_reference(data, policy.bounds)
+        except ReferenceDecodeTooLong as exc:
+            raise bad_request(f"Reference audio too long ({exc}). At most {policy.max_seconds:g} s is "
+                              f"supported; use a shorter clip.", param=param, limit="api.max_ref_seconds") from None
+        except ReferenceOutOfBounds as exc:
+            raise bad_request(f"Reference audio refused: {exc}", param=param, limit=exc.limit) from None
+        except PyAvMissing:
+            raise bad_request("Reference audio could not be decoded; this server reads WAV, FLAC and "
+                              "OGG/Vorbis clips only (PyAV is not installed)", param=param) from None
+        except ReferenceDecodeError as exc:
+            raise bad_request(f"Reference audio could not be decoded ({exc}); send WAV, FLAC, MP3, "
+                              f"OGG/Opus, AAC/M4A or WebM audio", param=param) from None

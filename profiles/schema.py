@@ -477,6 +477,17 @@ class ApiConfig(_Section):
         "longest reference audio accepted", gt=0)] = 30.0
     max_ref_bytes: Annotated[int, doc(
         "largest encoded reference audio accepted", ge=1024)] = 16 * 1024 * 1024
+    max_ref_channels: Annotated[int, doc(
+        "most channels a reference clip's file may have (checked from its header before "
+        "decoding); raise it only to accept surround recordings", ge=1, le=64)] = 8
+    max_ref_sample_rate: Annotated[int, doc(
+        "highest sample rate, in Hz, a reference clip's file may have (checked from its header "
+        "before decoding); with max_ref_seconds it bounds the samples one decode holds",
+        ge=8000, le=768000)] = 192000
+    max_ref_decodes: Annotated[int, doc(
+        "reference clips one API process decodes at once (more wait for a turn): with the two "
+        "above, the bound on the memory reference decoding holds in all; raise it on hosts with "
+        "many cores and many new voices", ge=1)] = 4
     max_voices: Annotated[int, doc("registered voices kept at most", ge=0)] = 1000
     allow_remote_ref_audio: Annotated[bool, doc(
         "allow http(s) URLs as ref_audio (the server fetches them)")] = False

@@ -20,7 +20,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.errors import ApiError, bad_request
+from api.errors import ApiError, bad_request, count_limit
 from api.routes.speech import RequestTracker, new_tracker, outcome_of, start_speech, whole_file
 from api.routes.voices import json_response
 from api.schemas import (ErrorDetail, SpeechBatchItem, SpeechBatchResponse, SpeechRequest,
@@ -80,6 +80,7 @@ async def _one(state, index: int, fields: dict) -> SpeechBatchItem:
         audio = await whole_file(started, tracker, receive=None)
     except ApiError as exc:
         tracker.finish(outcome_of(exc), reason=f"{exc.status} {exc.message}")
+        count_limit(state, exc)
         return _failed(index, exc)
     except Exception as exc:  # a bug: this item fails as a 500, the others carry on
         log.exception("%s: unexpected error in batch item %d", tracker.request_id, index)

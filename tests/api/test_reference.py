@@ -281,3 +281,85 @@ async def test_the_memo_forgets_the_least_recently_used_clip_and_never_keeps_a_r
         with pytest.raises(ApiError, match="too short"):
             await loader.load(short)
     assert loader.remembered == 2
+
+
+def silent_flac(seconds: float, channels: int, rate: int = 48000, *, hide_length: bool = False) -> bytes:
+    """A FLAC of silence: minutes of many channels in a few hundred KB. ``hide_length`` zeroes
+    the length its STREAMINFO header states (a legal "unknown"), so only decoding can tell."""
+    buf = io.BytesIO()
+    soundfile.write(buf, np.zeros((int(seconds * rate), channels), np.int16), rate, format="FLAC",
+                    subtype="PCM_16")
+    data = bytearray(buf.getvalue())
+    if hide_length:  # 36-bit total-samples field: the low 4 bits of byte 21 and bytes 22-25
+        data[21] &= 0xF0
+        data[22:26] = b"\0\0\0\0"
+    return bytes(data)
+
+
+def decode_peak(loader: ReferenceLoader, data: bytes) -> tuple[ApiError, int]:
+    """The error decoding ``data`` ends in, and the most memory numpy held meanwhile (bytes)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ApiError) as err:
+            loader.prepare_bytes(data)
+        return err.value, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_decompression_bomb_is_refused_from_its_header_before_decoding():
+    """Ten minutes of 8-channel silence, 237 KB of FLAC (28.8M samples, 110 MB as float32 when
+    whole): refused from the length its header states, with next to nothing decoded."""
+    bomb = silent_flac(600, 8)
+    assert len(bomb) < 300_000
+    error, peak = decode_peak(ReferenceLoader(policy(max_bytes=1_000_000)), bomb)
+    assert error.status == 400 and "too long (600.00 s)" in error.message and error.param == "ref_audio"
+    assert peak < 4_000_000
+
+
+def test_a_bomb_whose_header_states_no_length_stops_decoding_past_the_limit():
+    """The same bomb with its length hidden is decoded in pieces, each cut to the codec's one
+    channel, and decoding stops once past max_ref_seconds: the memory held stays near
+    max_seconds of mono float32 (5.8 MB at 48 kHz), not the clip's 110 MB."""
+    bomb = silent_flac(600, 8, hide_length=True)
+    error, peak = decode_peak(ReferenceLoader(policy(max_bytes=1_000_000)), bomb)
+    assert error.status == 400 and "too long (at least 30." in error.message
+    assert peak < 16_000_000
+
+
+@pytest.mark.parametrize("data,words", [
+    (lambda: wav_bytes(1.5, channels=9), "9 channels; at most 8"),
+    (lambda: wav_bytes(1.5, rate=384000), "384000 Hz; at most 192000"),
+])
+def test_a_clip_past_the_channel_or_rate_bound_is_refused_before_decoding(data, words):
+    error, peak = decode_peak(ReferenceLoader(policy(max_bytes=10_000_000)), data())
+    assert error.status == 400 and words in error.message and error.param == "ref_audio"
+    assert peak < 1_000_000
+
+
+def test_ffmpeg_decoding_stops_past_the_limit_too():
+    """A clip only FFmpeg reads (mp3) past max_ref_seconds is refused, from its header or from
+    what was decoded, without holding it all."""
+    data = encoded_bytes("mp3", 40.0, rate=48000, channels=2)
+    error, peak = decode_peak(ReferenceLoader(policy(max_bytes=10_000_000, max_seconds=5.0)), data)
+    assert error.status == 400 and "too long (" in error.message
+    assert peak < 8_000_000
+
+
+def test_a_multichannel_clip_is_fixed_to_the_codec_channels_as_it_is_decoded():
+    """Piece by piece (several pieces here), the codec's channel rule gives what it gives the
+    whole clip: the mean for a mono codec, the first two channels for a stereo one."""
+    from api.reference import decode_audio_bytes
+    from api.reference_decode import PIECE_FRAMES
+
+    frames = 2 * PIECE_FRAMES + 123
+    samples = np.stack([np.full(frames, v, np.int16) for v in (1000, 3000, 5000, 7000)], axis=1)
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, 48000, format="WAV", subtype="PCM_16")
+    mono, _ = decode_audio_bytes(buf.getvalue(), policy())
+    stereo, rate = decode_audio_bytes(buf.getvalue(), policy(channels=2))
+    assert mono.shape == (1, frames) and stereo.shape == (2, frames) and rate == 48000
+    np.testing.assert_allclose(mono[0], 4000 / 32768, rtol=1e-6)
+    np.testing.assert_allclose(stereo[:, -1], [1000 / 32768, 3000 / 32768], rtol=1e-6)
