@@ -55,20 +55,13 @@ SECRET_FIELDS = ("api.keys",)
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Percent = Annotated[int, msgspec.Meta(ge=1, le=100)]
 SM_PERCENT_DOC = (
-    "on cuda under MPS (engine.mps), the share of the GPU's streaming multiprocessors this "
-    "stage's kernels may occupy at once, in percent (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set "
-    "before CUDA initialises): the two stages then contend for fewer SMs, each step or decode "
-    "on its own share; ignored without MPS; null = all of them. The codec at 60% on an H200: "
-    "the same audio-s/s at C=128 with 1.45-2x the first audio, 1.04-1.05x at C=64; at 40% it "
-    "fell behind (88-91% smooth), so all")
+    "on cuda under MPS (engine.mps): the share of the GPU's streaming multiprocessors this stage's "
+    "kernels may occupy, in percent (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); ignored without MPS; null "
+    "= all")
 MpsPriority = Literal["normal", "below_normal"]
 MPS_PRIORITY_DOC = (
-    "on cuda under MPS (engine.mps), this stage's MPS client priority (CUDA_MPS_CLIENT_PRIORITY, "
-    "set before CUDA initialises): below_normal lets the other stage's ready kernels go first "
-    "(the codec below the talker: its dispatches slow the talker's steps less, its own calls "
-    "take longer); ignored without MPS. The codec below_normal on an H200 (high-concurrency): "
-    "the talker's step 0.91x at C=128 and 0.93x at C=64, the codec's dispatches fewer and "
-    "longer; audio-s/s 1.03x and 1.00x, first audio 1.33x and 1.20x later, so normal")
+    "on cuda under MPS (engine.mps): this stage's MPS client priority (CUDA_MPS_CLIENT_PRIORITY); "
+    "below_normal lets the other stage's ready kernels go first; ignored without MPS")
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Bytes = Annotated[int, msgspec.Meta(ge=4096)]
@@ -97,8 +90,9 @@ class ModelConfig(_Section):
         "served_name; by default OpenAI's speech model names, which many clients hard-code")] = (
         "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
     force_length_from_text: Annotated[bool, doc(
-        "force each request's frame count from its text (frames_per_char); random weights never "
-        "stop by themselves; a benchmark/demo feature, logged when on")] = False
+        "force each request's frame count from its text (frames_per_char) instead of the model's "
+        "stop decision: random weights stop at random, often at once; a benchmark and demo "
+        "feature, logged when on")] = False
     frames_per_char: Annotated[float, doc(
         "frames (80 ms) per input character when the length is forced", gt=0)] = 0.87
     max_new_frames: Annotated[int, doc(
@@ -128,153 +122,96 @@ class TalkerConfig(_Section):
     cuda_graphs: Annotated[bool, doc(
         "capture the decode step in CUDA graphs per batch bucket")] = True
     backbone_graphs: Annotated[bool, doc(
-        "Delay and Realtime talkers: replay the decoding rows' backbone step (and Realtime's depth loop) "
-        "from CUDA graphs (with cuda_graphs, CUDA only; the 8B Delay step: 32.8 ms eager, 9.5 ms from graphs on "
-        "an H200 at one stream)")] = True
+        "Delay and Realtime talkers: replay the decoding rows' backbone step (and Realtime's depth "
+        "loop) from CUDA graphs (with cuda_graphs; CUDA only); off only to debug")] = True
     prefill_graphs: Annotated[bool, doc(
-        "with cuda_graphs (and backbone_graphs for Delay and Realtime), a step's prompt chunks "
-        "replay a CUDA graph per token bucket, captured at warm-up, instead of one eager call "
-        "(an eager prefill step is bound by host time: for Local-v1.5 on an H200 it halves first "
-        "audio at one stream, ~68 to ~34 ms, and gave +8% audio-s/s at 128 streams); on in "
-        "low-latency and high-concurrency")] = False
+        "with cuda_graphs (and backbone_graphs for Delay and Realtime): a step's prompt chunks "
+        "replay a CUDA graph per token bucket, captured at warm-up, instead of one eager call: "
+        "earlier first audio, longer start-up")] = False
     prefill_graph_seqs: Annotated[int, doc(
-        "with prefill_graphs, the most prompt chunks one prefill-graph replay takes (padding "
-        "chunks cost idle attention programs), and so a step: more wait for the next step (as many "
-        "prefix-cache hits admitted together make, up to max_running chunks of a few rows each; "
-        "one eager call for them all, bound by the host's launches, held a C=256 first wave's "
-        "streams for 53-74 ms a step on an H200)",
+        "with prefill_graphs: the most prompt chunks one prefill replay (and so one step) takes; "
+        "more wait for the next step. Raise it when many requests arrive at once; each unused "
+        "chunk costs idle attention programs",
         ge=1)] = 32
     mixed_step_tokens: Annotated[int, doc(
         "Local-v1.5 with cuda_graphs and the Triton attention: a step that decodes at least 16 "
         "requests and takes at most 8 prompt chunks of this many tokens in all replays one graph "
-        "for both (decode rows and chunk tokens through one backbone call, then one local loop) "
-        "instead of a decode graph and a prefill graph. Graphs: decode buckets from 16 x token "
-        "buckets (powers of two) to this, per sampler mode, made at warm-up (on an H200 at "
-        "C=128: 1.15x audio-s/s). 0 = off; 256 in high-concurrency", ge=0)] = 0
+        "for both, instead of two; more graphs at warm-up; 0 = off", ge=0)] = 0
     capture_ahead: Annotated[bool, doc(
-        "with cuda_graphs, record at warm-up every decode, local-loop and prefill graph bucket "
-        "serving can meet (every sampler mode, block tables up to 2048 tokens), so the first "
-        "requests after /ready never wait for a capture; off: on an H200 it made 150 graphs in "
-        "197 s of start-up")] = False
+        "with cuda_graphs: record at warm-up every graph bucket serving can meet (every sampler "
+        "mode, block tables up to 2048 tokens), so no request after /ready waits for a capture; "
+        "minutes more start-up")] = False
     prefix_caching: Annotated[bool, doc(
         "keep the full KV blocks of prompts by content, so a request whose prompt begins like an "
         "earlier one (same voice: template prefix and reference frames) prefills only the rest; "
         "idle cached blocks are reused for new tokens when no free block is left, so it costs no "
         "capacity")] = True
     compile: Annotated[bool, doc(
-        "on CUDA, run the backbone layers, row embedding and the local loop + sampling through "
-        "torch.compile (fused kernels; compiled at warm-up, tens of seconds)")] = True
+        "on CUDA: the backbone layers, row embedding and the local loop + sampling through "
+        "torch.compile (fused kernels, compiled at warm-up: tens of seconds)")] = True
     prefill_interval: Annotated[int, doc(
         "while streams are decoding, new prompts are prefilled at most every this many steps "
         "(1 = every step; larger = more decode steps replayed from graphs between prefills, "
         "more throughput, later first audio for new requests)", ge=1)] = 1
     overlap_steps: Annotated[bool, doc(
-        "Local-v1.5 talker: plan and launch each step before reading back the one before, so the "
-        "host's work of a step runs while the GPU computes (a frame whose stop head fires is "
-        "computed once more and dropped); not with max_step_ms; on in high-concurrency (an H200 "
-        "at C=128 and 64: 1.15x audio-s/s)")] = False
+        "Local-v1.5 talker: plan and launch each step before the one before is read back, so the "
+        "host's work overlaps the GPU's (a frame whose stop head fires is computed once more and "
+        "dropped); not with max_step_ms")] = False
     fused_sampling: Annotated[bool, doc(
-        "Local-v1.5 talker: each of a frame's 13 heads samples in one Triton kernel (penalty, "
-        "ranking, temperature, top-k, top-p and the seeded draw in registers per row) instead of "
-        "the torch sampler's chain of small kernels; the same tokens but where float rounding "
-        "decides, each still a function of its own row (CUDA, or Triton's CPU interpreter); on in "
-        "high-concurrency with prefill_interval 1, final_wait_ms 0 and the local attention "
-        "kernel (an H200 at C=64: 1.03x audio-s/s, first audio 0.85x)")] = False
+        "Local-v1.5 talker: each of a frame's heads samples in one Triton kernel instead of the "
+        "torch sampler's chain of small kernels; the same tokens except where float rounding "
+        "decides (CUDA, or Triton's CPU interpreter)")] = False
     local_attention: Annotated[Literal["sdpa", "plain", "kernel"], doc(
-        "Local-v1.5 talker: how a frame's local steps attend (one query over at most 12 keys): "
-        "\"sdpa\" (scaled_dot_product_attention: on CUDA a flash kernel a position, 0.68 of the "
-        "2.17 ms of an H200's compiled local loop at 88 rows), \"plain\" (elementwise products "
-        "and sums in float32, which torch.compile fuses into a few small kernels) or \"kernel\" "
-        "(one Triton kernel a position: the rotations, scores, softmax and weighted values from the "
-        "input projection's outputs; CUDA, or Triton's CPU interpreter; kernel in high-concurrency "
-        "with three other small levers, C=64 1.03x); plain and kernel not with batch_invariant "
-        "(plain on an H200 at 88 rows: the compiled local loop 1.57 against sdpa's 2.11 ms of "
-        "kernels; served one step ahead, 1.20-1.26x audio-s/s at C=128)")] = "sdpa"
+        "Local-v1.5 talker: how a frame's local steps attend (one query, at most 12 keys): sdpa "
+        "(torch's kernel), plain (float32 products and sums that torch.compile fuses) or kernel "
+        "(one Triton kernel a position); sdpa with batch_invariant")] = "sdpa"
     fused_projections: Annotated[bool, doc(
-        "Local-v1.5 talker: each backbone layer's q, k and v projections run as one matmul and "
-        "the MLP's gate and up as another (weights stacked after loading): three kernels fewer a "
-        "layer, each wider; the same products, summed in the order the wider kernel picks (an "
-        "H200's step alone at 88 rows: 0.52 ms fewer kernels, 6.10 against 6.62; served at C=128 "
-        "1.08x audio-s/s in two calls; at C=1 in low-latency 1.13x); on in high-concurrency and "
-        "low-latency")] = False
+        "Local-v1.5 talker: each backbone layer's q/k/v projections as one matmul and gate/up as "
+        "another (weights stacked after loading): fewer, wider kernels, the same products summed "
+        "in the wider kernel's order")] = False
     fused_kv_writes: Annotated[bool, doc(
-        "Local-v1.5 talker: each backbone layer's new keys and values are stored in the paged cache "
-        "by the compiled kernels that compute them (the layer's first half) instead of two copies "
-        "after it: the same values in the same slots. Measured on an H200 with the stores as "
-        "index_copy_ into a flat view, the compiled layer also copied the layer's whole cache back "
-        "(88 rows: 5.4 ms more kernels a step; a C=128 server's steps 5x longer); the stores are "
-        "now an in-place index_put_ at (block, row), which a GPU test holds to no copy; off "
-        "until measured again")] = False
+        "Local-v1.5 talker: each backbone layer's new keys and values stored in the paged cache by "
+        "the compiled kernels that compute them, not by two copies after the layer; "
+        "fused_qk_rope_store takes precedence")] = False
     fused_qk_rope_store: Annotated[bool, doc(
-        "Local-v1.5 talker: each backbone layer's q/k RMSNorms, RoPE and KV stores in one Triton "
-        "kernel (a program a token and head) after the compiled projections, instead of the "
-        "compiled norms and rotation and two index_copy launches (on an H200 at 88 rows: 72 "
-        "launches and 0.21 ms of the 7.2 ms step for the stores alone); the same values up to "
-        "the rounding of the rotation's products; takes precedence over fused_kv_writes; CUDA "
-        "(the torch ops elsewhere); on in both tuned profiles with deferred_residuals (an H200's "
-        "step at 88 rows: 6.69 ms against 7.46 alone, 6.54 with the sums deferred)")] = False
+        "Local-v1.5 talker on CUDA: each backbone layer's q/k RMSNorms, RoPE and KV stores in one "
+        "Triton kernel after the compiled projections (the same values up to the rotation's "
+        "rounding); takes precedence over fused_kv_writes")] = False
     deferred_residuals: Annotated[bool, doc(
         "Local-v1.5 talker, with fused_qk_rope_store: each backbone layer leaves its two residual "
-        "sums to the next layer's input norm (the last layer's to the final norm), so the sums "
-        "ride in the norms' kernels; compiled for CUDA, x + o_proj(o) and x + down(h) were each an "
-        "addmm that first copied x into its output (74 device copies a step at 88 rows on an "
-        "H200); the same sums rounded once instead of twice; on in both tuned profiles (served with "
-        "the kernel in high-concurrency at C=64 1.03-1.08x audio-s/s, at C=128 1.02-1.06x; in "
-        "low-latency at C=1 1.05x with first audio 0.95x, C=16 1.04-1.08x, C=128 1.08x)")] = False
+        "sums to the next norm's kernel (the last layer's to the final norm), a copy fewer per "
+        "sum; each sum rounded once instead of twice")] = False
     kv_cache_dtype: Annotated[Literal["auto", "fp8"], doc(
-        "the talker's paged KV cache: \"auto\" (model.dtype) or \"fp8\" (float8 e4m3 without "
-        "a scale, values saturated at its range: half the bytes attention reads and twice the "
-        "tokens in the same memory; a precision change, its distance from the bf16 outputs is "
-        "measured in docs/performance.md: on random full-size weights it adds ~0.1% to bf16's "
-        "~1.5% hidden-state distance from fp32); auto: served on an H200 beside the fused "
-        "projections it gave 0.96x their audio-s/s at C=128")] = "auto"
+        "the talker's paged KV cache: auto (model.dtype) or fp8 (float8 e4m3, no scale, "
+        "saturating): half the bytes attention reads and twice the tokens in the same memory; a "
+        "precision change (docs/performance.md)")] = "auto"
     fp8_weights: Annotated[Literal["none", "backbone", "all"], doc(
-        "Local-v1.5 talker: matmuls from float8 e4m3 weights (one scale per output channel), "
-        "half the bytes a step reads: \"backbone\" (the Qwen3 layers' projections), \"all\" "
-        "(the local block's too); embeddings, heads and norms stay in model.dtype; how they "
-        "multiply: fp8_scheme. A precision change, measured in docs/performance.md on random "
-        "full-size weights: backbone by w8a8 moves the sampled distribution's KL from fp32 from "
-        "2.09e-3 (bf16) to 2.11e-3, all by w8a8 to 8.5e-3 (a checkpoint with outlier channels "
-        "can lose more). On an H200 backbone by w8a8 took the step at 48 rows from 5.46 to 4.93 "
-        "ms and served C=64 1.03-1.04x, C=128 1.03x; w8a16 is slower than bf16 (its Triton "
-        "kernel reads 0.4-0.95 TB/s at 88 rows). CUDA (sm89 and later) or the CPU; on an older GPU "
-        "the weights stay as loaded, with a warning")] = "none"
+        "Local-v1.5 talker: matmuls from float8 e4m3 weights (a scale per output channel): "
+        "backbone (the Qwen3 layers) or all (the local block too); a precision change "
+        "(docs/performance.md); CUDA sm89+ or the CPU, else as loaded")] = "none"
     fp8_scheme: Annotated[Literal["w8a16", "w8a8"], doc(
-        "with fp8_weights: w8a8 quantizes the inputs per row too and multiplies float8 by "
-        "float8 in cuBLAS's per-tensor kernel with unit scales, the row and channel scales "
-        "applied to its output after (compiled: in the kernel that follows); w8a16 multiplies "
-        "the inputs as they are by the upcast weights (on CUDA a Triton kernel for few rows "
-        "that reads the float8 tiles and splits the inputs when the channels are few; only the "
-        "weights rounded)")] = "w8a16"
+        "with fp8_weights: w8a8 quantizes each input row too and multiplies float8 by float8 "
+        "(cuBLAS), the scales applied after; w8a16 multiplies the inputs as they are by the upcast "
+        "weights (a Triton kernel), rounding only the weights")] = "w8a16"
     fp8_fused_swiglu: Annotated[bool, doc(
         "with fp8_weights by w8a8 and fused_projections: each backbone MLP's SiLU product and its "
-        "per-row quantization for down in one Triton kernel that reads gate|up's product once, a "
-        "program a row (CUDA; the torch ops elsewhere), instead of the compiled reduction that "
-        "passes over each row twice (6.9 us a layer at 48 rows on an H200); the same arithmetic, "
-        "the scaled product kept in fp32 before the SiLU")] = False
+        "row quantization for down in one Triton kernel a row (CUDA; torch ops elsewhere), the "
+        "scaled product kept in fp32")] = False
     fp8_fused_scales: Annotated[bool, doc(
-        "with fp8_weights by w8a8, fused_qk_rope_store and deferred_residuals: each layer's q|k|v "
-        "product's row and channel scales applied by the q/k norm, RoPE and store kernel as it "
-        "loads the product, and down's inside the next layer's input norm, instead of a kernel "
-        "each after the matmul (1.6 and 1.3 us a layer at 48 rows on an H200); the same scales, "
-        "the scaled q|k|v no longer rounded to model.dtype before the norms")] = False
+        "with fp8_weights by w8a8, fused_qk_rope_store and deferred_residuals: q|k|v's row and "
+        "channel scales applied in the q/k norm kernel and down's in the next input norm, not by a "
+        "kernel each after the matmul")] = False
     fp8_fused_norms: Annotated[bool, doc(
-        "with fp8_fused_swiglu and fp8_fused_scales: each layer's two residual sums, the norm after "
-        "each and the rows' quantization for the float8 matmul next in one Triton kernel, a program "
-        "a row (stages.runtime.fp8_norm), instead of the compiled reductions (3.6 and 4.25-5.5 us "
-        "a layer at 48 rows on an H200); the sum after attention written as the residual, so each "
-        "half layer's sum is rounded to model.dtype once")] = False
+        "with fp8_fused_swiglu and fp8_fused_scales: each layer's residual sums, the norm after "
+        "each and the rows' quantization for the next float8 matmul in one Triton kernel a row; "
+        "each half layer's sum rounded once")] = False
     priority_stream: Annotated[bool, doc(
-        "on CUDA, the talker's work (its graph replays, compiled kernels and copies) goes to a "
-        "stream of the highest priority, so where it shares a GPU with the codec (MPS) the GPU "
-        "schedules its short step kernels ahead of the codec's long ones (on an H200 at C=128 beside the "
-        "shipped high-concurrency profile: within the spread between servers, so off)")] = False
+        "on CUDA: the talker's work goes to a CUDA stream of the highest priority, so under MPS "
+        "the GPU schedules its short step kernels ahead of the codec's long ones")] = False
     max_step_ms: Annotated[PositiveFloat | None, doc(
         "while streams are decoding, a step prefills no more prompt tokens than fit in this many "
-        "ms by the talker's measured step costs (at least 64 tokens), so a burst of long prompts "
-        "is prefilled over several steps instead of one that stalls every stream (not with "
-        "overlap_steps: its costs are measured step by step); null = only "
-        "max_prefill_tokens_per_step limits it")] = None
+        "ms by the talker's measured step costs (at least 64 tokens); spreads a burst of long "
+        "prompts over steps; not with overlap_steps; null = off")] = None
     attention: Annotated[Literal["auto", "padded", "triton"], doc(
         "attention kernel over the paged KV cache: padded (gather blocks, torch SDPA-like), "
         "triton (paged decode kernel, CUDA only), auto = triton on CUDA when available, else "
@@ -284,12 +221,9 @@ class TalkerConfig(_Section):
     sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None
     mps_priority: Annotated[MpsPriority, doc(MPS_PRIORITY_DOC)] = "normal"
     batch_invariant: Annotated[bool, doc(
-        "a request's logits do not depend on the batch it shares, so a seed gives the same speech "
-        "at any load: the talker's linears, norms, sampling scans and small attention run Triton "
-        "kernels with a fixed tiling (stages/runtime/batch_invariant.py), the paged attention one "
-        "split with decode rows as prefill tiles, and torch.compile is off; needs CUDA (Triton) and "
-        "triton attention, one GPU per talker. Off in every profile: on an H200 it halved "
-        "throughput at one stream and cost 40% of it at 128 (docs/performance.md)")] = False
+        "a request's output does not depend on the batch it shares, so a seed gives the same "
+        "speech at any load (fixed-tiling Triton kernels, no torch.compile); needs CUDA, the "
+        "triton attention, one GPU, bf16 weights; much slower")] = False
     tensor_parallel: Annotated[int, doc(
         "GPUs one Delay talker is split over (tensor parallelism: heads, KV cache and FFN "
         "sharded, embeddings and heads replicated); 1 = one device", ge=1)] = 1
@@ -304,72 +238,48 @@ class CodecConfig(_Section):
         "capture decode in CUDA graphs per (batch bucket, chunk length)")] = True
     prime_continuation: Annotated[bool, doc(
         "continuation requests (reference audio + its transcript): decode the reference codes "
-        "first, audio dropped, so the new audio has the reference as left context as upstream's "
-        "decode-then-trim does (exact); false skips that prime (first audio sooner, the first "
-        "frames decoded without left context, as vLLM-Omni does)")] = True
+        "first, audio dropped, so the new audio has them as left context (upstream's "
+        "decode-then-trim); false: first audio sooner")] = True
     compile: Annotated[bool, doc(
-        "on CUDA, run the codec's transformer layers (norms, projections, RoPE, FFN) through "
-        "torch.compile, attention and ring writes eager; off: on an H200 it changed no replay's "
-        "time measurably (CPU-tested through dynamo's eager backend)")] = False
+        "on CUDA: the codec's transformer layers (norms, projections, RoPE, FFN) through "
+        "torch.compile, attention and ring writes eager; longer start-up")] = False
     ring_attention: Annotated[bool, doc(
-        "on CUDA, streaming decode attends over the slots' ring caches in place (a Triton kernel "
-        "applying the window) instead of copying each row's rings out and masking (up to "
-        "`ring_attention_max_frames`); on in high-concurrency and low-latency")] = False
+        "on CUDA: streaming decode attends over the slots' ring caches in place (a Triton kernel "
+        "applying the window) instead of copying each row's rings out and masking (chunks up to "
+        "ring_attention_max_frames)")] = False
     ring_attention_max_frames: Annotated[PositiveInt | None, doc(
-        "with `ring_attention`: only chunks of at most this many frames attend in place, longer "
-        "ones copy the rings out (on an H200, 128 rows: a 1-frame replay 23.4 -> 10.8 ms in "
-        "place, a 15-frame one 107.9 -> 98.7 ms); null = every length")] = None
+        "with ring_attention: only chunks of at most this many frames attend in place, longer ones "
+        "copy the rings out; null = every length")] = None
     decode_lanes: Annotated[int, doc(
-        "with cuda_graphs, the replays of one dispatch (one per group of chunk lengths) run on up "
-        "to this many CUDA streams at once, each lane with graphs and a memory pool of its own "
-        "(captured once per lane at start-up): a replay of small chunks is bound by its thousands "
-        "of small kernels, not by the chip, so replays side by side may fill it; 1 = one after "
-        "another; more: not yet measured", ge=1, le=8)] = 1
+        "with cuda_graphs: a dispatch's replays (one per group of chunk lengths) run on up to this "
+        "many CUDA streams at once, each lane with graphs and a memory pool of its own; 1 = one "
+        "after another", ge=1, le=8)] = 1
     split_chunks: Annotated[bool, doc(
-        "with cuda_graphs, a dispatch's longer chunks may go into a shorter replay as several rows "
-        "of their stream (pieces in order, one call), when the codec's cost model finds that "
-        "cheaper than padding the short ones to the longest: a C=128 dispatch of ramp and steady "
-        "chunks models 16.3 ms as one 2-frame replay of 96 rows against 26.8 ms padded into two "
-        "(on an H200, a padded frame costs as much as a real one); the rings hold one frame more. "
-        "Not with decode_lanes > 1; on in high-concurrency (C=128 served 1.09-1.20x the audio "
-        "seconds a second, the padding 23% -> 6% of the decoded row-frames)")] = False
+        "with cuda_graphs: a dispatch's longer chunks may go into a shorter replay as several rows "
+        "of their stream when the codec's cost model finds it cheaper than padding; the rings hold "
+        "a frame more; not with decode_lanes > 1")] = False
     fused_ring_writes: Annotated[bool, doc(
         "with ring_attention: each decoder layer rotates q and k and writes its rings in one "
-        "Triton kernel, not five small torch ops (92 layers in the full v2 decoder: a small "
-        "replay is mostly such launches); on in high-concurrency and low-latency, with fused_norms")] = False
+        "Triton kernel instead of five small torch ops")] = False
     fused_norms: Annotated[bool, doc(
         "with fused_ring_writes: each decoder layer's residual adds and the LayerNorms that read "
-        "them run as one Triton kernel a pair (the FFN half's add with the next layer's first "
-        "LayerNorm): nine kernels a layer instead of eleven, the residual stream read and "
-        "written once a pair (with fused_ring_writes, an H200's replays at 80 rows took 0.72x the "
-        "time at 1, 2 and 15 frames; served, 0.79-0.83x the codec's time a frame, 1.02-1.04x the audio "
-        "seconds a second over four passes each at C=128 and 64); on in high-concurrency and low-latency")] = False
+        "them as one Triton kernel a pair, the residual stream read and written once a pair")] = False
     fused_attention: Annotated[bool, doc(
-        "with fused_ring_writes: each decoder layer's ring attention runs in the kernel that "
-        "rotates and writes the rings (one program a row and head writes its chunk, then attends; "
-        "a cut chunk's pieces in order in one program): eight kernels a layer instead of nine, "
-        "the same keys and results; off until measured")] = False
+        "with fused_ring_writes: each decoder layer's ring attention in the kernel that rotates "
+        "and writes the rings (the same keys and results, a kernel fewer a layer); experimental")] = False
     gelu_epilogue: Annotated[bool, doc(
-        "the decoder layers' FFN GELU as the tanh approximation inside the first matmul "
-        "(cuBLASLt's GELU epilogue on CUDA: 92 kernels fewer a replay of the full v2 decoder) "
-        "instead of the checkpoint's erf GELU; a fidelity change (the two differ by at most ~5e-4, "
-        "under bf16's step for |x| > 0.06; on an H200 the full-size random codec's audio is 89 dB "
-        "from erf's in fp32, while bf16 itself is 32.4 dB from fp32 with either GELU: "
-        "`python -m bench.kernels.codec_gelu`); replays alone 0.93-0.97x the time (C=64's served mix "
-        "0.94x); the encoder keeps erf; off until measured served")] = False
+        "the decoder's FFN GELU as the tanh approximation inside the first matmul (cuBLASLt's "
+        "epilogue on CUDA) instead of the checkpoint's erf GELU; a fidelity change "
+        "(docs/performance.md); the encoder keeps erf")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_batch_streaming: Annotated[PositiveInt | None, doc(
-        "reference-encoding jobs batched together at most while streams are decoding: a batch holds "
-        "up every open stream's next chunk for its whole duration (on an H200 at C=128, 333 new "
-        "voices encoded in batches of 8 spaced the codec's dispatches ~180 ms apart and left 9-12% "
-        "of the streams smooth); smaller batches keep the streams fed and make new voices wait "
-        "longer (batches of 4: 100% smooth, 2.8 s to first audio against 1.7 s; of 2: 3.7 s); "
-        "null = encode_batch")] = None
+        "reference-encoding jobs batched together at most while streams are decoding: a batch "
+        "holds up every open stream's next chunk, so smaller keeps playing streams fed and makes "
+        "new voices wait longer; null = encode_batch")] = None
     encode_graphs: Annotated[bool, doc(
         "reference encoding replays CUDA graphs per (batch bucket, length bucket of 4-32 s), "
-        "captured at start-up (CUDA only; ~11 s for the full v2 codec); on in high-concurrency and "
-        "low-latency")] = False
+        "captured at start-up (CUDA only; seconds more start-up)")] = False
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the codec process; null = torch's default")] = None
     sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None
@@ -408,21 +318,16 @@ class CoalescingConfig(_Section):
         "once in a small call of first chunks, so first audio never waits behind a steady "
         "batch")] = True
     express_joins_dispatch: Annotated[bool, doc(
-        "with express_first_chunks: when a batch is due at the same moment, the first chunks go "
-        "in it, one decode call instead of two (each call's replays cost a fixed part: at 128 "
-        "streams on an H200, 65 of 168 dispatches were first chunks alone, 19% of the codec's "
-        "time); alone only when no batch is due; first audio then waits for the whole batch (on an "
-        "H200 at C=128: ~1.05x audio-s/s, ~20 ms more first audio after a pass's first wave); on "
-        "in high-concurrency")] = False
+        "with express_first_chunks: first chunks ride in a batch due at the same moment (one "
+        "decode call instead of two), alone only when none is due; more audio a second, first "
+        "audio waits for that batch")] = False
     patient_wait_ms: Annotated[float, doc(
         "a steady chunk (not a request's first or final) of a stream whose client holds audio "
         "may wait up to this long for a larger dispatch, never past the moment that client's "
         "audio would run out less buffer_margin_ms; 0 = every chunk keeps max_wait_ms", ge=0)] = 0.0
     final_wait_ms: Annotated[NonNegativeFloat | None, doc(
-        "longest wait of a request's final chunk (its last audio: the request ends when it is "
-        "out) before its dispatch; a shorter wait than max_wait_ms ends requests sooner (at C=128 "
-        "on an H200 a final chunk came ~90 ms after the talker's last frame); 0 = a final chunk "
-        "dispatches what is ready at once; null = max_wait_ms")] = None
+        "longest wait of a request's final chunk (the request ends when it is out) before its "
+        "dispatch, in ms; 0 = dispatch what is ready at once; null = max_wait_ms")] = None
     buffer_margin_ms: Annotated[float, doc(
         "how early before a client's buffered audio runs out a waiting chunk is dispatched",
         ge=0)] = 200.0

@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                           "The output is itself a loadable profile.")
     add_profile_options(show)
     actions.add_parser("list", help="list the shipped profiles and what each is for")
-    actions.add_parser("fields", help="every setting: key path, default and what it does")
+    actions.add_parser("fields", help="every setting: key path, default, what it does and the "
+                                      "shipped profiles that change it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,15 +42,37 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fields_reference() -> str:
-    """One line per setting, from the schema's own descriptions and defaults."""
+    """Every setting: `key = default`, its description, and the shipped profiles that set it
+    otherwise (from the schema's own descriptions and the profile files)."""
     import msgspec
 
     from profiles import Profile
 
     defs = msgspec.json.schema(Profile)["$defs"]
+    shipped = _shipped_values()
     lines = []
     for section, ref in defs["Profile"]["properties"].items():
         for name, spec in defs[ref["$ref"].rsplit("/", 1)[1]]["properties"].items():
             default = msgspec.json.encode(spec.get("default")).decode()
             lines.append(f"{section}.{name} = {default}\n    {spec.get('description', '')}")
+            if f"{section}.{name}" in shipped:
+                lines.append("    in " + ", ".join(f"{profile}: {value}" for profile, value
+                                                  in shipped[f"{section}.{name}"].items()))
     return "\n".join(lines)
+
+
+def _shipped_values() -> dict[str, dict[str, str]]:
+    """key path -> {shipped profile: its value as JSON} wherever that profile differs from the
+    schema default."""
+    import msgspec
+
+    from profiles import load_profile, shipped_profiles
+
+    default = load_profile("default").to_dict()
+    values: dict[str, dict[str, str]] = {}
+    for profile in shipped_profiles():
+        for section, fields in load_profile(profile).to_dict().items():
+            for name, value in fields.items():
+                if value != default[section][name]:
+                    values.setdefault(f"{section}.{name}", {})[profile] = msgspec.json.encode(value).decode()
+    return values

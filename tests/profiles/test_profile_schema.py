@@ -1,9 +1,12 @@
 """The schema itself: documented fields and the cross-field checks."""
 
+import re
+
 import msgspec
 import pytest
 
 from profiles import CrossFieldError, Profile, ProfileError, load_profile
+from profiles.loader import PROFILE_DIR
 
 
 def test_every_field_has_a_description():
@@ -18,6 +21,25 @@ def test_every_field_has_a_description():
         if len(spec.get("description", "")) < 10
     ]
     assert undocumented == []
+
+
+# what a measurement reads like: a card, a concurrency level, a ratio, a throughput figure
+MEASUREMENT = re.compile(r"\bH[12]00\b|\bC=\d|\b\d+(\.\d+)?x\b|audio-s/s|\bpasses\b|\bmeasured (on|at)\b")
+
+
+def test_descriptions_and_profile_comments_say_what_not_how_it_was_measured():
+    """A setting's description is one or two lines (what it does, when to change it, its unit);
+    figures live in docs/performance.md, not in the schema or the profile files."""
+    defs = msgspec.json.schema(Profile)["$defs"]
+    for section, ref in defs["Profile"]["properties"].items():
+        for name, spec in defs[ref["$ref"].rsplit("/", 1)[1]]["properties"].items():
+            text = spec["description"]
+            assert len(text) <= 300, f"{section}.{name}: {len(text)} characters"
+            assert not MEASUREMENT.search(text), f"{section}.{name}: {text}"
+    for path in PROFILE_DIR.glob("*.yaml"):
+        comments = [line.partition("#")[2] for line in path.read_text().splitlines() if "#" in line]
+        found = [c for c in comments if MEASUREMENT.search(c)]
+        assert found == [], f"{path.name}: {found}"
 
 
 @pytest.mark.parametrize("overrides, paths", [
