@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 
 from api.errors import ApiError
-from api.stream_output import Outbound, PeerGone
+from api.stream_events import SessionEvents
+from api.stream_output import PeerGone
 from api.stream_pipeline import LOOKAHEAD, speak
-from api.stream_protocol import session_done
 from api.stream_settings import SessionSettings
 from engine.client import EngineFailed, EngineRejected
 from engine.open_speech import OpenSpeech
@@ -40,8 +40,8 @@ class _Utterance:
 
 
 class IncrementalPipeline:
-    def __init__(self, client, out: Outbound, settings: SessionSettings, metrics) -> None:
-        self.client, self.out, self.settings, self.metrics = client, out, settings, metrics
+    def __init__(self, client, events: SessionEvents, settings: SessionSettings, metrics) -> None:
+        self.client, self.events, self.settings, self.metrics = client, events, settings, metrics
         self._current: _Utterance | None = None  # receiving text
         self._all: list[_Utterance] = []         # queued or speaking, in order
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -112,7 +112,7 @@ class IncrementalPipeline:
             self._speaking = u
             try:
                 spoken = await self._speak(u)
-                await self.out.send_json(session_done(u.index, 1 if spoken else 0))
+                await self.events.utterance_done(u.index, 1 if spoken else 0)
                 self.metrics.stream_utterances.inc()
             except PeerGone:  # nothing more can be spoken; the session closes this pipeline
                 self.idle.set()
@@ -154,7 +154,7 @@ class IncrementalPipeline:
             except (EngineRejected, EngineFailed, ValueError) as exc:
                 yield exc
 
-        await speak(self.out, self.settings, self.metrics, items(), utterance=u.index, index=0,
+        await speak(self.events, self.settings, self.metrics, items(), utterance=u.index, index=0,
                     text=lambda: u.speech.stream.text.strip(), first_audio_from=u.started_at)
         return True
 

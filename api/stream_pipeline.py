@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from api.errors import ApiError
-from api.stream_output import Outbound, PeerGone
-from api.stream_protocol import audio_done, audio_start, error_event, session_done
+from api.stream_events import SessionEvents
+from api.stream_output import PeerGone
 from api.stream_settings import SessionSettings
 from engine.client import EngineFailed, EngineRejected
 from speech.segmenter import Segmenter
@@ -59,9 +59,9 @@ class UtteranceEnd:
 
 
 class SentencePipeline:
-    def __init__(self, client, out: Outbound, settings: SessionSettings, metrics, *,
+    def __init__(self, client, events: SessionEvents, settings: SessionSettings, metrics, *,
                  segmenter: Segmenter, context_frames: int) -> None:
-        self.client, self.out, self.settings, self.metrics = client, out, settings, metrics
+        self.client, self.events, self.settings, self.metrics = client, events, settings, metrics
         self.segmenter = segmenter
         self._count = 0  # sentences of the utterance receiving text, so far
         self.continues = client.variant.continues_context and context_frames > 0
@@ -178,7 +178,7 @@ class SentencePipeline:
             item = await self._ready.get()
             try:
                 if isinstance(item, UtteranceEnd):
-                    await self.out.send_json(session_done(item.utterance, item.sentences))
+                    await self.events.utterance_done(item.utterance, item.sentences)
                     self.metrics.stream_utterances.inc()
                 else:
                     self.speaking = item
@@ -207,17 +207,17 @@ class SentencePipeline:
 
         first_audio = None if s.utterance in self._first_audio_done else s.ready_at
         self._first_audio_done.add(s.utterance)
-        await speak(self.out, self.settings, self.metrics, items(), utterance=s.utterance, index=s.index,
-                    text=lambda: s.text, first_audio_from=first_audio)
+        await speak(self.events, self.settings, self.metrics, items(), utterance=s.utterance,
+                    index=s.index, text=lambda: s.text, first_audio_from=first_audio)
 
 
-async def speak(out: Outbound, settings: SessionSettings, metrics, items, *, utterance: int, index: int,
-                text, first_audio_from: float | None) -> None:
-    """One sentence's `audio.start`, audio frames and `audio.done`: `items` yields its
-    `AudioChunk`s (or the engine error that ended it); `text()` is its text when audio starts;
-    with `first_audio_from` the time from then to its first audio frame is recorded."""
-    await out.send_json(audio_start(utterance, index, text(), settings.response_format,
-                                    settings.out_rate, settings.out_channels))
+async def speak(events: SessionEvents, settings: SessionSettings, metrics, items, *, utterance: int,
+                index: int, text, first_audio_from: float | None) -> None:
+    """One sentence's start, audio and end events: `items` yields its `AudioChunk`s (or the
+    engine error that ended it); `text()` is its text when audio starts; with `first_audio_from`
+    the time from then to its first audio is recorded."""
+    await events.sentence_start(utterance, index, text(), settings.response_format,
+                                settings.out_rate, settings.out_channels)
     encoder = settings.encoder()
     total, samples, held, reason, error = 0, 0, [], None, False
 
@@ -230,14 +230,14 @@ async def speak(out: Outbound, settings: SessionSettings, metrics, items, *, utt
             metrics.stream_ttfa.observe(time.perf_counter() - first_audio_from)
             first_audio_from = None
         if settings.stream_audio:
-            await out.send_bytes(data)
+            await events.audio(data)
         else:
             held.append(data)
 
     async for item in items:
         if isinstance(item, Exception):
             error = True
-            await out.send_json(error_event(as_api_error(item, f"sentence {index} of utterance {utterance}")))
+            await events.error(as_api_error(item, f"sentence {index} of utterance {utterance}"))
             continue
         samples += item.pcm.shape[0]
         if item.final:
@@ -246,12 +246,12 @@ async def speak(out: Outbound, settings: SessionSettings, metrics, items, *, utt
     if not error:
         await emit(await run_encoder(encoder, encoder.finish))
     if held:
-        await out.send_bytes(b"".join(held))
+        await events.audio(b"".join(held))
     seconds = samples / settings.sample_rate
     if samples:
         metrics.audio_seconds.inc(seconds)
-    await out.send_json(audio_done(utterance, index, total, seconds, reason, error,
-                                   **settings.done_fields(text())))
+    await events.sentence_done(utterance, index, total, seconds, reason, error,
+                               settings.done_fields(text()))
 
 
 async def run_encoder(encoder, call, *args) -> bytes:

@@ -14,7 +14,8 @@ about it echoes):
 
 Server → client: `audio.start`, binary audio frames, `audio.done`, `session.done`,
 `speech.audio.cancelled` and `error` (the OpenAI envelope under `error`, its message also at the
-top level as vLLM-Omni clients read it). The builders below are the one place these are shaped.
+top level as vLLM-Omni clients read it). The builders below are the one place these are shaped;
+`OmniEvents` sends them for a session (`api.stream_events`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import msgspec
 
 from api.errors import ApiError, bad_request
 from api.schemas import SpeechRequest
+from api.stream_events import SessionEvents
+from api.stream_output import Outbound
 
 Granularity = Literal["none", "sentence", "clause"]
 CLIENT_TYPES = ("session.config", "input.text", "input.done", "input.cancel", "session.close")
@@ -140,3 +143,32 @@ def error_event(exc: ApiError, event_id: str | None = None) -> dict:
     if event_id is not None:
         event["event_id"] = event_id
     return event
+
+
+class OmniEvents(SessionEvents):
+    """A session's events as this protocol's messages: JSON events, audio as binary frames."""
+
+    def __init__(self, out: Outbound) -> None:
+        self.out = out
+
+    async def sentence_start(self, utterance: int, sentence: int, text: str, fmt: str,
+                             sample_rate: int, channels: int) -> None:
+        await self.out.send_json(audio_start(utterance, sentence, text, fmt, sample_rate, channels))
+
+    async def audio(self, data: bytes) -> None:
+        await self.out.send_bytes(data)
+
+    async def sentence_done(self, utterance: int, sentence: int, total_bytes: int,
+                            audio_seconds: float, finish_reason: str | None, error: bool,
+                            report: dict) -> None:
+        await self.out.send_json(audio_done(utterance, sentence, total_bytes, audio_seconds,
+                                            finish_reason, error, **report))
+
+    async def utterance_done(self, utterance: int, sentences: int) -> None:
+        await self.out.send_json(session_done(utterance, sentences))
+
+    async def error(self, exc: ApiError, event_id: str | None = None) -> None:
+        await self.out.send_json(error_event(exc, event_id))
+
+    async def cancelled(self, utterance: int, sentence: int | None, dropped_chars: int) -> None:
+        await self.out.send_json(cancelled(utterance, sentence, dropped_chars))

@@ -23,7 +23,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from api.errors import ApiError, bad_request
 from api.stream_output import Outbound, PeerGone
-from api.stream_protocol import decode_message, error_event
+from api.stream_protocol import OmniEvents, decode_message, error_event
 from api.stream_session import SpeechSession
 
 log = logging.getLogger("mossvox.api")
@@ -60,7 +60,7 @@ async def speech_stream(websocket: WebSocket) -> None:
             503, f"this server holds {state.streams.limit} speech sessions already "
                  f"(stream.max_sessions); try again later", code="too_many_sessions"))
         return
-    session = SpeechSession(state, out)
+    session = SpeechSession(state, OmniEvents(out))
     try:
         await _serve(websocket, out, session, limits.idle_timeout_s)
     except (WebSocketDisconnect, PeerGone):
