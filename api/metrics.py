@@ -79,6 +79,13 @@ REPLICA_HELP = MappingProxyType({
     "talker_slots": "Requests held by this replica's talker",
     "codec_slots": "Streaming-decode slots open in this replica's codec",
     "restarts": "Times this replica was restarted in place after a worker failed",
+    "memory_card_bytes": "Total memory of this replica's GPU, bytes",
+    "memory_usable_bytes": "Memory this replica's plan may use (memory.gpu_utilization of the card), bytes",
+    "talker_memory_planned_bytes": "The talker's share of the memory plan, its CUDA context included, bytes",
+    "talker_memory_peak_bytes": "The most the talker's allocator held by the end of its warm-up, bytes",
+    "talker_kv_tokens": "Tokens the talker's KV cache holds",
+    "codec_memory_planned_bytes": "The codec's share of the memory plan, its CUDA context included, bytes",
+    "codec_memory_peak_bytes": "The most the codec's allocator held by the end of its warm-up, bytes",
 })
 
 

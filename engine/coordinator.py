@@ -36,10 +36,12 @@ from engine.shutdown import EngineState, Lifecycle
 from ipc.channel import Channel
 from ipc.errors import EndOfStream, PeerGone, RingClosed
 from ipc.messages import (Abort, ChunkDone, DecodeBatch, EncodeDone, EncodeRequest, Failed, Feed,
-                          Ready, Rejected, Shutdown, Slots, StageError, Submit, TalkerStep)
+                          MemoryReport, Ready, Rejected, Shutdown, Slots, StageError, Submit, TalkerStep)
 from profiles import Profile
 
 log = logging.getLogger(__name__)
+
+GIB = 1 << 30
 
 
 class UnknownMessage(RuntimeError):
@@ -212,6 +214,8 @@ class Coordinator:
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
                 replica.capacities[stage] = msg.capacity
+                if msg.memory is not None:
+                    self._record_memory(replica.index, stage, msg.memory)
                 if msg.max_prompt_rows:  # the smallest limit of any replica's talker
                     known = self.counters["max_prompt_rows"]
                     self.counters["max_prompt_rows"] = min(known or msg.max_prompt_rows, msg.max_prompt_rows)
@@ -534,6 +538,19 @@ class Coordinator:
         warm = any(r.up and r.ready and all(f.done() for f in r.ready.values())
                    for r in self.replicas)
         self.counters["ready"] = 1 if self.lifecycle.healthy and warm else 0
+
+    def _record_memory(self, replica: int, stage: str, memory: MemoryReport) -> None:
+        """A worker's memory share and use (its Ready), into the replica's counters and the log."""
+        set_ = self.counters.set_replica
+        set_(replica, "memory_card_bytes", memory.card)
+        set_(replica, "memory_usable_bytes", memory.usable)
+        set_(replica, f"{stage}_memory_planned_bytes", memory.planned)
+        set_(replica, f"{stage}_memory_peak_bytes", memory.allocator_peak)
+        if stage == "talker":
+            set_(replica, "talker_kv_tokens", memory.kv_tokens)
+        log.info("replica %d %s: %.1f GiB of its card planned, its allocator held at most %.1f of "
+                 "its %.1f GiB cap by warm-up's end", replica, stage, memory.planned / GIB,
+                 memory.allocator_peak / GIB, memory.allocator_cap / GIB)
 
     def _update_capacity(self) -> None:
         """`talker_capacity` / `codec_capacity`: summed over the live replicas that said Ready."""

@@ -57,6 +57,13 @@ REPLICA_FIELDS = (
     "talker_slots",        # as the engine-wide gauges, for this replica alone
     "codec_slots",
     "restarts",            # times this replica was restarted in place
+    "memory_card_bytes",   # its card's total memory (CUDA; 0 on CPU)
+    "memory_usable_bytes",  # what its memory plan may use (memory.gpu_utilization of the card)
+    "talker_memory_planned_bytes",  # the talker's planned share, its CUDA context included
+    "talker_memory_peak_bytes",     # the most the talker's allocator held by its Ready
+    "talker_kv_tokens",    # tokens its KV cache holds
+    "codec_memory_planned_bytes",   # the codec's planned share, its CUDA context included
+    "codec_memory_peak_bytes",      # the most the codec's allocator held by its Ready
 )
 _REPLICA_INDEX = {name: i for i, name in enumerate(REPLICA_FIELDS)}
 LEAK_GAUGES = ("running", "queued", "talker_slots", "codec_slots", "encode_jobs", "ring_bytes")

@@ -149,14 +149,31 @@ class EncodeResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_li
 # ------------------------------------------------------------------------------------ worker events
 
 
+class MemoryReport(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A CUDA worker's share of its card by the replica's memory plan, and what it used, in bytes:
+    `planned` (context included), `state` (the talker's KV cache, the codec's decode slots),
+    `allocator_cap` (what torch's allocator may hold) and `allocator_peak` (the most it held by
+    the time of the report); the talker's `kv_tokens`."""
+
+    card: int
+    usable: int
+    planned: int
+    state: int
+    allocator_cap: int
+    allocator_peak: int
+    kv_tokens: int = 0
+
+
 class Ready(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
     """A worker loaded its model and warmed up; `capacity` is its slot count. A talker also says
-    how many prompt rows its KV cache can hold at most (`max_prompt_rows`; 0 = no limit known)."""
+    how many prompt rows its KV cache can hold at most (`max_prompt_rows`; 0 = no limit known).
+    On CUDA, `memory` reports the worker's memory share and use after warm-up."""
 
     stage: StageName
     pid: int
     capacity: int
     max_prompt_rows: int = 0
+    memory: MemoryReport | None = None  # CUDA workers: the memory plan's share and its use
 
 
 class Slots(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

@@ -109,10 +109,8 @@ class TalkerConfig(_Section):
         "streams decoded together at most (the talker's batch capacity)", ge=1)] = 256
     kv_block_size: Annotated[int, doc("tokens per KV-cache block", ge=1)] = 16
     kv_blocks: Annotated[PositiveInt | None, doc(
-        "KV-cache blocks to allocate; null = derive from kv_memory_fraction")] = None
-    kv_memory_fraction: Annotated[float, doc(
-        "share of free device memory given to the KV cache when kv_blocks is null",
-        gt=0, le=1)] = 0.5
+        "KV-cache blocks to allocate; null = what the GPU memory plan leaves (memory.gpu_utilization), "
+        "or 2048 tokens a stream on CPU")] = None
     prefill_chunk_tokens: Annotated[int, doc(
         "a long prompt is prefilled in chunks of at most this many tokens so running streams "
         "keep their cadence", ge=1)] = 512
@@ -502,6 +500,15 @@ class EngineConfig(_Section):
         "restart_window_s (at most 60 s)", ge=0)] = 1.0
 
 
+class MemoryConfig(_Section):
+    """The GPU memory plan: how much of each card a replica (its talker and codec) may use."""
+
+    gpu_utilization: Annotated[float, doc(
+        "share of the card's total memory a replica plans for: weights, the codec's decode slots "
+        "and workspaces are taken out of it and the rest is the talker's KV cache (unless "
+        "talker.kv_blocks fixes it); lower it when another process shares the card", gt=0, le=1)] = 0.9
+
+
 def _section(cls: type[_Section]) -> object:
     return msgspec.field(default_factory=cls)
 
@@ -519,6 +526,7 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     stream: StreamConfig = _section(StreamConfig)
     ipc: IpcConfig = _section(IpcConfig)
     engine: EngineConfig = _section(EngineConfig)
+    memory: MemoryConfig = _section(MemoryConfig)
 
     def __post_init__(self) -> None:
         for message, paths in _cross_field_violations(self):

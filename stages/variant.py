@@ -34,7 +34,9 @@ from profiles import Profile
 from speech.job import OptionalField, SpeechJob
 from speech.sampling import SamplingParams
 from stages.models.codec.serving import CodecShape, make_codec_runner
+from stages.models.qwen3 import Qwen3Config
 from stages.runtime.checkpoint import read_config
+from stages.runtime.memory_plan import MemoryPlan
 from stages.runtime.prompt import PromptProcessor
 from stages.runtime.request_sampling import SamplingResolver
 from stages.runtime.talker_runner import TalkerRunner
@@ -236,6 +238,20 @@ class Variant:
         Qwen-sized vocabulary: 0.1-0.2 s, which the first request of every API process added to
         its first audio)."""
         self.build_request(self.warm_up_job())
+
+    # ---- memory (worker processes, before they allocate) ---------------------------------------
+
+    def backbone(self) -> Qwen3Config:
+        """The talker's Qwen3 backbone shape (it sizes the KV cache): `qwen3_config` or
+        `language_config` of `config.json`, as every shipped family keeps it."""
+        return Qwen3Config.from_hf(self.config.get("qwen3_config") or self.config["language_config"])
+
+    def memory_plan(self, device: str, card: int) -> MemoryPlan:
+        """This replica's memory plan on a card of `card` bytes (`stages.memory`); raises
+        `MemoryPlanError`, naming the settings to change, when the profile does not fit."""
+        from stages.memory import replica_memory_plan
+
+        return replica_memory_plan(self, device, card)
 
     # ---- runners (worker processes) ------------------------------------------------------------
 

@@ -23,7 +23,7 @@ def talker_options(profile: Profile) -> dict[str, Any]:
     """Runner capacity keywords from the profile's `talker` section."""
     t = profile.talker
     return dict(max_running=t.max_running, kv_block_size=t.kv_block_size, num_kv_blocks=t.kv_blocks,
-                kv_memory_fraction=t.kv_memory_fraction, prefill_chunk_tokens=t.prefill_chunk_tokens,
+                prefill_chunk_tokens=t.prefill_chunk_tokens,
                 max_prefill_tokens_per_step=t.max_prefill_tokens_per_step, prefill_interval=t.prefill_interval,
                 prefix_caching=t.prefix_caching, max_step_ms=t.max_step_ms,
                 prefill_graph_seqs=t.prefill_graph_seqs,

@@ -36,8 +36,8 @@ from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, Codes, Decode
                           StageError)
 from stages.models.codec.serving import chunk_lengths
 from stages.runtime.coalescer import Coalescer
-from stages.workers.common import (WorkerSpec, attach_codec, drain, kernel_names, payload_array,
-                                  prepare_process, triton_kernel_counter)
+from stages.workers.common import (WorkerSpec, apply_memory_plan, attach_codec, drain, kernel_names,
+                                  memory_report, payload_array, prepare_process, triton_kernel_counter)
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
 
@@ -462,6 +462,7 @@ def main(spec: WorkerSpec) -> None:
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"codec{spec.replica}")
     gc_pauses: GcPauses | None = None
     try:
+        variant, plan = apply_memory_plan(spec, variant)
         t0 = time.perf_counter()
         runner = variant.make_codec_runner(spec.device)
         log.info("codec: loaded in %.1f s", time.perf_counter() - t0)
@@ -470,7 +471,8 @@ def main(spec: WorkerSpec) -> None:
         log.info("codec: ready %.1f s after loading began (%d objects frozen out of garbage collection)",
                  time.perf_counter() - t0, frozen)
         gc_pauses = GcPauses("codec")  # a long collection goes to the log
-        to_coord.send(Ready(stage="codec", pid=os.getpid(), capacity=runner.max_slots))
+        to_coord.send(Ready(stage="codec", pid=os.getpid(), capacity=runner.max_slots,
+                            memory=memory_report("codec", plan, spec.device)))
         c = spec.profile.coalescing
         coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,
                               max_batch=c.max_batch, policy=c.policy)

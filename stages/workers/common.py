@@ -22,12 +22,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ipc.channel import Channel, ChannelSpec
-from ipc.messages import CodecInbox, ClientInbox
+from ipc.messages import CodecInbox, ClientInbox, MemoryReport
 from profiles import Profile
 from stages.runtime.chunk_policy import ChunkSchedule
+from stages.runtime.memory_plan import (MemoryPlan, MemoryPlanError, allocator_peak, cap_allocator,
+                                        card_memory, gib)
 from stages.variant import Variant
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,42 @@ def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Variant:
         # on cuda:1 capturing on cuda:0's stream fails ("operation not permitted when capturing")
         torch.cuda.set_device(torch.device(spec.device))
     return spec.variant(spec.model_dir, spec.profile)
+
+
+def apply_memory_plan(spec: WorkerSpec, variant: Variant) -> tuple[Variant, MemoryPlan | None]:
+    """On CUDA, before this worker allocates anything: its replica's memory plan (the same in
+    both workers: `stages.runtime.memory_plan`), logged; this process's allocator capped at its
+    stage's share; and for the talker, the variant again with the plan's KV blocks. A card too
+    small for the profile, or one another process already fills, raises `MemoryPlanError` naming
+    what to change. (variant, None) on CPU."""
+    if not str(spec.device).startswith("cuda"):
+        return variant, None
+    free, card = card_memory(spec.device)
+    plan = variant.memory_plan(spec.device, card)
+    mine = plan.stage(spec.stage)
+    log.info("%s: memory plan of replica %d: %s", spec.stage, spec.replica, plan.describe())
+    if free < mine.allocator_bytes:
+        raise MemoryPlanError(
+            f"{spec.device} has {gib(free)} free of {gib(card)}, and the {spec.stage} needs "
+            f"{gib(mine.allocator_bytes)} of it: another process holds the card (lower "
+            f"memory.gpu_utilization to share it)")
+    cap_allocator(mine, card, spec.device)
+    profile = spec.profile
+    if spec.stage == "talker" and profile.talker.kv_blocks is None:
+        talker = msgspec.structs.replace(profile.talker, kv_blocks=plan.kv_blocks)
+        variant = spec.variant(spec.model_dir, msgspec.structs.replace(profile, talker=talker))
+    return variant, plan
+
+
+def memory_report(stage: str, plan: MemoryPlan | None, device: str) -> MemoryReport | None:
+    """What a worker's Ready says of its memory: its planned share and its allocator's peak so
+    far (after warm-up: the most its largest calls and graph pools took). None on CPU."""
+    if plan is None:
+        return None
+    mine = plan.stage(stage)
+    return MemoryReport(card=plan.card, usable=plan.usable, planned=mine.total, state=mine.state,
+                        allocator_cap=mine.allocator_bytes, allocator_peak=allocator_peak(device),
+                        kv_tokens=plan.kv_tokens if stage == "talker" else 0)
 
 
 def attention_without_plans() -> None:

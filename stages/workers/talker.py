@@ -34,8 +34,9 @@ from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.variant import AdapterError, TalkerRequest, Variant
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
-from stages.workers.common import (WorkerSpec, attach_talker, drain, kernel_names, payload_array,
-                                  prepare_process, schedule_from, triton_kernel_counter)
+from stages.workers.common import (WorkerSpec, apply_memory_plan, attach_talker, drain, kernel_names,
+                                  memory_report, payload_array, prepare_process, schedule_from,
+                                  triton_kernel_counter)
 
 log = logging.getLogger(__name__)
 
@@ -483,6 +484,7 @@ def main(spec: WorkerSpec) -> None:
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"talker{spec.replica}")
     gc_pauses: GcPauses | None = None
     try:
+        variant, plan = apply_memory_plan(spec, variant)
         t0 = time.perf_counter()
         runner = variant.make_talker_runner(spec.device)
         log.info("talker: loaded in %.1f s", time.perf_counter() - t0)
@@ -492,7 +494,8 @@ def main(spec: WorkerSpec) -> None:
                  time.perf_counter() - t0, frozen)
         gc_pauses = GcPauses("talker")
         to_coord.send(Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
-                            max_prompt_rows=runner.max_prompt_rows()))
+                            max_prompt_rows=runner.max_prompt_rows(),
+                            memory=memory_report("talker", plan, spec.device)))
         TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
                    variant.n_vq, timeline, allocator_counter(spec.device), gc_pauses,
                    triton_kernel_counter(spec.device)).run()

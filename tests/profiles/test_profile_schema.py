@@ -13,7 +13,7 @@ def test_every_field_has_a_description():
     defs = msgspec.json.schema(Profile)["$defs"]
     sections = defs["Profile"]["properties"]
     assert set(sections) == {"model", "talker", "codec", "chunking", "coalescing", "admission",
-                             "api", "stream", "ipc", "engine"}
+                             "api", "stream", "ipc", "engine", "memory"}
     undocumented = [
         f"{section}.{name}"
         for section, ref in sections.items()
