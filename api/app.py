@@ -25,6 +25,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from api.auth import BearerAuthMiddleware
 from api.clip_index import ClipIndex
+from api.connection_limits import ConnectionGate
 from api.errors import EXCEPTION_HANDLERS
 from api.http_timeouts import BodyTimeoutMiddleware
 from api.limits import BodyLimitMiddleware
@@ -67,7 +68,8 @@ def data_dir(profile: Profile) -> Path:
     return Path(os.path.expanduser(profile.api.data_dir))
 
 
-def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "") -> ApiState:
+def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "",
+                connections: ConnectionGate | None = None) -> ApiState:
     root = data_dir(profile)
     namespace = codec_namespace(client.model_name, client.n_vq, client.sample_rate, client.channels, codec_id)
     policy = ReferencePolicy.from_profile(profile.api, sample_rate=client.sample_rate, channels=client.channels)
@@ -75,6 +77,8 @@ def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "") -
     limits = RequestLimits.for_engine(profile, channels=client.channels, n_vq=client.n_vq,
                                       samples_per_frame=client.variant.samples_per_frame)
     metrics = ApiMetrics(engine_counters=client.counters)
+    if connections is not None:
+        connections.bind(metrics.connections_open.inc, metrics.limit_hit)
     return ApiState(
         profile=profile,
         client=client,
@@ -106,11 +110,15 @@ def cors_middleware(origins: tuple[str, ...]) -> list[Middleware]:
                        allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS), max_age=600)]
 
 
-def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Starlette:
+def create_app(profile: Profile, connect: Connect, *, codec_id: str = "",
+               connections: ConnectionGate | None = None) -> Starlette:
+    """The app of one API process; ``connections``: the process's connection gate (its counts go
+    to ``/metrics``), where the server has one."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         async with connect() as client:
-            state = build_state(profile, client, codec_id=codec_id)
+            state = build_state(profile, client, codec_id=codec_id, connections=connections)
             async with loop_lag_watched(state.metrics.loop_lag.observe):
                 yield {"api": state}
 
@@ -132,7 +140,7 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "") -> Sta
     ]
     middleware = cors_middleware(profile.api.cors_origins) + [
         Middleware(BodyLimitMiddleware, max_bytes=profile.api.max_body_bytes),
-        Middleware(BodyTimeoutMiddleware, seconds=profile.api.body_timeout_s),
+        Middleware(BodyTimeoutMiddleware, gap_s=profile.api.body_timeout_s, total_s=profile.api.body_deadline_s),
         Middleware(BearerAuthMiddleware, keys=tuple(profile.api.keys)),
     ]
     return Starlette(routes=routes, middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 
 log = logging.getLogger("mossvox.api")
 
@@ -101,6 +101,11 @@ async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
                         headers=dict(exc.headers or {}))
 
 
+async def client_gone_handler(request: Request, exc: Exception) -> Response:
+    """The client left mid-request (mid-body, say): nobody to answer, nothing to log."""
+    return Response(status_code=499)
+
+
 async def unhandled_error_handler(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return JSONResponse(error_body(500, f"Internal server error: {type(exc).__name__}"), status_code=500)
@@ -109,5 +114,6 @@ async def unhandled_error_handler(request: Request, exc: Exception) -> JSONRespo
 EXCEPTION_HANDLERS = {
     ApiError: api_error_handler,
     HTTPException: http_error_handler,
+    ClientDisconnect: client_gone_handler,
     Exception: unhandled_error_handler,
 }

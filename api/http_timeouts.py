@@ -6,8 +6,13 @@ for a body that stops arriving. Two guards close that gap:
 - ``header_timeout_protocol(seconds)``: uvicorn's h11 protocol, closing a connection whose request
   headers are not complete ``seconds`` after it opened (or after its previous response ended);
 - ``BodyTimeoutMiddleware``: a 408 (and the connection closed) when the next piece of a request
-  body takes longer than ``seconds`` to arrive. Once the body is complete, ``receive`` is not
-  timed: a streaming response waits on it for the client's disconnect.
+  body takes longer than ``gap_s`` (``api.body_timeout_s``) to arrive, or the whole body is not
+  in ``total_s`` (``api.body_deadline_s``) after the headers, however steadily it trickles. Once
+  the body is complete, ``receive`` is not timed: a streaming response waits on it for the
+  client's disconnect.
+
+Together with the connection caps (``api.connection_limits``) they bound how long and how many
+descriptors slow clients hold.
 """
 
 from __future__ import annotations
@@ -63,30 +68,43 @@ def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
 
 
 class BodyTimeoutMiddleware:
-    """408 when a request body stalls for ``seconds`` (see the module docstring)."""
+    """408 when a request body stalls for ``gap_s`` or is not whole after ``total_s`` (see the
+    module docstring)."""
 
-    def __init__(self, app: ASGIApp, seconds: float) -> None:
+    def __init__(self, app: ASGIApp, gap_s: float, total_s: float) -> None:
         self.app = app
-        self.seconds = seconds
+        self.gap_s = gap_s
+        self.total_s = total_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.total_s
         body_done = False
 
         async def timed_receive() -> Message:
             nonlocal body_done
             if body_done:
                 return await receive()
+            left = deadline - loop.time()
+            gap = left >= self.gap_s
             try:
-                async with asyncio.timeout(self.seconds):
+                async with asyncio.timeout(min(self.gap_s, max(left, 0.0))):
                     message = await receive()
             except TimeoutError:
-                raise ApiError(408, f"The request body stalled for {self.seconds:g} s "
-                                    f"(api.body_timeout_s)", headers={"Connection": "close"}) from None
+                raise self._too_slow(gap) from None
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
 
         await self.app(scope, timed_receive, send)
+
+    def _too_slow(self, gap: bool) -> ApiError:
+        if gap:
+            message, limit = f"The request body stalled for {self.gap_s:g} s (api.body_timeout_s)", "api.body_timeout_s"
+        else:
+            message, limit = (f"The request body was not complete {self.total_s:g} s after its headers "
+                              f"(api.body_deadline_s)", "api.body_deadline_s")
+        return ApiError(408, message, headers={"Connection": "close"}, limit=limit)

@@ -140,6 +140,8 @@ class ApiMetrics:
                                      "WebSocket sessions: the input.text that completed an "
                                      "utterance's first sentence to its first audio frame",
                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.connections_open = Gauge(f"{PREFIX}_connections_open", "Open client connections (HTTP and "
+                                      "WebSocket)", multiprocess_mode="livesum", registry=r)
         self.limits = Counter(f"{PREFIX}_limit_hits", "Requests, connections and streams a server limit "
                               "stopped, by the profile field of the limit", ["limit"], registry=r)
         self.loop_lag = Histogram(f"{PREFIX}_api_loop_lag_seconds",

@@ -202,7 +202,7 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
     import uvicorn
 
     from api.app import create_app
-    from api.http_timeouts import header_timeout_protocol
+    from api.connection_limits import ConnectionGate, gated_protocols
     from engine.client import EngineClient
     from stages.workers.heap import GcPauses, freeze_heap
 
@@ -217,9 +217,10 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
             pauses.close()
             await client.close()
 
-    app = create_app(profile, connect, codec_id=codec_id)
+    gate = ConnectionGate.for_process(profile.api)  # open connections, counted from the first byte
+    app = create_app(profile, connect, codec_id=codec_id, connections=gate)
     config = uvicorn.Config(app, loop="uvloop", lifespan="on", access_log=False,
-                            http=header_timeout_protocol(profile.api.header_timeout_s),
+                            **gated_protocols(profile.api, gate),  # and the request-header timeout
                             # a WebSocket message is bounded like a request body (close 1009)
                             ws_max_size=profile.api.max_body_bytes,
                             log_level=profile.engine.log_level,

@@ -405,6 +405,18 @@ class ApiConfig(_Section):
     body_timeout_s: Annotated[float, doc(
         "a request body that stalls this long between two pieces is answered 408 and its "
         "connection closed", gt=0)] = 30.0
+    body_deadline_s: Annotated[float, doc(
+        "a request body not complete this long after its headers is answered 408 and its "
+        "connection closed, however steadily it trickles in; raise it for clients uploading "
+        "large references over slow links", gt=0)] = 120.0
+    max_connections: Annotated[int, doc(
+        "open client connections (HTTP and WebSocket) one API process holds; one more is "
+        "answered 503 and closed at once (never more than the process's descriptor limit "
+        "allows, less a reserve)", ge=16)] = 4096
+    max_connections_per_address: Annotated[int, doc(
+        "open connections one client address may hold in one API process (503 past it), so one "
+        "host cannot take them all; behind a proxy or load balancer every client shares its "
+        "addresses: allow its connections there, or 0 = no per-address cap", ge=0)] = 1024
     max_batch_items: Annotated[int, doc(
         "most speech requests in one POST /v1/audio/speech/batch", ge=1, le=1024)] = 32
     cors_origins: Annotated[tuple[str, ...], doc(

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from api import sse
@@ -135,8 +135,8 @@ async def create_speech(request: Request) -> Response:
     except ApiError as exc:
         tracker.finish(outcome_of(exc), reason=f"{exc.status} {exc.message}")
         raise
-    except ClientGone:
-        tracker.finish("cancelled")
+    except (ClientGone, ClientDisconnect):
+        tracker.finish("cancelled")  # the client left (mid-body, or while waiting): not a failure
         return Response(status_code=499)  # nobody is listening; the engine request was aborted
     except Exception as exc:  # a bug: answer it as one (logged, counted as failed), keep serving
         log.exception("%s: unexpected error", tracker.request_id)

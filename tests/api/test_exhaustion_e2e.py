@@ -4,8 +4,15 @@ normal request still served. Every resource a client can make the server hold is
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
 import base64
+import contextlib
 import io
+import resource
+import socket
+import time
 
 import httpx
 import numpy as np
@@ -13,19 +20,54 @@ import psutil
 import pytest
 import soundfile
 
-from tests.api.helpers import assert_error, data_url, labelled, tone_wav
+from tests.api.helpers import assert_error, data_url, labelled, metric, tone_wav
 from tests.api.server_process import ServerProcess
 
 MB = 1 << 20
+PER_ADDRESS = 150  # api.max_connections_per_address here
+PER_PROCESS = 300  # api.max_connections here
+GAP_S, DEADLINE_S = 2, 4  # api.body_timeout_s and api.body_deadline_s here
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("data"), sets=(
-        "model.max_new_frames=64",
+        "model.max_new_frames=64", "api.header_timeout_s=30",
+        f"api.body_timeout_s={GAP_S}", f"api.body_deadline_s={DEADLINE_S}",
+        f"api.max_connections={PER_PROCESS}", f"api.max_connections_per_address={PER_ADDRESS}",
     )).start()
     yield s
     s.stop()
+
+
+def address(server) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def connect_from(server, source: str) -> socket.socket:
+    """A connection from another loopback address (all of 127/8 is this host's)."""
+    sock = socket.create_connection(address(server), timeout=10, source_address=(source, 0))
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    reply = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
+
+
+def requests_by_outcome(http, outcome: str) -> float:
+    return labelled(http.get("/metrics").text, "mossvox_requests_total", outcome=outcome)
+
+
+def no_tracebacks(server) -> None:
+    """Nothing a client did shows up as a traceback or an unexpected error in the server's log."""
+    bad = [line for line in server.log if "Traceback" in line or "unexpected error" in line
+           or "Exception in ASGI" in line]
+    assert not bad, bad[:5]
 
 
 def api_process(http) -> psutil.Process:
@@ -73,3 +115,143 @@ def test_a_decompression_bomb_as_ref_audio_is_refused_without_decoding_it(http):
     assert peak_rss(proc) - before < 40 * MB
     assert limit_hits(http, "api.max_ref_seconds") == hits + 2
     assert api_process(http).pid == proc.pid
+
+
+def test_a_body_that_trickles_past_the_deadline_is_a_408(server, http):
+    """A byte every half second never stalls for api.body_timeout_s, yet the body is cut at
+    api.body_deadline_s after its headers; the 408 names that field and is counted, not as a
+    failure."""
+    hits, failed = limit_hits(http, "api.body_deadline_s"), requests_by_outcome(http, "failed")
+    with connect_from(server, "127.0.0.1") as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{")
+        started = time.monotonic()
+        sock.settimeout(0.5)
+        reply = b""
+        while not reply and time.monotonic() - started < 30:
+            with contextlib.suppress(TimeoutError):
+                sock.sendall(b" ")
+                reply = sock.recv(65536)
+        sock.settimeout(10)
+        reply += read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 408") and b"api.body_deadline_s" in reply
+    assert limit_hits(http, "api.body_deadline_s") == hits + 1
+    assert requests_by_outcome(http, "failed") == failed
+    no_tracebacks(server)
+
+
+def test_a_client_that_leaves_mid_body_is_not_a_failure(server, http):
+    failed, cancelled = requests_by_outcome(http, "failed"), requests_by_outcome(http, "cancelled")
+    with connect_from(server, "127.0.0.1") as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"input\": ")
+        time.sleep(0.3)
+    for _ in range(50):
+        if requests_by_outcome(http, "cancelled") == cancelled + 1:
+            break
+        time.sleep(0.1)
+    assert requests_by_outcome(http, "cancelled") == cancelled + 1
+    assert requests_by_outcome(http, "failed") == failed
+    no_tracebacks(server)
+
+
+def test_connections_past_the_caps_get_a_503_at_once_and_others_are_served(server, http):
+    """One address holds at most api.max_connections_per_address; the next is answered 503 and
+    closed before it sends anything, while another address is served. Past api.max_connections
+    every address waits; closing them frees the places."""
+    proc = api_process(http)
+    fds = proc.num_fds()
+    per_address = limit_hits(http, "api.max_connections_per_address")
+    held = [connect_from(server, "127.0.0.2") for _ in range(PER_ADDRESS)]
+    try:
+        with connect_from(server, "127.0.0.2") as extra:
+            reply = read_all(extra)
+        assert reply.startswith(b"HTTP/1.1 503") and b"api.max_connections_per_address" in reply
+        assert b"Retry-After: 1" in reply.replace(b"retry-after", b"Retry-After")
+        assert limit_hits(http, "api.max_connections_per_address") == per_address + 1
+        assert api_process(http).pid == proc.pid  # another address is served meanwhile
+        assert proc.num_fds() <= fds + PER_ADDRESS + 8
+        open_now = int(metric(http.get("/metrics").text, "mossvox_connections_open"))  # with http's own
+        held += [connect_from(server, "127.0.0.3") for _ in range(PER_PROCESS - open_now)]
+        assert http.get("/health").status_code == 200  # on its connection, admitted before
+        with connect_from(server, "127.0.0.4") as extra:
+            reply = read_all(extra)
+        assert reply.startswith(b"HTTP/1.1 503") and b"(api.max_connections)" in reply
+    finally:
+        for sock in held:
+            sock.close()
+    for _ in range(50):
+        if metric(http.get("/metrics").text, "mossvox_connections_open") <= 2:
+            break
+        time.sleep(0.1)
+    assert metric(http.get("/metrics").text, "mossvox_connections_open") <= 2
+    assert api_process(http).pid == proc.pid
+    no_tracebacks(server)
+
+
+SOAK_CONNECTIONS = 2000
+
+
+async def slow_client(host: str, port: int, source: str) -> bytes:
+    """A request whose body trickles a byte a second until the server answers; what it answered."""
+    reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+    try:
+        writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000\r\n\r\n{")
+        reply = b""
+        while True:
+            try:
+                data = await asyncio.wait_for(reader.read(65536), 1.0)
+            except TimeoutError:
+                writer.write(b" ")
+                continue
+            if not data:
+                return reply
+            reply += data
+    except ConnectionError:
+        return reply
+    finally:
+        writer.close()
+
+
+def test_the_server_keeps_serving_through_2000_slow_connections(server, http):
+    """2,000 clients on one address trickle request bodies: the first api.max_connections_per_address
+    are held until api.body_deadline_s (408), the rest get a 503 at once; meanwhile health checks
+    and speech from another address are served, the API process's descriptors stay bounded, and
+    afterwards every place is given back with nothing in the log and no request counted failed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < SOAK_CONNECTIONS + 512:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, SOAK_CONNECTIONS + 1024), hard))
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < SOAK_CONNECTIONS + 512:
+        pytest.skip("this process may not open enough descriptors for the soak")
+    proc = api_process(http)
+    fds = proc.num_fds()
+    failed = requests_by_outcome(http, "failed")
+    refused, cut = limit_hits(http, "api.max_connections_per_address"), limit_hits(http, "api.body_deadline_s")
+    host, port = address(server)
+
+    async def soak() -> list[bytes]:
+        return await asyncio.gather(*(slow_client(host, port, "127.0.0.5") for _ in range(SOAK_CONNECTIONS)))
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        attack = pool.submit(asyncio.run, soak())
+        served = 0
+        while not attack.done():
+            assert http.get("/health").status_code == 200
+            r = http.post("/v1/audio/speech", json={"input": "Served meanwhile.", "response_format": "pcm"})
+            assert r.status_code == 200 and len(r.content) > 0
+            assert proc.num_fds() <= fds + PER_ADDRESS + 16
+            served += 1
+        replies = attack.result()
+    assert served >= 2
+    statuses = collections.Counter(reply[:12] for reply in replies)
+    assert statuses == {b"HTTP/1.1 408": PER_ADDRESS, b"HTTP/1.1 503": SOAK_CONNECTIONS - PER_ADDRESS}, statuses
+    assert limit_hits(http, "api.max_connections_per_address") == refused + SOAK_CONNECTIONS - PER_ADDRESS
+    assert limit_hits(http, "api.body_deadline_s") == cut + PER_ADDRESS
+    assert requests_by_outcome(http, "failed") == failed
+    for _ in range(50):
+        if proc.num_fds() <= fds + 2:
+            break
+        time.sleep(0.1)
+    assert proc.num_fds() <= fds + 2
+    no_tracebacks(server)
