@@ -29,7 +29,8 @@ OUTCOMES = ("ok", "client_error", "rejected", "failed", "cancelled")
 ENGINE_CUMULATIVE = frozenset({"submitted", "rejected", "failed", "finished_stop", "finished_length",
                                "aborted", "chunks", "audio_s", "decode_batches", "coordinator_busy_s",
                                "codec_emit_s", "client_route_s", "restarts", "talker_prompt_rows",
-                               "talker_cached_rows", "admission_holds"})
+                               "talker_cached_rows", "admission_holds", "talker_restarts",
+                               "codec_restarts", "hung_workers", "api_restarts"})
 
 # HELP text of each engine counter (`engine.counters`, plus the API process's own `client_*`).
 ENGINE_HELP = MappingProxyType({
@@ -64,7 +65,12 @@ ENGINE_HELP = MappingProxyType({
     "talker_cached_rows": "Prompt rows the talkers took from their prefix caches instead of computing them",
     "replicas": "Talker and codec pairs launched",
     "replicas_up": "Replicas alive and serving",
-    "restarts": "Replicas restarted in place after a worker failed",
+    "restarts": "Workers or whole replicas restarted in place after a failure",
+    "talker_restarts": "Talker workers replaced alone, the codec serving on",
+    "codec_restarts": "Codec workers replaced alone, the talker keeping its state",
+    "hung_workers": "Workers killed because their liveness beat stood still",
+    "restart_last_s": "Seconds from the last replaced worker's death to its replica serving again",
+    "api_restarts": "API processes replaced after one died",
     "client_ring_bytes": "Bytes of PCM waiting in this API process's rings",
     "client_open": "Requests open in this API process",
     "client_route_s": "Seconds this API process spent routing engine records",

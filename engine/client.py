@@ -41,7 +41,8 @@ from stages.workers.timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
 
-ID_SHIFT = 40  # request ids: client_index << 40 | counter
+ID_SHIFT = 40  # request ids: client_index << 40 | generation << 32 | counter
+GENERATION_SHIFT = 32  # a replaced API process's ids never meet its predecessor's
 
 
 @dataclass
@@ -66,7 +67,19 @@ class EngineRejected(Exception):
 
 
 class EngineFailed(Exception):
-    """The request could not complete: a worker died, its deadline passed, or an internal error."""
+    """The request could not complete: a worker died, its deadline passed, or an internal error.
+    `reason` says which (`ipc.messages.FailReason`): "worker_lost", "engine_failed" and
+    "shutdown" mean the engine could not serve it (HTTP 503 before any audio), "deadline" its
+    time ran out, "error" a fault of this request."""
+
+    def __init__(self, message: str, reason: str = "error") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    @property
+    def unavailable(self) -> bool:
+        """The engine could not serve the request (not the request's own fault): retry later."""
+        return self.reason in ("worker_lost", "engine_failed", "shutdown")
 
 
 @dataclass(frozen=True)
@@ -79,12 +92,14 @@ class ClientSpec:
     profile: Profile
     to_coord: ChannelSpec
     from_coord: ChannelSpec
-    from_codecs: tuple[ChannelSpec, ...]  # one PCM ring per replica's codec worker
+    from_codecs: tuple[ChannelSpec | None, ...]  # one PCM ring per replica's codec worker (None:
+    #                                              that codec is being replaced; see `rewire`)
     counters_name: str
     counters_hist: int
     counters_replicas: int = 1
     watch_pids: tuple[int, ...] = ()   # the coordinator: healthy() is false once it exits
     rewire: Any = None  # Connection: (replica, ChannelSpec) of a restarted codec's PCM ring
+    generation: int = 0  # this slot's n-th process (a replaced one): its request ids differ
 
 
 class _Mailbox:
@@ -149,7 +164,7 @@ class EngineClient:
     def __init__(self, index: int, variant: Variant, to_coord: Channel, from_coord: Channel,
                  from_codecs: list[Channel], counters: CounterBlock,
                  watch_pids: tuple[int, ...] = (), rewire: Any = None,
-                 timeline: Timeline | None = None) -> None:
+                 timeline: Timeline | None = None, generation: int = 0) -> None:
         self.index = index
         self.variant = variant
         self.sample_rate: int = variant.sample_rate
@@ -162,7 +177,7 @@ class EngineClient:
         self._codec_readers: list[asyncio.Task | None] = [None] * len(self._from_codecs)
         self._outbox: Outbox | None = None
         self._counters = counters
-        self._ids = itertools.count(1)
+        self._ids = itertools.count((generation << GENERATION_SHIFT) + 1)
         self._boxes: dict[int, _Mailbox] = {}
         self._readers: list[asyncio.Task] = []
         self._dead: str | None = None
@@ -179,10 +194,11 @@ class EngineClient:
         variant = spec.variant(spec.model_dir, spec.profile)
         variant.warm_request_path()
         return cls(spec.index, variant, spec.to_coord.open(), spec.from_coord.open(),
-                   [codec.open() for codec in spec.from_codecs],
+                   [None if codec is None else codec.open() for codec in spec.from_codecs],
                    CounterBlock.attach(spec.counters_name, spec.counters_hist,
                                        spec.counters_replicas), spec.watch_pids, spec.rewire,
-                   open_timeline(spec.profile.engine.timeline_dir, f"client{spec.index}"))
+                   open_timeline(spec.profile.engine.timeline_dir, f"client{spec.index}"),
+                   spec.generation)
 
     # ---- the interface -------------------------------------------------------------------------
 
@@ -305,7 +321,7 @@ class EngineClient:
         snap = self._counters.snapshot()
         snap["healthy"], snap["ready"] = float(self.healthy()), float(self.ready())
         own = sum(ch.statistics().used_bytes for ch in (self._from_coord, *self._from_codecs)
-                  if not ch.closed)
+                  if ch is not None and not ch.closed)
         snap["client_ring_bytes"] = own
         snap["client_open"] = len(self._boxes)
         snap["client_route_s"] = self._route_s
@@ -321,16 +337,18 @@ class EngineClient:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._readers.clear()
         for channel in (self._from_coord, *self._from_codecs):
-            self._deliver_waiting(channel)
+            if channel is not None:
+                self._deliver_waiting(channel)
         if self._rewire is not None and not self._rewire.closed:
             with contextlib.suppress(ValueError, RuntimeError):  # loop closed or never added
                 asyncio.get_running_loop().remove_reader(self._rewire.fileno())
             self._rewire.close()
         if self._outbox is not None:
             self._outbox.close()
-        self._fail_all("engine client closed")
+        self._fail_all("engine client closed", "shutdown")
         for ch in (self._to_coord, self._from_coord, *self._from_codecs):
-            ch.close()
+            if ch is not None:
+                ch.close()
         self._counters.close()
         for peer in self._peers:
             peer.close()
@@ -341,7 +359,7 @@ class EngineClient:
 
     def _check_alive(self) -> None:
         if self._dead is not None:
-            raise EngineFailed(self._dead)
+            raise EngineFailed(self._dead, "engine_failed")
         if not self._readers:
             loop = asyncio.get_running_loop()
             self._outbox = Outbox(self._to_coord, f"client{self.index}->coordinator")
@@ -350,7 +368,7 @@ class EngineClient:
                 self._take_rewires()  # restarts that happened before this client's first request
                 loop.add_reader(self._rewire.fileno(), self._take_rewires)
             for k in range(len(self._from_codecs)):
-                if self._codec_readers[k] is None:
+                if self._codec_readers[k] is None and self._from_codecs[k] is not None:
                     self._start_codec_reader(k)
 
     def _start_codec_reader(self, replica: int) -> None:
@@ -374,7 +392,9 @@ class EngineClient:
                 continue
             old, self._from_codecs[replica] = self._from_codecs[replica], channel
             task = self._codec_readers[replica]
-            if task is None or task.done():
+            if old is None:
+                pass
+            elif task is None or task.done():
                 old.close()
             else:  # close the old ring once its reader has stopped using it
                 task.add_done_callback(lambda _, old=old: old.close())
@@ -456,10 +476,10 @@ class EngineClient:
                 box = self._boxes.get(rid)
                 if box is not None:
                     box.put(EngineRejected(reason, retry))
-            case Failed(rid=rid, message=message):
+            case Failed(rid=rid, message=message, reason=reason):
                 box = self._boxes.get(rid)
                 if box is not None:
-                    box.put(EngineFailed(message))
+                    box.put(EngineFailed(message, reason))
             case _:
                 log.error("client %d: unexpected record %r", self.index, msg)
 
@@ -468,8 +488,8 @@ class EngineClient:
             self._dead = f"the {source} is gone ({exc})"
             report = log.error if self._boxes else log.info
             report("engine client %d: %s", self.index, self._dead)
-        self._fail_all(self._dead)
+        self._fail_all(self._dead, "engine_failed")
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail_all(self, message: str, reason: str) -> None:
         for box in self._boxes.values():
-            box.put(EngineFailed(reason))
+            box.put(EngineFailed(message, reason))

@@ -2,8 +2,11 @@
 
 Event-driven only: one reader task per inbound channel sleeps on that channel's doorbell (and its
 peer's pidfd); handlers are plain functions that never await, and every send goes through a
-never-blocking `Outbox`. The only timers are per-request deadlines (`loop.call_later`) and, while
-the ring gauge reads non-zero, its 50 ms re-read.
+never-blocking `Outbox`. The only timers are per-request deadlines (`loop.call_later`), while
+the ring gauge reads non-zero its 50 ms re-read, and the liveness check: every quarter of
+`engine.liveness_timeout_s` it reads each serving worker's beat word (`Ring.beats`); a worker
+whose beat stood still for the whole timeout is hung (stopped, or stuck) and is SIGKILLed, which
+its pidfd then reports like any death.
 
 A request's life: `Submit` → run now (forwarded with its prompt to the talker of the live replica
 with the most headroom, `engine.replicas`) or queue (one queue for all replicas; also while a
@@ -11,17 +14,24 @@ playing stream runs low on buffered audio, `engine.playout_gate`), or a typed
 `Rejected` → its replica's codec's final `ChunkDone` closes it and frees its place. An abort
 (client gone), a deadline or a per-request error sends `Abort` to both workers of its replica; the
 request still closes on the codec's final record, which every request gets, so counts cannot
-drift. A dead worker (`PeerGone` on its channel) fails every request of its replica at once and
-takes the replica out of service; the engine stays healthy and ready while one replica is up.
-`on_replica_failed` (the launcher's `engine.restarts.ReplicaRestarter`) may restart it in place:
-`detach_replica` / `attach_replica` swap its channels, and both workers' Ready put it back in
-service. The engine fails only when no replica is up and none is being restarted.
+drift. A dead worker (`PeerGone` on its channel, a fatal `StageError`, or no beat) fails every
+request of its replica at once (`Failed`, reason "worker_lost": the API ends them cleanly), takes
+the replica out of service and tells the surviving worker (`PeerLost`), which drops those
+requests and keeps its model and caches; the engine stays healthy and ready while one replica is
+up. `on_worker_failed` (the launcher's `engine.restarts.ReplicaRestarter`) replaces the dead
+worker alone: `detach_worker` / `attach_worker` swap its channels, the survivor is rewired to the
+new one (`Rewire`), and the Ready records put the replica back in service (`detach_replica` /
+`attach_replica` do the same for a whole replica, when both died). The engine fails only when
+no replica is up and none is being restarted. An API process that dies is replaced by the server
+(`swap_client`: its requests are aborted, new channels take the slot).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,7 +46,8 @@ from engine.shutdown import EngineState, Lifecycle
 from ipc.channel import Channel
 from ipc.errors import EndOfStream, PeerGone, RingClosed
 from ipc.messages import (Abort, ChunkDone, DecodeBatch, EncodeDone, EncodeRequest, Failed, Feed,
-                          MemoryReport, Ready, Rejected, Shutdown, Slots, StageError, Submit, TalkerStep)
+                          MemoryReport, PeerLost, Ready, Rejected, Rewire, Shutdown, Slots, StageError,
+                          Submit, TalkerStep)
 from profiles import Profile
 
 log = logging.getLogger(__name__)
@@ -69,46 +80,93 @@ class Coordinator:
         self.lifecycle = Lifecycle(profile.engine.shutdown)
         self.counters = counters
         self.clients = [Outbox(ch, f"client{i}") for i, ch in enumerate(to_clients)]
-        self._from_clients = from_clients
-        self._client_rings = [*to_clients, *from_clients]
+        self._to_clients, self._from_clients = list(to_clients), list(from_clients)
+        self._client_generations = [0] * len(to_clients)
         self._jobs: dict[int, int] = {}  # reference-encode job -> client
         counters["replicas"] = counters["replicas_up"] = len(replicas)
         for k in range(len(replicas)):
             counters.set_replica(k, "up", 1)
-        self.on_replica_failed: Callable[[int, str], bool] | None = None  # True: restarting it
+        # (replica, dead worker or None for both, reason) -> True: it is being restarted
+        self.on_worker_failed: Callable[[int, str | None, str], bool] | None = None
         self._restarting: set[int] = set()
-        self._tasks: list[asyncio.Task] = []  # client readers
-        self._replica_tasks: dict[int, list[asyncio.Task]] = {}
+        self._client_tasks: dict[int, asyncio.Task] = {}
+        self._worker_tasks: dict[tuple[int, str], asyncio.Task] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._ring_recheck: asyncio.TimerHandle | None = None
+        self._liveness: asyncio.TimerHandle | None = None
 
     # ---- running -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start one reader task per inbound channel on the running loop."""
-        loop = asyncio.get_running_loop()
+        """Start one reader task per inbound channel on the running loop, and the liveness
+        check."""
         for replica in self.replicas:
             self._start_replica(replica)
-        for i, channel in enumerate(self._from_clients):
-            self._tasks.append(loop.create_task(self._read(channel, ("client", i, 0)),
-                                                name=f"coordinator-read-client{i}"))
+        for i in range(len(self._from_clients)):
+            self._start_client_reader(i)
+        if self.profile.engine.liveness_timeout_s > 0:
+            self._liveness = asyncio.get_running_loop().call_later(
+                self.profile.engine.liveness_timeout_s / 4, self._check_liveness)
+
+    def _start_client_reader(self, index: int) -> None:
+        source = ("client", index, self._client_generations[index])
+        self._client_tasks[index] = asyncio.get_running_loop().create_task(
+            self._read(self._from_clients[index], source), name=f"coordinator-read-client{index}")
 
     def _start_replica(self, replica: Replica) -> None:
         """Ready futures and reader tasks for `replica`'s (current) workers."""
         loop = asyncio.get_running_loop()
         replica.ready = {s: loop.create_future() for s in ("talker", "codec")}
-        ch, k, gen = replica.channels, replica.index, replica.generation
-        self._replica_tasks[k] = [
-            loop.create_task(self._read(channel, (kind, k, gen)),
-                             name=f"coordinator-read-{kind}{k}")
-            for channel, kind in ((ch.from_talker, "talker"), (ch.from_codec, "codec"))]
+        for stage in ("talker", "codec"):
+            self._start_worker_reader(replica, stage)
+
+    def _start_worker_reader(self, replica: Replica, stage: str) -> None:
+        k = replica.index
+        source = (stage, k, replica.generations[stage])
+        self._worker_tasks[(k, stage)] = asyncio.get_running_loop().create_task(
+            self._read(replica.channels.of(stage)[1], source), name=f"coordinator-read-{stage}{k}")
+
+    def detach_worker(self, index: int, stage: str) -> list[Channel]:
+        """Stop talking to replica `index`'s dead worker `stage`; returns its two channels to
+        close."""
+        replica = self.replicas[index]
+        task = self._worker_tasks.pop((index, stage), None)
+        if task is not None:
+            task.cancel()
+        replica.outbox(stage).close()
+        replica.beats.pop(stage, None)
+        return list(replica.channels.of(stage))
+
+    def attach_worker(self, index: int, stage: str, to_worker: Channel,
+                      from_worker: Channel) -> Awaitable[Any]:
+        """Worker `stage` of replica `index` restarted on these channels: the returned awaitable
+        completes once it said Ready, and (a new codec) the talker too, once rewired
+        (`rewire_survivor`); then the replica serves again."""
+        replica = self.replicas[index]
+        replica.rewire(stage, to_worker, from_worker)
+        loop = asyncio.get_running_loop()
+        for s in ("talker", "codec") if stage == "codec" else ("talker",):
+            old = replica.ready.get(s)
+            if old is not None and not old.done():
+                old.cancel()
+            replica.ready[s] = loop.create_future()
+        self._start_worker_reader(replica, stage)
+        return asyncio.gather(*(f for f in replica.ready.values() if not f.done()))
+
+    def rewire_survivor(self, index: int, rewire: Rewire) -> None:
+        """Tell replica `index`'s surviving worker to attach its replaced peer (`Rewire`): the
+        talker when the codec was replaced, the codec for a new talker or API process."""
+        replica = self.replicas[index]
+        (replica.codec if rewire.stage in ("talker", "client") else replica.talker).put(rewire)
 
     def detach_replica(self, index: int) -> list[Channel]:
         """Stop talking to replica `index`'s (dead) workers; returns its channels to close."""
         replica = self.replicas[index]
-        for task in self._replica_tasks.pop(index, []):
-            task.cancel()
+        for stage in ("talker", "codec"):
+            task = self._worker_tasks.pop((index, stage), None)
+            if task is not None:
+                task.cancel()
         replica.close()
         for fut in replica.ready.values():
             if not fut.done():
@@ -122,7 +180,9 @@ class Coordinator:
         """Replica `index` restarted on `channels`: out of service until both workers say Ready
         (the returned awaitable); then it serves again."""
         old = self.replicas[index]
-        new = Replica(index, channels, old.capacity, up=False, generation=old.generation + 1)
+        new = Replica(index, channels, old.capacity, up=False, generation=old.generation + 1,
+                      generations={s: g + 1 for s, g in old.generations.items()},
+                      down=set(old.down) or {"talker", "codec"}, down_since=old.down_since)
         self.replicas.replicas[index] = new
         self._start_replica(new)
         return asyncio.gather(*new.ready.values())
@@ -172,7 +232,7 @@ class Coordinator:
 
     def _handle(self, source: tuple[str, int, int], msg: Any, rec: Any) -> None:
         replica = self.replicas[source[1]] if source[0] != "client" else None
-        if replica is not None and replica.generation != source[2]:
+        if replica is not None and replica.generations[source[0]] != source[2]:
             return  # from a worker that has since been replaced
         match msg:
             case Submit():
@@ -206,13 +266,16 @@ class Coordinator:
                     replica.jobs.discard(job)
                 self._update_gauges()
             case StageError(rid=None, stage=stage, message=message) if replica is not None:
-                self._replica_failed(replica, f"{stage} worker failed: {message}")
+                self._worker_lost(replica, stage, f"the {worker_name(stage, replica.index)} "
+                                                  f"worker failed: {message}")
             case StageError(rid=rid, message=message):
                 self._abort(rid, notify=f"request failed in the {msg.stage}: {message}")
             case Ready(stage=stage) if replica is not None:
                 fut = replica.ready.get(stage)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
+                replica.pids[stage] = msg.pid
+                replica.beats[stage] = (replica.channels.of(stage)[1].beats, self.clock())
                 replica.capacities[stage] = msg.capacity
                 if msg.memory is not None:
                     self._record_memory(replica.index, stage, msg.memory)
@@ -233,7 +296,8 @@ class Coordinator:
         self.counters.add("submitted")
         if not self.lifecycle.healthy:
             self.counters.add("failed")
-            client.put(Failed(rid=submit.rid, message=f"engine failed: {self.lifecycle.reason}"))
+            client.put(Failed(rid=submit.rid, message=f"engine failed: {self.lifecycle.reason}",
+                              reason="engine_failed"))
             return
         if not self.lifecycle.accepting:
             self._reject(submit, "engine is shutting down")
@@ -242,7 +306,7 @@ class Coordinator:
         if size > self.replicas[0].talker.channel.max_payload_size:  # equal on every replica
             self.counters.add("failed")
             client.put(Failed(rid=submit.rid, message=f"prompt of {size} bytes exceeds the "
-                                                      f"talker ring's largest record"))
+                                                      f"talker ring's largest record", reason="too_large"))
             return
         verdict = self.admission.decide(self.table.num_running, self.table.num_queued,
                                         hold=self._held())
@@ -308,8 +372,9 @@ class Coordinator:
             replica.talker.put(feed, rows)
         req.feeds.clear()
 
-    def _abort(self, rid: int, notify: str | None) -> None:
-        """Cancel `rid`; with `notify`, its client gets `Failed(notify)` (deadline, error)."""
+    def _abort(self, rid: int, notify: str | None, reason: str = "error") -> None:
+        """Cancel `rid`; with `notify`, its client gets `Failed(notify, reason)` (deadline,
+        error, shutdown)."""
         req = self.table.get(rid)
         if req is None:
             return
@@ -317,7 +382,7 @@ class Coordinator:
             self.counters.add("failed")
             if req.replica >= 0:
                 self.counters.add_replica(req.replica, "failed")
-            self.clients[req.client].put(Failed(rid=rid, message=notify))
+            self.clients[req.client].put(Failed(rid=rid, message=notify, reason=reason))
         else:
             self.counters.add("aborted")
         self.gate.forget(rid)
@@ -335,7 +400,7 @@ class Coordinator:
         if req is not None:
             req.deadline = None
             self._abort(rid, notify="request deadline exceeded "
-                                    "(admission.request_timeout_s)")
+                                    "(admission.request_timeout_s)", reason="deadline")
 
     def _on_chunk_done(self, done: ChunkDone) -> None:
         req = self.table.get(done.rid)
@@ -369,8 +434,10 @@ class Coordinator:
     def _on_encode(self, job: EncodeRequest, rec: Any) -> None:
         replica = self.replicas.pick_encoder()
         if not self.lifecycle.healthy or replica is None:
-            self.clients[job.client].put(
-                Failed(rid=job.job, message=f"engine failed: {self.lifecycle.reason}"))
+            reason = self.lifecycle.reason if not self.lifecycle.healthy else "no replica is up"
+            self.clients[job.client].put(Failed(rid=job.job, message=f"engine failed: {reason}",
+                                                reason="engine_failed" if not self.lifecycle.healthy
+                                                else "worker_lost"))
             return
         self._jobs[job.job] = job.client
         replica.jobs.add(job.job)
@@ -383,61 +450,91 @@ class Coordinator:
         stage, index, generation = source
         if stage in ("talker", "codec"):
             replica = self.replicas[index]
-            if replica.generation != generation:
+            if replica.generations[stage] != generation:
                 return  # a replaced worker's channel
             if self.lifecycle.state is not EngineState.STOPPED:
-                self._replica_failed(replica,
-                                     f"the {worker_name(stage, index)} worker died ({exc})")
+                self._worker_lost(replica, stage, f"the {worker_name(stage, index)} worker died ({exc})")
             fut = replica.ready.get(stage)
             if fut is not None and not fut.done():
                 fut.set_exception(StageNotReady(
                     f"the {worker_name(stage, index)} worker exited before Ready"))
             return
+        if generation != self._client_generations[index]:
+            return  # a replaced API process's channel
+        self._client_gone(index, str(exc))
+
+    def _client_gone(self, index: int, why: str) -> None:
+        """API process `index` went away: abort its requests (their audio has nobody to go to)."""
         mine = [req for req in self.table.all() if req.client == index]
         if not mine:  # a client closing with nothing open (a clean shutdown, `synth`) is no news
-            log.debug("client %d closed (%s)", index, exc)
+            log.debug("client %d closed (%s)", index, why)
             return
         report = log.warning if self.lifecycle.accepting else log.info
-        report("client %d went away (%s) with %d open request(s): aborting them", index, exc, len(mine))
+        report("client %d went away (%s) with %d open request(s): aborting them", index, why, len(mine))
         for req in mine:
             self._abort(req.rid, notify=None)
 
-    def _replica_failed(self, replica: Replica, reason: str) -> None:
-        """A worker of `replica` is gone: its requests and encode jobs fail now, its surviving
-        worker is told to stop, new work goes to the other replicas; with none left the engine
-        is unhealthy and everything still queued fails too."""
-        if not replica.up or not self.lifecycle.healthy:
+    def swap_client(self, index: int, to_client: Channel, from_client: Channel) -> list[Channel]:
+        """API process slot `index` gets a new process on these channels (its old one died):
+        the old one's requests are aborted, its reader stops; returns the old channels to close."""
+        task = self._client_tasks.pop(index, None)
+        if task is not None:
+            task.cancel()
+        self.clients[index].close()
+        self._client_gone(index, "replaced")
+        old = [self._to_clients[index], self._from_clients[index]]
+        self._to_clients[index], self._from_clients[index] = to_client, from_client
+        self.clients[index] = Outbox(to_client, f"client{index}")
+        self._client_generations[index] += 1
+        self._start_client_reader(index)
+        return old
+
+    def _worker_lost(self, replica: Replica, stage: str, reason: str) -> None:
+        """Worker `stage` of `replica` is gone (died, failed, or hung and killed): the replica's
+        requests fail now (reason "worker_lost"), and its encode jobs when the codec is the one,
+        new work goes to the other replicas. The restarter replaces the dead worker alone while
+        the survivor, told by `PeerLost`, keeps its state; with restarts off or used up the
+        survivor is stopped. With no replica left up or coming back, the engine is unhealthy."""
+        if not self.lifecycle.healthy or stage in replica.down:
             return
+        if replica.up:
+            replica.down_since = self.clock()
         replica.up = False
+        replica.down.add(stage)
+        replica.beats.pop(stage, None)
         mine = [req for req in self.table.active() if req.replica == replica.index]
+        jobs = list(replica.jobs) if stage == "codec" else []
         log.error("replica %d: %s: failing its %d requests and %d encode jobs (%d replica(s) "
-                  "left)", replica.index, reason, len(mine), len(replica.jobs),
-                  self.replicas.num_up)
+                  "up)", replica.index, reason, len(mine), len(jobs), self.replicas.num_up)
         for req in mine:
             self.table.remove(req.rid)
             self.gate.forget(req.rid)
             self.counters.add("failed")
             self.counters.add_replica(replica.index, "failed")
-            self.clients[req.client].put(Failed(rid=req.rid, message=reason))
-        for job in replica.jobs:
+            self.clients[req.client].put(Failed(rid=req.rid, message=reason, reason="worker_lost"))
+        for job in jobs:
             client = self._jobs.pop(job, None)
             if client is not None:
-                self.clients[client].put(Failed(rid=job, message=reason))
+                self.clients[client].put(Failed(rid=job, message=reason, reason="worker_lost"))
+            replica.jobs.discard(job)
         replica.running.clear()
-        replica.jobs.clear()
-        replica.codec.put(Shutdown(drain=False))  # the survivor of the pair: stop, drop work
-        replica.talker.put(Shutdown(drain=False))
         replica.slots = {"talker": 0, "codec": 0}
         for key in ("up", "running", "talker_slots", "codec_slots"):
             self.counters.set_replica(replica.index, key, 0)
-        for stage in ("talker", "codec"):
-            self.counters[f"{stage}_slots"] = sum(r.slots[stage] for r in self.replicas)
+        for s in ("talker", "codec"):
+            self.counters[f"{s}_slots"] = sum(r.slots[s] for r in self.replicas)
         self.counters["replicas_up"] = self.replicas.num_up
         self.admission.max_running = max(1, self.replicas.live_capacity)
         self._update_capacity()
-        if (self.lifecycle.accepting and self.on_replica_failed is not None
-                and self.on_replica_failed(replica.index, reason)):
+        restarting = (self.lifecycle.accepting and self.on_worker_failed is not None
+                      and self.on_worker_failed(replica.index, stage, reason))
+        survivor = "codec" if stage == "talker" else "talker"
+        if survivor not in replica.down:  # keeps its model and caches for the replacement, or stops
+            replica.outbox(survivor).put(PeerLost(stage=stage) if restarting else Shutdown(drain=False))
+        if restarting:
             self._restarting.add(replica.index)
+        else:
+            self._restarting.discard(replica.index)
         if self.replicas.num_up == 0 and not self._restarting:
             self._engine_failed(reason)
         else:
@@ -446,16 +543,49 @@ class Coordinator:
         self._update_gauges()
 
     def _replica_back(self, replica: Replica) -> None:
-        """A restarted replica's workers both said Ready: it serves again."""
+        """A restarted replica's workers said Ready: it serves again."""
         self._restarting.discard(replica.index)
         replica.up = True
+        replica.down.clear()
+        took = self.clock() - replica.down_since
+        self.counters["restart_last_s"] = took
         self.counters.set_replica(replica.index, "up", 1)
         self.counters["replicas_up"] = self.replicas.num_up
         self.admission.max_running = max(1, self.replicas.live_capacity)
-        log.info("replica %d is back in service (%d of %d up)", replica.index,
-                 self.replicas.num_up, len(self.replicas))
+        log.info("replica %d is back in service %.1f s after it went out (%d of %d up)",
+                 replica.index, took, self.replicas.num_up, len(self.replicas))
         self._dispatch_queued()
         self._update_gauges()
+
+    def _check_liveness(self) -> None:
+        """Every quarter of `engine.liveness_timeout_s`: a serving worker whose beat word did not
+        move for the whole timeout is hung; it is killed, and its pidfd reports the death."""
+        timeout = self.profile.engine.liveness_timeout_s
+        now = self.clock()
+        for replica in self.replicas:
+            for stage in ("talker", "codec"):
+                seen = replica.beats.get(stage)
+                channel = replica.channels.of(stage)[1]
+                if seen is None or stage in replica.down or replica.detached or channel.closed:
+                    continue
+                beats = channel.beats
+                if beats != seen[0]:
+                    replica.beats[stage] = (beats, now)
+                elif now - seen[1] > timeout:
+                    self._kill_hung(replica, stage, now - seen[1])
+                    replica.beats[stage] = (beats, now)
+        self._liveness = asyncio.get_running_loop().call_later(timeout / 4, self._check_liveness)
+
+    def _kill_hung(self, replica: Replica, stage: str, still_s: float) -> None:
+        pid = replica.pids.get(stage)
+        log.error("the %s worker (pid %s) has not beaten for %.1f s (engine.liveness_timeout_s): "
+                  "it hangs; killing it to replace it", worker_name(stage, replica.index), pid, still_s)
+        self.counters.add("hung_workers")
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _engine_failed(self, reason: str) -> None:
         """No replica is left: every request and encode job fails now; the engine is unhealthy."""
@@ -467,9 +597,9 @@ class Coordinator:
             self.table.remove(req.rid)
             self.gate.forget(req.rid)
             self.counters.add("failed")
-            self.clients[req.client].put(Failed(rid=req.rid, message=reason))
+            self.clients[req.client].put(Failed(rid=req.rid, message=reason, reason="engine_failed"))
         for job, client in self._jobs.items():
-            self.clients[client].put(Failed(rid=job, message=reason))
+            self.clients[client].put(Failed(rid=job, message=reason, reason="engine_failed"))
         self._jobs.clear()
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
@@ -480,7 +610,7 @@ class Coordinator:
         if drain:
             await self._wait_idle(budget)
         for req in self.table.all():
-            self._abort(req.rid, notify="engine is shutting down")
+            self._abort(req.rid, notify="engine is shutting down", reason="shutdown")
         await self._wait_idle(min(budget, 5.0) if drain else budget)
         for replica in self.replicas.live():
             replica.codec.put(Shutdown(drain=drain))  # first: the codec outlives the talker
@@ -499,15 +629,16 @@ class Coordinator:
 
     async def close(self) -> None:
         """Stop the reader tasks and outboxes (the launcher closes the channels)."""
-        if self._ring_recheck is not None:
-            self._ring_recheck.cancel()
-            self._ring_recheck = None
-        tasks = [*self._tasks, *(t for ts in self._replica_tasks.values() for t in ts)]
+        for timer in (self._ring_recheck, self._liveness):
+            if timer is not None:
+                timer.cancel()
+        self._ring_recheck = self._liveness = None
+        tasks = [*self._client_tasks.values(), *self._worker_tasks.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
-        self._replica_tasks.clear()
+        self._client_tasks.clear()
+        self._worker_tasks.clear()
         for replica in self.replicas:
             replica.close()
             for fut in replica.ready.values():  # a failed launch awaited only the first one
@@ -575,6 +706,7 @@ class Coordinator:
         """Bytes in use in the rings this process holds (a racy snapshot). A replica that is down
         is left out: its workers are gone, so what its rings still hold will never be read and is
         no backlog (the rings go with the replica's restart or the engine's stop)."""
-        rings = [c for r in self.replicas if r.up for c in r.channels.all()] + self._client_rings
+        rings = ([c for r in self.replicas if r.up for c in r.channels.all()]
+                 + self._to_clients + self._from_clients)
         return sum(ch.statistics().used_bytes for ch in rings if not ch.closed)
 

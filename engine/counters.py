@@ -47,7 +47,12 @@ SCALARS = (
     "talker_cached_rows",  # of those, rows taken from their prefix caches (not computed)
     "replicas",            # talker+codec pairs launched (engine.replicas)
     "replicas_up",         # of those, still alive and serving
-    "restarts",            # replicas restarted in place after a worker failed
+    "restarts",            # workers (or whole replicas) restarted in place after a failure
+    "talker_restarts",     # of those, talkers replaced alone (the codec kept serving)
+    "codec_restarts",      # of those, codecs replaced alone (the talker kept its state)
+    "hung_workers",        # workers killed because their liveness beat stood still
+    "restart_last_s",      # seconds from the last replaced worker's death to its replica serving
+    "api_restarts",        # API processes replaced after one died (the supervisor's)
 )
 REPLICA_FIELDS = (
     "up",                  # 1 while this replica's talker and codec are alive

@@ -13,9 +13,13 @@ a spawned API process passes to `EngineClient.connect`. `await handle.stop()` sh
 abort per `engine.shutdown`), joins all workers (SIGKILL after a grace period), closes every
 channel and removes this instance's shared-memory segments: no orphan processes, no /dev/shm
 leftovers, also after a worker crash. On cuda with `engine.mps`, a private MPS daemon runs for
-the workers from launch to stop (`engine.mps`). A replica whose worker dies is restarted in place
-(`engine.restarts`); each client slot has a pipe from the handle on which a restarted codec's PCM
-ring spec reaches the client (`ClientSpec.rewire`).
+the workers from launch to stop (`engine.mps`). A worker that dies or hangs is replaced in place,
+its peer serving on (`engine.restarts`); each client slot has a pipe from the handle on which a
+restarted codec's PCM ring spec reaches the client (`ClientSpec.rewire`). An API process that
+dies is replaced in its slot: `await handle.replace_client(i)` gives the new process's spec (new
+coordinator channels, a new PCM ring from every codec, request ids of a new generation).
+At launch, shared-memory segments whose owner process is gone (a server killed before it could
+clean up) are swept, whatever their instance.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,10 +39,11 @@ from engine.counters import CounterBlock
 from engine.mps import MpsDaemon, maybe_start
 from engine.replicas import ReplicaChannels, worker_name
 from engine.restarts import ReplicaRestarter, RestartPolicy
-from engine.worker_procs import (ReplicaWorkers, close_spec, join_or_kill, relay_specs,
-                                 replica_channels, spawn_replica)
+from engine.worker_procs import (ReplicaWorkers, close_spec, join_or_kill, receive_spec,
+                                 relay_specs, replica_channels, spawn_replica, spawn_worker,
+                                 worker_channels)
 from ipc.channel import Channel, ChannelSpec
-from ipc.messages import ClientInbox, CoordinatorInbox
+from ipc.messages import ClientInbox, CoordinatorInbox, Rewire
 from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segment
 from profiles import Profile
 from stages.registry import load_variant
@@ -73,18 +79,23 @@ def reference_ring_bytes(profile: Profile, variant: Variant) -> int:
 
 def _create_wiring(profile: Profile, instance: str, clients: int, ref_bytes: int,
                    replicas: int) -> _Wiring:
-    ctl = profile.ipc.control_ring_bytes
-
-    def make(name: str, msg_type: Any, role: str, capacity: int = ctl) -> Channel:
-        return Channel.create(name, msg_type=msg_type, capacity=capacity, role=role,
-                              instance=instance)
-
+    pairs = [client_channels(profile, instance, i, ref_bytes) for i in range(clients)]
     return _Wiring(
         replicas=[replica_channels(profile, instance, k, ref_bytes) for k in range(replicas)],
-        to_clients=[make(f"coord-client{i}", ClientInbox, "writer") for i in range(clients)],
-        from_clients=[make(f"client{i}-coord", CoordinatorInbox, "reader", ref_bytes)
-                      for i in range(clients)],
+        to_clients=[to for to, _ in pairs],
+        from_clients=[frm for _, frm in pairs],
     )
+
+
+def client_channels(profile: Profile, instance: str, index: int, ref_bytes: int,
+                    generation: int = 0) -> tuple[Channel, Channel]:
+    """The coordinator's (to, from) channels to API process slot `index` (its `generation`-th
+    process)."""
+    tag = "" if generation == 0 else f"g{generation}"
+    return (Channel.create(f"coord-client{index}{tag}", msg_type=ClientInbox,
+                           capacity=profile.ipc.control_ring_bytes, role="writer", instance=instance),
+            Channel.create(f"client{index}{tag}-coord", msg_type=CoordinatorInbox, capacity=ref_bytes,
+                           role="reader", instance=instance))
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,8 @@ class EngineHandle:
 
     def __init__(self, profile: Profile, model_dir: Path, variant: Variant, instance: str,
                  wiring: _Wiring, coordinator: Coordinator, counters: CounterBlock,
-                 procs: dict[str, Any], spawn: _SpawnSettings, mps: MpsDaemon | None = None) -> None:
+                 procs: dict[str, Any], spawn: _SpawnSettings, mps: MpsDaemon | None = None,
+                 pipes: dict[str, Any] | None = None) -> None:
         self.mps = mps
         self.profile = profile
         self.model_dir = model_dir
@@ -111,13 +123,16 @@ class EngineHandle:
         self.coordinator = coordinator
         self.counters = counters
         self.procs = procs
+        self.pipes: dict[str, Any] = dict(pipes or {})  # each worker's set-up pipe, for its life
+        self._relay_locks: dict[int, asyncio.Lock] = {}
+        self._client_generations = [0] * len(wiring.to_clients)
         self._wiring = wiring
         self._spawn = spawn
         self._clients: dict[int, EngineClient] = {}
         self._rewire = [spawn.ctx.Pipe(duplex=False) for _ in wiring.to_clients]  # (recv, send)
         self._stopped = False
         self.restarter = ReplicaRestarter(self, RestartPolicy.from_profile(profile.engine))
-        coordinator.on_replica_failed = self.restarter.schedule
+        coordinator.on_worker_failed = self.restarter.schedule
 
     @property
     def pids(self) -> dict[str, int]:
@@ -142,12 +157,14 @@ class EngineHandle:
                           profile=self.profile,
                           to_coord=w.from_clients[index].spec(),
                           from_coord=w.to_clients[index].spec(),
-                          from_codecs=tuple(pcm[index] for pcm in w.client_pcm),
+                          from_codecs=tuple(pcm[index] if index < len(pcm) else None
+                                            for pcm in w.client_pcm),  # None: being restarted
                           counters_name=self.counters.name,
                           counters_hist=self.counters.hist_size,
                           counters_replicas=self.counters.replicas,
                           watch_pids=(os.getpid(),),  # workers: the coordinator reports them
-                          rewire=self._rewire[index][0])
+                          rewire=self._rewire[index][0],
+                          generation=self._client_generations[index])
 
     def client(self, index: int = 0) -> EngineClient:
         """The in-process client for slot `index` (opened once, closed by `stop`)."""
@@ -161,17 +178,50 @@ class EngineHandle:
         return [worker_name(stage, replica) for stage in ("talker", "codec")]
 
     def spawn_replica(self, replica: int, channels: ReplicaChannels, workers: ReplicaWorkers) -> None:
-        """Start replica `replica`'s workers on `channels` (into `workers` and `procs`)."""
+        """Start replica `replica`'s workers on `channels` (into `workers`, `procs`, `pipes`)."""
         try:
             spawn_replica(self._spawn.ctx, self.profile, type(self.variant), str(self.model_dir),
                           self.instance, replica, self._spawn.devices[replica], channels,
                           self.num_clients, self._spawn.env, workers)
         finally:
             self.procs.update(workers.procs)
+            self.pipes.update(workers.pipes)
+
+    def spawn_worker(self, replica: int, stage: str, to_worker: Channel, from_worker: Channel,
+                     workers: ReplicaWorkers) -> None:
+        """Start worker `stage` of `replica` again, with the spec of its first start but for the
+        channels (into `workers`, `procs`, `pipes`)."""
+        try:
+            spawn_worker(self._spawn.ctx, self.profile, type(self.variant), str(self.model_dir),
+                         self.instance, replica, self._spawn.devices[replica], stage, to_worker,
+                         from_worker, self.num_clients, self._spawn.env, workers)
+        finally:
+            self.procs.update(workers.procs)
+            self.pipes.update(workers.pipes)
+
+    def forget_workers(self, workers: ReplicaWorkers) -> None:
+        """Workers of a failed restart (reaped by the caller): out of `procs`, pipes closed."""
+        for name in workers.procs:
+            self.procs.pop(name, None)
+            self.close_pipe(name)
+
+    def close_pipe(self, name: str) -> None:
+        pipe = self.pipes.pop(name, None)
+        if pipe is not None:
+            pipe.close()
+
+    def relay_lock(self, replica: int) -> asyncio.Lock:
+        """Held while anything talks to replica `replica`'s workers over their set-up pipes (a
+        restart's relay, a new API process's PCM ring): one conversation at a time."""
+        return self._relay_locks.setdefault(replica, asyncio.Lock())
 
     def new_replica_channels(self, replica: int, generation: int) -> ReplicaChannels:
         return replica_channels(self.profile, self.instance, replica, self._spawn.ref_bytes,
                                 generation)
+
+    def new_worker_channels(self, replica: int, stage: str, generation: int) -> tuple[Channel, Channel]:
+        return worker_channels(self.profile, self.instance, replica, self._spawn.ref_bytes, stage,
+                               generation)
 
     def take_client_pcm(self, replica: int) -> list[ChannelSpec]:
         """Forget the PCM ring specs of `replica`'s old codec (returned)."""
@@ -186,6 +236,42 @@ class EngineHandle:
                 sender.send((replica, spec))
             except OSError as exc:  # that API process has gone: the supervisor handles it
                 log.warning("replica %d: cannot hand a client its new PCM ring: %s", replica, exc)
+
+    async def replace_client(self, index: int) -> ClientSpec:
+        """API process slot `index` lost its process: new coordinator channels (its old requests
+        are aborted), a new PCM ring from every live codec, a new rewire pipe and request ids of
+        a new generation. Returns the spec to spawn the new process with; the other API
+        processes notice nothing."""
+        t0 = time.monotonic()
+        generation = self._client_generations[index] + 1
+        to_client, from_client = client_channels(self.profile, self.instance, index,
+                                                 self._spawn.ref_bytes, generation)
+        for channel in self.coordinator.swap_client(index, to_client, from_client):
+            channel.close()
+        self._wiring.to_clients[index], self._wiring.from_clients[index] = to_client, from_client
+        receiver, sender = self._rewire[index]
+        receiver.close()
+        sender.close()
+        self._rewire[index] = self._spawn.ctx.Pipe(duplex=False)
+        self._client_generations[index] = generation
+        timeout = self.profile.engine.ready_timeout_s
+        for replica in range(self.num_replicas):
+            async with self.relay_lock(replica):
+                codec = self.pipes.get(worker_name("codec", replica))
+                if codec is None or "codec" in self.coordinator.replicas[replica].down:
+                    continue  # being restarted: its new rings reach the client by the rewire pipe
+                self.coordinator.rewire_survivor(replica, Rewire(stage="client", client=index,
+                                                                 generation=generation))
+                spec = await receive_spec(codec, timeout, f"codec {replica}'s new PCM ring")
+                pcm = self._wiring.client_pcm[replica]
+                if index < len(pcm):
+                    close_spec(pcm[index])
+                    pcm[index] = spec
+                else:  # its codec was replaced meanwhile; the rewire pipe brings the new ring
+                    close_spec(spec)
+        self.counters.add("api_restarts")
+        log.info("API process slot %d rewired in %.2f s", index, time.monotonic() - t0)
+        return self.client_spec(index)
 
     # ---- stopping -----------------------------------------------------------------------------
 
@@ -214,6 +300,8 @@ class EngineHandle:
             for receiver, sender in self._rewire:
                 receiver.close()
                 sender.close()
+            for name in list(self.pipes):
+                self.close_pipe(name)
             self.counters.close()
             _remove_segments(self.instance)
 
@@ -229,6 +317,9 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     model_dir = Path(model_dir)
     variant = load_variant(model_dir, profile)  # fails fast on an unknown model
     devices = replica_devices(profile)  # fails fast when the replicas do not fit the GPUs
+    swept = sweep_orphans()  # every instance's: segments of servers killed before their clean-up
+    if swept:
+        log.info("removed %d shared-memory segment(s) left by processes that are gone", len(swept))
     instance = new_instance_id()
     ref_bytes = reference_ring_bytes(profile, variant)
     wiring = _create_wiring(profile, instance, clients, ref_bytes, len(devices))
@@ -258,6 +349,8 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     except BaseException:
         await coordinator.close()
         await join_or_kill({n: p for w in workers for n, p in w.procs.items()}, grace_s=0.0)
+        for w in workers:
+            w.close_pipes()
         for ch in [*(c for r in wiring.replicas for c in r.all()), *wiring.client_channels()]:
             ch.close()
         counters.close()
@@ -265,16 +358,14 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
         if mps is not None:
             await asyncio.to_thread(mps.stop)
         raise
-    finally:
-        for w in workers:
-            w.close_pipes()
     procs = {n: p for w in workers for n, p in w.procs.items()}
     for k, device in enumerate(devices):
         log.info("engine %s replica %d ready: talker pid %d, codec pid %d, %d client slot(s), "
                  "device %s", instance, k, procs[worker_name("talker", k)].pid,
                  procs[worker_name("codec", k)].pid, clients, device)
     return EngineHandle(profile, model_dir, variant, instance, wiring, coordinator, counters,
-                        procs, _SpawnSettings(ctx, devices, env, ref_bytes), mps)
+                        procs, _SpawnSettings(ctx, devices, env, ref_bytes), mps,
+                        pipes={n: c for w in workers for n, c in w.pipes.items()})
 
 
 def _remove_segments(instance: str) -> None:

@@ -4,13 +4,14 @@ A replica is one talker worker and one codec worker (on one GPU, or a group of
 `talker.tensor_parallel` GPUs), with their four channels to the coordinator. The coordinator
 routes each new request to the live replica with the most headroom, keeps it there (its abort
 goes to that replica's workers) and, when a replica's worker dies, fails only that replica's
-requests and reference-encode jobs. No I/O here beyond the replica's outboxes.
+requests and reference-encode jobs, and replaces only the worker that died (`down`). No I/O
+here beyond the replica's outboxes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.outbox import Outbox
 from ipc.channel import Channel
@@ -29,6 +30,16 @@ class ReplicaChannels:
     def all(self) -> list[Channel]:
         return [self.to_talker, self.from_talker, self.to_codec, self.from_codec]
 
+    def of(self, stage: str) -> tuple[Channel, Channel]:
+        """(to, from) the coordinator's channels to one worker."""
+        return (self.to_talker, self.from_talker) if stage == "talker" else (self.to_codec, self.from_codec)
+
+    def with_stage(self, stage: str, to_worker: Channel, from_worker: Channel) -> ReplicaChannels:
+        """These channels with one worker's pair replaced (that worker was restarted)."""
+        if stage == "talker":
+            return replace(self, to_talker=to_worker, from_talker=from_worker)
+        return replace(self, to_codec=to_worker, from_codec=from_worker)
+
 
 @dataclass
 class Replica:
@@ -46,6 +57,12 @@ class Replica:
     capacities: dict[str, int] = field(default_factory=lambda: {"talker": 0, "codec": 0})
     ready: dict[str, asyncio.Future[Ready]] = field(default_factory=dict)
     generation: int = 0              # 0 at launch, n after its n-th restart
+    generations: dict[str, int] = field(default_factory=lambda: {"talker": 0, "codec": 0})
+    #                                  per worker: records of an older one are stale
+    down: set[str] = field(default_factory=set)  # workers dead or hung, being replaced
+    down_since: float = 0.0          # when the replica went out of service
+    pids: dict[str, int] = field(default_factory=dict)  # from each worker's Ready
+    beats: dict[str, tuple[int, float]] = field(default_factory=dict)  # last beat count, seen when
     detached: bool = False           # replaced by a restart: its channels are closed
 
     def __post_init__(self) -> None:
@@ -56,6 +73,20 @@ class Replica:
     def headroom(self) -> int:
         """Requests it can still take: capacity minus those running or waiting in its talker."""
         return self.capacity - len(self.running)
+
+    def outbox(self, stage: str) -> Outbox:
+        return self.talker if stage == "talker" else self.codec
+
+    def rewire(self, stage: str, to_worker: Channel, from_worker: Channel) -> None:
+        """Worker `stage` was replaced: its new channels, a new outbox, a new generation."""
+        self.outbox(stage).close()
+        self.channels = self.channels.with_stage(stage, to_worker, from_worker)
+        box = Outbox(to_worker, f"replica{self.index}-{stage}")
+        if stage == "talker":
+            self.talker = box
+        else:
+            self.codec = box
+        self.generations[stage] += 1
 
     def close(self) -> None:
         self.talker.close()

@@ -1,10 +1,12 @@
 """One replica's worker processes: its coordinator channels, spawning its talker and codec, the
 spec relay, and reaping them.
 
-The launcher starts every replica with these at launch; `engine.restarts` starts a failed replica
-again with them. A ring is opened once, by one peer, so every start gets new channels (ring
-names carry the start's generation: `r{k}-...` first, `r{k}g{n}-...` for the n-th restart) and the
-new codec creates new PCM rings for the clients, which the caller hands on to them.
+The launcher starts every replica with these at launch; `engine.restarts` starts a failed worker
+(or a whole replica) again with them, with the same spec but for its channels. A ring is opened
+once, by one peer, so every start gets new channels (ring names carry the start's generation:
+`r{k}-...` first, `r{k}g{n}-...` for the n-th restart) and a new codec creates new PCM rings for
+the clients, which the caller hands on to them. Each worker's set-up pipe stays open for its
+life: replaced peers' ring specs travel on it (`receive_spec`).
 """
 
 from __future__ import annotations
@@ -34,22 +36,26 @@ def replica_channels(profile: Profile, instance: str, replica: int, ref_bytes: i
                      generation: int = 0) -> ReplicaChannels:
     """The coordinator's four channels to replica `replica` (the rings that carry prompts and
     reference waveforms hold `ref_bytes`)."""
+    to_talker, from_talker = worker_channels(profile, instance, replica, ref_bytes, "talker", generation)
+    to_codec, from_codec = worker_channels(profile, instance, replica, ref_bytes, "codec", generation)
+    return ReplicaChannels(to_talker=to_talker, from_talker=from_talker, to_codec=to_codec,
+                           from_codec=from_codec)
+
+
+def worker_channels(profile: Profile, instance: str, replica: int, ref_bytes: int, stage: str,
+                    generation: int = 0) -> tuple[Channel, Channel]:
+    """The coordinator's (to, from) channels to one worker of replica `replica`."""
     prefix = f"r{replica}" if generation == 0 else f"r{replica}g{generation}"
-    ctl = profile.ipc.control_ring_bytes
-
-    def make(name: str, msg_type: Any, role: str, capacity: int = ctl) -> Channel:
-        return Channel.create(f"{prefix}-{name}", msg_type=msg_type, capacity=capacity, role=role,
-                              instance=instance)
-
-    return ReplicaChannels(to_talker=make("coord-talker", TalkerInbox, "writer", ref_bytes),
-                           from_talker=make("talker-coord", CoordinatorInbox, "reader"),
-                           to_codec=make("coord-codec", CodecInbox, "writer", ref_bytes),
-                           from_codec=make("codec-coord", CoordinatorInbox, "reader"))
+    inbox = TalkerInbox if stage == "talker" else CodecInbox
+    return (Channel.create(f"{prefix}-coord-{stage}", msg_type=inbox, capacity=ref_bytes,
+                           role="writer", instance=instance),
+            Channel.create(f"{prefix}-{stage}-coord", msg_type=CoordinatorInbox,
+                           capacity=profile.ipc.control_ring_bytes, role="reader", instance=instance))
 
 
 @dataclass
 class ReplicaWorkers:
-    """A replica's processes (by worker name) and their set-up pipes (used until the relay)."""
+    """A replica's processes (by worker name) and their set-up pipes (kept for their lives)."""
 
     procs: dict[str, Any] = field(default_factory=dict)
     pipes: dict[str, Any] = field(default_factory=dict)
@@ -67,29 +73,54 @@ def spawn_replica(ctx: Any, profile: Profile, variant: type[Variant], model_dir:
     soon as it is started (so a failure half-way leaves nothing unreaped). `env`: the MPS
     daemon's client environment (empty without MPS), each stage's SM share and client priority
     added."""
-    for stage, inbox, outbox, target in (
-            ("codec", channels.to_codec, channels.from_codec, codec.main),
-            ("talker", channels.to_talker, channels.from_talker, talker.main)):
-        mine, theirs = ctx.Pipe()
-        spec = WorkerSpec(stage=stage, variant=variant, model_dir=model_dir, profile=profile,
-                          device=device, instance=instance, inbox=inbox.spec(),
-                          to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
-                          num_clients=clients if stage == "codec" else 0,
-                          env=client_env(env, getattr(profile, stage).sm_percent,
-                                         getattr(profile, stage).mps_priority),
-                          replica=replica)
-        name = worker_name(stage, replica)
-        proc = ctx.Process(target=target, args=(spec,), name=f"mossvox-{name}", daemon=True)
-        proc.start()
-        theirs.close()
-        workers.procs[name], workers.pipes[name] = proc, mine
-        inbox.watch_peer(proc.pid)
-        outbox.watch_peer(proc.pid)
+    for stage in ("codec", "talker"):
+        inbox, outbox = channels.of(stage)
+        spawn_worker(ctx, profile, variant, model_dir, instance, replica, device, stage, inbox,
+                     outbox, clients, env, workers)
 
 
-async def relay_specs(workers: ReplicaWorkers, replica: int, timeout: float) -> list[ChannelSpec]:
-    """Codec → caller: the channel specs it owns; caller → talker: the talker → codec spec.
-    Returns the codec's PCM ring specs, one per client."""
+def spawn_worker(ctx: Any, profile: Profile, variant: type[Variant], model_dir: str, instance: str,
+                 replica: int, device: str, stage: str, inbox: Channel, outbox: Channel,
+                 clients: int, env: tuple[tuple[str, str], ...], workers: ReplicaWorkers) -> None:
+    """Start worker `stage` of `replica` on its coordinator channels (`inbox`: coordinator →
+    worker); the spec is the same at every start of that worker but for the channels."""
+    mine, theirs = ctx.Pipe()
+    spec = WorkerSpec(stage=stage, variant=variant, model_dir=model_dir, profile=profile,
+                      device=device, instance=instance, inbox=inbox.spec(),
+                      to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
+                      num_clients=clients if stage == "codec" else 0,
+                      env=client_env(env, getattr(profile, stage).sm_percent,
+                                     getattr(profile, stage).mps_priority),
+                      replica=replica)
+    name = worker_name(stage, replica)
+    proc = ctx.Process(target=codec.main if stage == "codec" else talker.main, args=(spec,),
+                       name=f"mossvox-{name}", daemon=True)
+    proc.start()
+    theirs.close()
+    workers.procs[name], workers.pipes[name] = proc, mine
+    inbox.watch_peer(proc.pid)
+    outbox.watch_peer(proc.pid)
+
+
+async def receive_spec(pipe: Any, timeout: float, what: str) -> Any:
+    """The next record a worker sends up its set-up pipe (a ring spec, or the codec's first
+    `(talker → codec spec, [PCM ring specs])`); `StageNotReady` naming `what` when none comes
+    within `timeout` seconds or the worker has gone."""
+    from engine.coordinator import StageNotReady
+
+    if not await asyncio.to_thread(pipe.poll, timeout):
+        raise StageNotReady(f"the {what} did not come within {timeout:g} s")
+    try:
+        return pipe.recv()
+    except EOFError:
+        raise StageNotReady(f"the worker exited before sending the {what} (see its log)") from None
+
+
+async def relay_specs(workers: ReplicaWorkers, replica: int, timeout: float,
+                      talker_pipe: Any = None) -> list[ChannelSpec]:
+    """Codec → caller: the channel specs it owns; caller → talker: the talker → codec spec (down
+    `talker_pipe`, or the pipe of the talker in `workers`). Returns the codec's PCM ring specs,
+    one per client."""
     from engine.coordinator import StageNotReady
 
     codec_name, talker_name = worker_name("codec", replica), worker_name("talker", replica)
@@ -103,7 +134,7 @@ async def relay_specs(workers: ReplicaWorkers, replica: int, timeout: float) -> 
         raise StageNotReady(f"the {codec_name} worker exited during start-up (see its log)"
                             ) from None
     try:
-        workers.pipes[talker_name].send(talker_codec)
+        (talker_pipe or workers.pipes[talker_name]).send(talker_codec)
     except (BrokenPipeError, OSError):
         raise StageNotReady(f"the {talker_name} worker exited during start-up (see its log)"
                             ) from None

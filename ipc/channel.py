@@ -160,6 +160,10 @@ class Channel(Generic[T]):
             buf[at + start:at + total] = data
         ring._publish(*ring._reserved, True)  # noqa: SLF001
 
+    def beat(self) -> None:
+        """Writer: one liveness beat (``Ring.beat``): no record, nobody woken."""
+        self._ring.beat()
+
     # -- reader ---------------------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> Received[T]:
         """The next message, sleeping up to ``timeout`` s (None: forever; ``ChannelTimeout``).
@@ -206,6 +210,11 @@ class Channel(Generic[T]):
     def statistics(self) -> ChannelStatistics:
         """Used bytes, capacity and records in flight (a racy snapshot)."""
         return self._ring.statistics()
+
+    @property
+    def beats(self) -> int:
+        """The writer's liveness beats so far (``Ring.beats``)."""
+        return self._ring.beats
 
     def watch_peer(self, pid: int) -> None:
         """Watch ``pid`` as the peer before it attaches (e.g. a just-spawned child)."""

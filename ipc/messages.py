@@ -10,15 +10,21 @@ Channels (all SPSC; `coord` = coordinator, `client` = one `EngineClient` per API
 
     client → coord   : CoordinatorInbox  (Submit, Feed, Abort, EncodeRequest)
     coord  → client  : ClientInbox       (Rejected, Failed)
-    coord  → talker  : TalkerInbox       (Submit, Feed, Abort, Shutdown)
+    coord  → talker  : TalkerInbox       (Submit, Feed, Abort, Shutdown, PeerLost, Rewire)
     talker → coord   : CoordinatorInbox  (Ready, Slots, TalkerStep, StageError)
-    coord  → codec   : CodecInbox        (Abort, EncodeRequest, Shutdown)
+    coord  → codec   : CodecInbox        (Abort, EncodeRequest, Shutdown, PeerLost, Rewire)
     talker → codec   : CodecInbox        (CodeChunk)
     codec  → coord   : CoordinatorInbox  (Ready, Slots, ChunkDone, DecodeBatch, EncodeDone, StageError)
     codec  → client  : ClientInbox       (PcmChunk, Codes, EncodeResult)
 
 With `engine.replicas: R` every replica has its own talker and codec channels (the coordinator
 routes a request to one replica; each client reads one codec → client ring per replica).
+
+A replaced process gets new rings (a ring is opened once): the surviving worker drops the dead
+peer's channel (`PeerLost`) and attaches the new one (`Rewire`); the ring specs themselves, which
+carry doorbell descriptors, travel over the worker's set-up pipe to the launcher, not in a ring.
+Every writer of a ring to the coordinator beats in its header (`Ring.beat`): a worker whose beat
+stands still is hung and is replaced like a dead one.
 
 Request ids (`rid`) and reference-encode job ids share one space, minted by the client:
 `client_index << 40 | counter`.
@@ -34,6 +40,10 @@ from speech.sampling import SamplingParams
 
 StageName = Literal["talker", "codec"]
 FinishReason = Literal["stop", "length", "abort", "error"]
+FailReason = Literal["error", "deadline", "worker_lost", "engine_failed", "shutdown", "too_large"]
+#   why a request failed (`Failed.reason`): an error of this request, its deadline, the worker
+#   serving it died or hung, no replica is left, the engine is stopping, a prompt too large
+PeerStage = Literal["talker", "codec", "client"]
 
 
 # --------------------------------------------------------------------------------------- requests
@@ -241,10 +251,39 @@ class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=T
 
 
 class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
-    """Coordinator → client: request or encode job `rid` failed (worker died, deadline, error)."""
+    """Coordinator → client: request or encode job `rid` failed (worker died, deadline, error);
+    `reason` says which, so the API answers as a client expects (503 when the engine could not
+    serve it, a cut stream counted by reason)."""
 
     rid: int
     message: str
+    reason: FailReason = "error"
+
+
+# ------------------------------------------------------------------------------- replaced peers
+
+
+class PeerLost(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Coordinator → the surviving worker of a replica: its peer `stage` died or hung and is
+    being replaced. The worker drops every request that peer was part of (their clients are
+    told by the coordinator; nothing is sent for them) and the channel to it; it keeps its model,
+    caches and graphs. `client`: the API process, when `stage` is "client"."""
+
+    stage: PeerStage
+    client: int = -1
+
+
+class Rewire(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
+    """Coordinator → a worker: attach the channel of a replaced peer `stage`.
+
+    Talker, `stage="codec"`: the new codec's talker → codec spec is on its set-up pipe: open it,
+    then send `Ready` again. Codec, `stage="talker"`: create a new talker → codec ring and send
+    its spec up the set-up pipe; `stage="client"`: likewise a new PCM ring for API process
+    `client` (its old ring is dropped). `generation` makes the new ring's name unique."""
+
+    stage: PeerStage
+    generation: int
+    client: int = -1
 
 
 # ------------------------------------------------------------------------------ unions per receiver
@@ -253,6 +292,6 @@ CoordinatorInbox = (
     Submit | Feed | Abort | EncodeRequest | Ready | Slots | ChunkDone | DecodeBatch | TalkerStep
     | EncodeDone | StageError
 )
-TalkerInbox = Submit | Feed | Abort | Shutdown
-CodecInbox = CodeChunk | Abort | EncodeRequest | Shutdown
+TalkerInbox = Submit | Feed | Abort | Shutdown | PeerLost | Rewire
+CodecInbox = CodeChunk | Abort | EncodeRequest | Shutdown | PeerLost | Rewire
 ClientInbox = PcmChunk | EncodeResult | Rejected | Failed | Codes

@@ -5,7 +5,8 @@ Layout of the segment (all integers little-endian u64, 8-byte aligned)::
     [0, 512)      header, four 128-byte blocks (two cache lines each, so the adjacent-line
                   prefetcher does not make the two sides' hot words share a line):
                     block 0  magic, capacity, owner pid, owner role, opener pid (set once)
-                    block 1  write position, records written   (writer only, every record)
+                    block 1  write position, records written   (writer only, every record),
+                             liveness beat (writer only, from its loop)
                     block 2  read position, records read       (reader only, every record)
                     block 3  writer-closed, reader-closed flags (each written once)
     [512, 512+C)  data, C = capacity bytes (a multiple of 64)
@@ -79,7 +80,8 @@ from ipc.errors import ChannelTimeout, EndOfStream, IpcError, PeerGone, RingClos
 from ipc.peer import FALLBACK_SLICE_S, Peer
 from ipc.ring_layout import (ALIGN, HEADER_BYTES, MAGIC, MIN_CAPACITY, RECORD_HEADER, ROLE_CODE,
                              W_CAPACITY, W_MAGIC, W_OPENER_PID, W_OWNER_PID, W_OWNER_ROLE,
-                             W_READ_COUNT, W_READ_POS, W_READER_CLOSED, W_WRITE_COUNT, W_WRITE_POS,
+                             W_BEAT, W_READ_COUNT, W_READ_POS, W_READER_CLOSED, W_WRITE_COUNT,
+                             W_WRITE_POS,
                              W_WRITER_CLOSED, WRAP, EndResources, RingStatistics, Role,
                              record_footprint)
 from ipc.shm import attach_segment, create_segment, segment_name, unlink_segment
@@ -314,6 +316,21 @@ class Ring:
     def notify(self) -> None:
         """Wake the reader (after commits made with ``notify=False``)."""
         self._data_bell.ring()
+
+    def beat(self) -> None:
+        """Writer: say this end's process is alive and its loop turning (one store into the
+        header; wakes nobody). A reader that sees ``beats`` stand still for long knows the
+        writer hangs (stopped, or stuck) although its process exists."""
+        if not self._writable:
+            self._raise_not_writable()
+        self._words[W_BEAT] = (self._words[W_BEAT] + 1) & WRAP
+
+    @property
+    def beats(self) -> int:
+        """Either end: the writer's beat count so far (see ``beat``)."""
+        if self._closed:
+            raise RingClosed(f"ring {self.name} is closed")
+        return self._words[W_BEAT]
 
     def _wait_for_space(self, needed_read: int, timeout: float | None, block: bool) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -24,6 +24,7 @@ MAGIC = int.from_bytes(b"MVXRING1", "little")
 # Header word indices (8-byte words), one 128-byte block per writer and rate of change.
 W_MAGIC, W_CAPACITY, W_OWNER_PID, W_OWNER_ROLE, W_OPENER_PID = 0, 1, 2, 3, 4  # set once
 W_WRITE_POS, W_WRITE_COUNT = 16, 17  # writer, per record
+W_BEAT = 18  # writer: its liveness beat (`Ring.beat`), bumped by its loop whether or not it writes
 W_READ_POS, W_READ_COUNT = 32, 33  # reader, per record
 W_WRITER_CLOSED, W_READER_CLOSED = 48, 49  # each written once: read every record, cache-hot
 

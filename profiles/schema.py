@@ -501,15 +501,21 @@ class EngineConfig(_Section):
         "cuda:1]; a TP group takes the consecutive GPUs from there; empty = derive: cuda:i*tp "
         "when CUDA has enough devices, else cpu for all")] = ()
     restart_limit: Annotated[int, doc(
-        "a replica whose worker dies is restarted in place (its requests fail, the others go "
-        "on) at most this many times within restart_window_s; past it, it stays down and with "
-        "none left the engine fails (/health 503: the orchestrator restarts the server); "
-        "0 = never restart", ge=0)] = 5
+        "a worker that dies or hangs is replaced in place, its peer and the other replicas "
+        "serving on (its requests end cleanly), at most this many times per replica within "
+        "restart_window_s; past it, the replica stays down and with none left the engine fails "
+        "(/health 503: the orchestrator restarts the server); the same limit holds for each "
+        "API process slot; 0 = never restart", ge=0)] = 5
     restart_window_s: Annotated[float, doc(
         "the window over which restart_limit counts a replica's restarts", gt=0)] = 600.0
     restart_backoff_s: Annotated[float, doc(
         "wait before restarting a failed replica; doubled for each earlier restart of it within "
         "restart_window_s (at most 60 s)", ge=0)] = 1.0
+    liveness_timeout_s: Annotated[float, doc(
+        "a serving worker whose loop has not beaten for this long (stopped, or stuck in one "
+        "call) is killed and replaced like a dead one; its loop beats at least every quarter "
+        "of it, also when idle; raise it if a legitimate step or dispatch can take longer "
+        "(a first compile under load); seconds, 0 = off", ge=0)] = 30.0
 
 
 class MemoryConfig(_Section):

@@ -14,6 +14,12 @@ since it delays their next chunks).
 
 An aborted stream drops its waiting chunks at once and skips any that still arrive; it closes on
 its final record (the talker always sends one), so nothing is left behind.
+
+A talker that dies (its ring reports it, or the coordinator's `PeerLost`) takes its streams with
+it: their slots are freed at once and the codec waits for the replacement (`Rewire`: it makes a
+new talker → codec ring and sends its spec up the set-up pipe), keeping its model and graphs. An
+API process that is replaced gets a new PCM ring the same way. The loop beats on its ring to the
+coordinator (`Channel.beat`) at least every `beat_s`, also when idle.
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ import numpy as np
 from ipc.doorbell import wait_any
 from ipc.errors import ChannelTimeout, EndOfStream, PeerGone, RingClosed
 from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, Codes, DecodeBatch, EncodeDone,
-                          EncodeRequest, EncodeResult, PcmChunk, Ready, Shutdown, Slots,
-                          StageError)
+                          EncodeRequest, EncodeResult, PcmChunk, PeerLost, Ready, Rewire, Shutdown,
+                          Slots, StageError)
 from stages.models.codec.serving import chunk_lengths
 from stages.runtime.coalescer import Coalescer
-from stages.workers.common import (WorkerSpec, apply_memory_plan, attach_codec, drain, kernel_names,
-                                  memory_report, payload_array, prepare_process, triton_kernel_counter)
+from stages.workers.common import (CodecRings, WorkerSpec, apply_memory_plan, attach_codec,
+                                  beat_interval, drain, kernel_names, memory_report, payload_array,
+                                  prepare_process, triton_kernel_counter)
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
 
@@ -72,11 +79,15 @@ class CodecLoop:
                  express_joins_dispatch: bool = False, patient_wait_s: float = 0.0,
                  buffer_margin_s: float = 0.2, final_wait_s: float | None = None,
                  encode_batch_streaming: int | None = None,
-                 kernels: Callable[[], int] | None = None) -> None:
+                 kernels: Callable[[], int] | None = None, setup: Any = None,
+                 rings: CodecRings | None = None, beat_s: float | None = None) -> None:
         """`encode_batch`: reference-encode jobs run together at most; `encode_batch_streaming`:
         at most while any stream is open (an encode batch delays every open stream's next chunk
         by its duration), None = `encode_batch`; `kernels`: `triton_kernel_counter`'s function (a
-        dispatch over `SLOW_DISPATCH_S` says how many Triton kernels it specialised)."""
+        dispatch over `SLOW_DISPATCH_S` says how many Triton kernels it specialised); `setup` and
+        `rings`: the set-up pipe and the ring maker for replaced peers (`Rewire`); `beat_s`: the
+        longest sleep between two beats."""
+        self.setup, self.rings, self.beat_s = setup, rings, beat_s
         self.client_stall_s = client_stall_s
         self.patient_wait_s, self.buffer_margin_s = patient_wait_s, buffer_margin_s
         self.final_wait_s = final_wait_s
@@ -120,18 +131,24 @@ class CodecLoop:
             self._decode(joining + decision.dispatch)
         self._run_encodes()  # after the streams due now: an encode batch never delays their audio
         self._report_slots()
+        self.to_coord.beat()
         return not (self.shutdown is not None and not self.encodes
-                    and (not self.streams or len(self._ended) == 2))
+                    and (not self.streams or len(self._ended) == 2 or self.from_talker is None))
 
     # ---- inboxes -------------------------------------------------------------------------------
 
     def _wait_and_drain(self) -> None:
-        inboxes = [ch for ch in (self.from_coord, self.from_talker) if ch not in self._ended]
+        inboxes = [ch for ch in (self.from_coord, self.from_talker)
+                   if ch is not None and ch not in self._ended]
         if inboxes and not self.encodes and not self._terminal_ready() and not self._express_ready():
             wait = self.coalescer.wait_time(self.clock(), alive=self._alive())
+            if self.beat_s is not None:
+                wait = self.beat_s if wait is None else min(wait, self.beat_s)
             if wait != 0.0:  # None: nothing ready, sleep until a record arrives
                 wait_any(inboxes, wait)
         for channel in inboxes:
+            if channel is not self.from_coord and channel is not self.from_talker:
+                continue  # a talker ring dropped by a record just handled
             try:
                 for msg, rec in drain(channel, block=False):
                     self._handle(msg, rec)
@@ -139,7 +156,11 @@ class CodecLoop:
                 self._on_inbox_ended(channel, exc)
 
     def _on_inbox_ended(self, channel: Any, exc: BaseException) -> None:
-        """The talker or the coordinator closed its end or died: nothing more can arrive."""
+        """The talker or the coordinator closed its end or died: nothing more can arrive. A
+        talker that dies while the coordinator serves on is replaced: wait for it."""
+        if channel is self.from_talker and self.shutdown is None:  # its requests fail with it
+            self._talker_lost(f"the talker worker is gone ({exc})")
+            return
         self._ended.add(channel)
         if self.shutdown is None:
             report = log.warning if self.streams else log.info
@@ -168,8 +189,48 @@ class CodecLoop:
                 self.encodes.append((msg, wav))
             case Shutdown():
                 self.shutdown = msg
+            case PeerLost(stage="talker"):
+                self._talker_lost("the talker worker died")
+            case Rewire(stage="talker", generation=generation):
+                self._talker_lost("the talker worker was replaced")
+                self.from_talker = self.rings.talker(generation)
+                self.setup.send(self.from_talker.spec())
+                log.info("codec: made the ring of the new talker worker")
+            case Rewire(stage="client", client=client, generation=generation):
+                self._client_replaced(client, generation)
+            case PeerLost() | Rewire():
+                pass
             case _:
                 raise UnknownMessage(msg)
+
+    def _talker_lost(self, why: str) -> None:
+        """Drop every stream (no final record will come for them; the coordinator ends them for
+        their clients), freeing their slots, and the talker's ring."""
+        if self.from_talker is None:
+            return
+        if self.streams:
+            log.warning("codec: %s: dropping its %d streams", why, len(self.streams))
+        for rid, stream in list(self.streams.items()):
+            stream.aborted = True
+            stream.waiting.clear()
+            self._release(rid, stream)
+        self.from_talker.close()
+        self._ended.discard(self.from_talker)
+        self.from_talker = None
+
+    def _client_replaced(self, client: int, generation: int) -> None:
+        """API process `client` was replaced: its streams go (the coordinator aborted them), a new
+        PCM ring takes the old one's place and its spec goes up the set-up pipe."""
+        for rid, stream in self.streams.items():
+            if stream.client == client and not stream.aborted:
+                stream.aborted = True
+                stream.waiting.clear()
+                self.coalescer.forget(rid)
+        self.to_clients[client].close()
+        self.to_clients[client] = self.rings.client(client, generation)
+        self._dead_clients.discard(client)
+        self.setup.send(self.to_clients[client].spec())
+        log.info("codec: made a new PCM ring for API process slot %d", client)
 
     def _on_chunk(self, chunk: CodeChunk, rec: Any) -> None:
         stream = self.streams.get(chunk.rid)
@@ -476,15 +537,19 @@ def main(spec: WorkerSpec) -> None:
         c = spec.profile.coalescing
         coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,
                               max_batch=c.max_batch, policy=c.policy)
-        CodecLoop(runner, from_talker, from_coord, to_coord, to_clients, coalescer,
-                  spec.profile.codec.encode_batch,
-                  client_stall_s=spec.profile.codec.client_stall_s, timeline=timeline,
-                  express_first_chunks=c.express_first_chunks,
-                  express_joins_dispatch=c.express_joins_dispatch, patient_wait_s=c.patient_wait_ms / 1000.0,
-                  buffer_margin_s=c.buffer_margin_ms / 1000.0,
-                  final_wait_s=None if c.final_wait_ms is None else c.final_wait_ms / 1000.0,
-                  encode_batch_streaming=spec.profile.codec.encode_batch_streaming,
-                  kernels=triton_kernel_counter(spec.device)).run()
+        loop = CodecLoop(runner, from_talker, from_coord, to_coord, to_clients, coalescer,
+                         spec.profile.codec.encode_batch,
+                         client_stall_s=spec.profile.codec.client_stall_s, timeline=timeline,
+                         express_first_chunks=c.express_first_chunks,
+                         express_joins_dispatch=c.express_joins_dispatch,
+                         patient_wait_s=c.patient_wait_ms / 1000.0,
+                         buffer_margin_s=c.buffer_margin_ms / 1000.0,
+                         final_wait_s=None if c.final_wait_ms is None else c.final_wait_ms / 1000.0,
+                         encode_batch_streaming=spec.profile.codec.encode_batch_streaming,
+                         kernels=triton_kernel_counter(spec.device), setup=spec.setup,
+                         rings=CodecRings(spec), beat_s=beat_interval(spec.profile))
+        loop.run()
+        from_talker = loop.from_talker  # the rings open now (a replaced peer's), closed below
     except Exception as exc:
         log.exception("codec worker failed")
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))
@@ -495,4 +560,5 @@ def main(spec: WorkerSpec) -> None:
         if timeline is not None:
             timeline.close()
         for ch in (from_talker, from_coord, to_coord, *to_clients):
-            ch.close()
+            if ch is not None:
+                ch.close()

@@ -8,6 +8,10 @@ Channel wiring at start-up (the launcher relays over each worker's set-up pipe):
 3. the launcher forwards the talker → codec spec down the talker's pipe and keeps the client specs
    (an in-process client opens one; a spawned API process gets one pickled at its spawn).
 
+The pipes stay open for the workers' lives: when a peer is replaced (`Rewire`), the codec sends
+the spec of the ring it made for the new peer up its pipe, and the talker receives the new codec's
+talker → codec spec down its own.
+
 Doorbell descriptors cross the pipes with `multiprocessing`'s resource sharer (DupFd).
 """
 
@@ -26,6 +30,7 @@ import msgspec
 import numpy as np
 
 from ipc.channel import Channel, ChannelSpec
+from ipc.errors import ChannelTimeout
 from ipc.messages import CodecInbox, ClientInbox, MemoryReport
 from profiles import Profile
 from stages.runtime.chunk_policy import ChunkSchedule
@@ -209,6 +214,27 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def beat_interval(profile: Profile) -> float | None:
+    """How often a worker's loop beats at least (`Channel.beat` on its ring to the coordinator):
+    a quarter of `engine.liveness_timeout_s`; None when liveness is off (sleep until work)."""
+    timeout = profile.engine.liveness_timeout_s
+    return timeout / 4 if timeout > 0 else None
+
+
+def receive_spec(setup: Connection, timeout: float, what: str) -> ChannelSpec:
+    """The next channel spec the launcher sends down the set-up pipe (a replaced peer's ring);
+    RuntimeError when none comes within `timeout` seconds or the launcher has gone."""
+    if not setup.poll(timeout):
+        raise RuntimeError(f"no {what} spec from the launcher within {timeout:g} s")
+    try:
+        return setup.recv()
+    except EOFError:
+        raise RuntimeError(f"the launcher closed the set-up pipe before sending the {what} spec") from None
+
+
+REWIRE_TIMEOUT_S = 60.0  # longest wait for a replaced peer's spec on the set-up pipe
+
+
 def attach_talker(spec: WorkerSpec) -> tuple[Channel, Channel, Channel]:
     """(inbox, to_codec, to_coord) of the talker; waits for the codec's spec via the launcher."""
     inbox, to_coord = spec.inbox.open(), spec.to_coord.open()
@@ -216,26 +242,45 @@ def attach_talker(spec: WorkerSpec) -> tuple[Channel, Channel, Channel]:
     return inbox, to_codec_spec.open(), to_coord
 
 
+@dataclass(frozen=True)
+class CodecRings:
+    """Makes the rings a codec worker owns: the talker → codec ring (reader end) and one PCM
+    ring per API process (writer ends). `generation` > 0 names the ring of a replaced peer
+    (`Rewire`): a ring is opened once, so a new peer needs a new one."""
+
+    spec: WorkerSpec
+
+    def talker(self, generation: int = 0) -> Channel:
+        name = f"{self.spec.ring_prefix}talker-codec" + (f".{generation}" if generation else "")
+        return Channel.create(name, msg_type=CodecInbox, capacity=self.spec.profile.ipc.codes_ring_bytes,
+                              role="reader", instance=self.spec.instance)
+
+    def client(self, index: int, generation: int = 0) -> Channel:
+        name = f"{self.spec.ring_prefix}codec-client{index}" + (f".{generation}" if generation else "")
+        return Channel.create(name, msg_type=ClientInbox, capacity=self.spec.profile.ipc.pcm_ring_bytes,
+                              role="writer", instance=self.spec.instance)
+
+
 def attach_codec(spec: WorkerSpec) -> tuple[Channel, Channel, Channel, list[Channel]]:
     """(from_talker, from_coord, to_coord, to_clients) of the codec; creates the rings it owns."""
-    p = spec.profile.ipc
-    from_talker = Channel.create(f"{spec.ring_prefix}talker-codec", msg_type=CodecInbox,
-                                 capacity=p.codes_ring_bytes, role="reader",
-                                 instance=spec.instance)
-    to_clients = [Channel.create(f"{spec.ring_prefix}codec-client{i}", msg_type=ClientInbox,
-                                 capacity=p.pcm_ring_bytes, role="writer", instance=spec.instance)
-                  for i in range(spec.num_clients)]
+    rings = CodecRings(spec)
+    from_talker = rings.talker()
+    to_clients = [rings.client(i) for i in range(spec.num_clients)]
     spec.setup.send((from_talker.spec(), [c.spec() for c in to_clients]))
     return from_talker, spec.inbox.open(), spec.to_coord.open(), to_clients
 
 
-def drain(channel: Channel, *, block: bool) -> Iterator[tuple[Any, Any]]:
-    """Yield (msg, received) for every record waiting; with `block`, sleep for the first one.
+def drain(channel: Channel, *, block: bool, timeout: float | None = None) -> Iterator[tuple[Any, Any]]:
+    """Yield (msg, received) for every record waiting; with `block`, sleep for the first one (at
+    most `timeout` seconds, None = until one comes; then nothing is yielded).
 
     `received.array(dtype)` is a view of the ring valid only until the next iteration (the
     record is released when the loop moves on): copy what must outlive it.
     """
-    rec = channel.recv() if block else channel.try_recv()
+    try:
+        rec = channel.recv(timeout) if block else channel.try_recv()
+    except ChannelTimeout:
+        return
     while rec is not None:
         try:
             yield rec.msg, rec

@@ -10,6 +10,13 @@ A request submitted with `open_input` gets more input in `Feed` records (held he
 admitted); when its input runs out the runner pauses it: its pending frames go out at once, and
 the loop sleeps on its inbox while nothing but paused requests is left.
 
+When the codec worker dies, the coordinator says so (`PeerLost`): the talker drops every request
+(their clients are told by the coordinator) and its codec channel, keeps its model, KV cache and
+graphs, and attaches the replacement's ring when told (`Rewire`: the spec comes down the set-up
+pipe), then says `Ready` again. A send that finds the codec gone first does the same drop.
+The loop beats on its ring to the coordinator (`Channel.beat`) at least every `beat_s`, also
+when idle, so a stopped or stuck talker is noticed and replaced.
+
 `TalkerLoop` is the loop logic (testable in-process); `main(spec)` is the process wrapper.
 """
 
@@ -27,16 +34,16 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ipc.errors import EndOfStream, PeerGone
-from ipc.messages import (Abort, CodeChunk, Feed, Ready, Shutdown, Slots, StageError, Submit,
-                          TalkerInbox, TalkerStep)
+from ipc.errors import EndOfStream, PeerGone, RingClosed
+from ipc.messages import (Abort, CodeChunk, Feed, PeerLost, Ready, Rewire, Shutdown, Slots,
+                          StageError, Submit, TalkerInbox, TalkerStep)
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.variant import AdapterError, TalkerRequest, Variant
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
-from stages.workers.common import (WorkerSpec, apply_memory_plan, attach_talker, drain, kernel_names,
-                                  memory_report, payload_array, prepare_process, schedule_from,
-                                  triton_kernel_counter)
+from stages.workers.common import (REWIRE_TIMEOUT_S, WorkerSpec, apply_memory_plan, attach_talker,
+                                  beat_interval, drain, kernel_names, memory_report, payload_array,
+                                  prepare_process, receive_spec, schedule_from, triton_kernel_counter)
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +99,16 @@ class TalkerLoop:
     def __init__(self, runner: Any, inbox: Any, to_codec: Any, to_coord: Any,
                  schedule: ChunkSchedule, n_vq: int, timeline: Timeline | None = None,
                  allocator: Callable[[], tuple[int, int]] | None = None,
-                 gc_pauses: GcPauses | None = None, kernels: Callable[[], int] | None = None) -> None:
+                 gc_pauses: GcPauses | None = None, kernels: Callable[[], int] | None = None,
+                 setup: Any = None, ready: Ready | None = None, beat_s: float | None = None) -> None:
         """`allocator`: `allocator_counter`'s function, read when a step is slow (and around every
         step while a timeline records, which then holds each step's new device allocations);
         `gc_pauses`: this process's collection timer (a step's share goes to the timeline);
-        `kernels`: `triton_kernel_counter`'s function (a step's new Triton kernels, same places)."""
+        `kernels`: `triton_kernel_counter`'s function (a step's new Triton kernels, same places);
+        `setup`: the set-up pipe (a replaced codec's spec arrives there), `ready`: the record sent
+        again once a new codec is attached; `beat_s`: the longest sleep between two beats."""
         self.runner = runner
+        self.setup, self.ready, self.beat_s = setup, ready, beat_s
         self.timeline = timeline
         if timeline is not None and hasattr(runner, "time_steps"):
             runner.time_steps()  # each step's GPU span and the GPU's idle time before it, for the timeline
@@ -130,11 +141,12 @@ class TalkerLoop:
         """One iteration; False once a shutdown has been handled and nothing is left."""
         t_wait = time.monotonic()
         try:
-            for msg, rec in drain(self.inbox, block=not self.has_work()):
+            for msg, rec in drain(self.inbox, block=not self.has_work(), timeout=self.beat_s):
                 self._handle(msg, rec)
         except (EndOfStream, PeerGone) as exc:  # the coordinator is gone: stop, dropping work
             log.warning("talker: inbox ended (%s): stopping", exc)
             return False
+        self.to_coord.beat()
         t_drained = time.monotonic()
         admitted = self._admit()
         if self.streams:
@@ -153,6 +165,8 @@ class TalkerLoop:
             if observe is not None and not getattr(self.runner, "overlap_steps", False):
                 observe(t1 - t0)  # the scheduler's step-cost model (`talker.max_step_ms`): step by step only
             self._emit(events)
+            if self.to_codec is None:  # a send found the codec gone: nothing left to serve
+                self._drop_all("the codec worker is gone")
             sched = getattr(self.runner, "scheduler", None)
             decode, prefill = getattr(sched, "last_batch", (0, 0))
             if t1 - t0 > SLOW_STEP_S:
@@ -221,8 +235,42 @@ class TalkerLoop:
                 if not drain_first:
                     for rid in [s.rid for s, _ in self.waiting] + list(self.streams):
                         self._abort(rid)
+            case PeerLost(stage="codec"):
+                self._drop_all("the codec worker died")
+                if self.to_codec is not None:
+                    self.to_codec.close()
+                    self.to_codec = None
+            case Rewire(stage="codec"):
+                self._attach_codec()
+            case PeerLost() | Rewire():
+                pass  # a peer this worker has no channel to
             case _:
                 raise UnknownMessage(msg)
+
+    def _drop_all(self, why: str) -> None:
+        """Forget every request without a final record (there is no codec to send it to; the
+        coordinator ends them for their clients); the runner frees their KV cache."""
+        if self.waiting or self.streams:
+            log.warning("talker: %s: dropping %d running and %d waiting requests", why,
+                        len(self.streams), len(self.waiting))
+        for rid in list(self.streams):
+            self.runner.remove(rid)
+        self.streams.clear()
+        self.waiting.clear()
+        self.early_feeds.clear()
+
+    def _attach_codec(self) -> None:
+        """A new codec worker replaced the dead one: open its ring (spec on the set-up pipe) and
+        say Ready again, so the coordinator puts the replica back in service."""
+        self._drop_all("the codec worker was replaced")
+        if self.to_codec is not None:
+            self.to_codec.close()
+        self.to_codec = None
+        t0 = time.monotonic()
+        self.to_codec = receive_spec(self.setup, REWIRE_TIMEOUT_S, "new codec's ring").open()
+        log.info("talker: attached the new codec worker's ring in %.2f s", time.monotonic() - t0)
+        if self.ready is not None:
+            self.to_coord.send(self.ready)
 
     def _feed(self, rid: int, feed: Feed, rows: np.ndarray) -> None:
         try:
@@ -249,6 +297,9 @@ class TalkerLoop:
     def _admit(self) -> int:
         """Move waiting requests into the runner while it has room; returns how many."""
         admitted = 0
+        if self.to_codec is None:  # sent before the coordinator knew the codec was gone
+            self._drop_all("no codec worker")
+            return 0
         # With nothing running, nothing will free up: try anyway, so a prompt too long for the
         # whole KV cache fails alone (the runner raises) instead of blocking the queue.
         while self.waiting and (self.runner.can_admit(len(self.waiting[0][1].prompt))
@@ -322,11 +373,19 @@ class TalkerLoop:
         """Codes `[T, n_vq]` in records that fit the codec's ring: a chunk too large for one
         record goes as several (decoding them in turn equals decoding it whole), the last one
         carrying `final`."""
+        if self.to_codec is None:
+            return
         per_record = max(1, self.to_codec.max_payload_size // (8 * self.n_vq))
         for start in range(0, max(1, len(codes)), per_record):
             last = start + per_record >= len(codes)
             piece = msg if last else msgspec.structs.replace(msg, final=False, finish_reason=None)
-            self.to_codec.send(piece, codes[start:start + per_record])
+            try:
+                self.to_codec.send(piece, codes[start:start + per_record])
+            except (PeerGone, RingClosed) as exc:  # the step's end drops every request
+                log.warning("talker: the codec worker is gone (%s)", exc)
+                self.to_codec.close()
+                self.to_codec = None
+                return
 
     def _count_step(self, batch: int, seconds: float) -> None:
         """Aggregate step statistics: one record per run of equal batch sizes (at most 64)."""
@@ -493,12 +552,16 @@ def main(spec: WorkerSpec) -> None:
         log.info("talker: ready %.1f s after loading began (%d objects frozen out of garbage collection)",
                  time.perf_counter() - t0, frozen)
         gc_pauses = GcPauses("talker")
-        to_coord.send(Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
-                            max_prompt_rows=runner.max_prompt_rows(),
-                            memory=memory_report("talker", plan, spec.device)))
-        TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
-                   variant.n_vq, timeline, allocator_counter(spec.device), gc_pauses,
-                   triton_kernel_counter(spec.device)).run()
+        ready = Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
+                      max_prompt_rows=runner.max_prompt_rows(),
+                      memory=memory_report("talker", plan, spec.device))
+        to_coord.send(ready)
+        loop = TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
+                          variant.n_vq, timeline, allocator_counter(spec.device), gc_pauses,
+                          triton_kernel_counter(spec.device), setup=spec.setup, ready=ready,
+                          beat_s=beat_interval(spec.profile))
+        loop.run()
+        to_codec = loop.to_codec  # the one open now (a replaced codec's), closed below
     except Exception as exc:
         log.exception("talker worker failed")
         to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))
@@ -511,4 +574,5 @@ def main(spec: WorkerSpec) -> None:
         if timeline is not None:
             timeline.close()
         for ch in (inbox, to_codec, to_coord):
-            ch.close()
+            if ch is not None:
+                ch.close()

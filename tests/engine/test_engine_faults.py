@@ -1,10 +1,13 @@
-"""A SIGKILLed worker: every in-flight request fails within 2 s; the replica is restarted in place
-and serves again (or, with restarts off, the engine says it is unhealthy); stopping it afterwards
-leaves no process and no shared-memory segment behind. Records too large for a ring."""
+"""A SIGKILLed worker: every in-flight request fails within 2 s; the dead worker alone is replaced
+(its peer keeps its process and state) and the replica serves again (or, with restarts off, the
+engine says it is unhealthy); a stopped worker is noticed by its beat and replaced the same way;
+stopping the engine afterwards leaves no process and no shared-memory segment behind. Records too
+large for a ring."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -109,11 +112,13 @@ async def test_a_chunk_too_large_for_one_record_travels_in_several(demo_model_di
         await handle.stop()
 
 
-@pytest.mark.parametrize("stage", ["codec"])  # a talker death takes the same path
-async def test_a_killed_worker_is_restarted_and_the_engine_serves_again(demo_model_dir, stage) -> None:
-    """The only replica's worker is SIGKILLed mid-stream: its requests fail at once, the engine
-    is not ready while the pair restarts (new processes, new rings, the client's new PCM ring),
-    then ready again by itself, serving requests, with the restart counted."""
+@pytest.mark.parametrize("stage", ["codec", "talker"])
+async def test_a_killed_worker_is_replaced_alone_and_the_engine_serves_again(demo_model_dir, stage) -> None:
+    """The only replica's worker is SIGKILLed mid-stream: its requests fail at once (as the
+    engine could not serve them: reason "worker_lost"), the engine is not ready while that worker
+    is replaced (a new process, new rings, for a codec the client's new PCM ring), its peer keeps
+    running in the same process, then the engine is ready again by itself, serving requests and
+    reference encodes, with the restart counted for that stage."""
     profile = load_profile("cpu", ["engine.restart_backoff_s=0.2"])
     handle = await launch(profile, demo_model_dir)
     instance, old = handle.instance, dict(handle.pids)
@@ -125,17 +130,19 @@ async def test_a_killed_worker_is_restarted_and_the_engine_serves_again(demo_mod
         await wait_for(lambda: client.counters()["chunks"] >= 2, 20)
         os.kill(old[stage], signal.SIGKILL)
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
-        assert all(isinstance(r, EngineFailed) for r in results), results
+        assert all(isinstance(r, EngineFailed) and r.unavailable for r in results), results
         await wait_for(lambda: not client.ready(), 5)
         assert client.healthy()  # restarting, not failed
         await wait_for(client.ready, 90)
         new = dict(handle.pids)
-        assert set(new) == set(old) and not set(new.values()) & set(old.values())
-        assert all(gone(pid) for pid in old.values())
+        peer = "talker" if stage == "codec" else "codec"
+        assert set(new) == set(old) and new[stage] != old[stage] and new[peer] == old[peer]
+        assert gone(old[stage]) and not gone(old[peer])
         chunks = await collect(client, SpeechJob(text="after the restart", forced_frames=3))
         assert chunks[-1].finish_reason == "stop" and sum(len(c.pcm) for c in chunks) == 3 * 3840
         snap = await settle(client)
         assert snap["restarts"] == 1 and snap["replica0_restarts"] == 1 and snap["replicas_up"] == 1
+        assert snap[f"{stage}_restarts"] == 1 and snap[f"{peer}_restarts"] == 0
         assert snap["running"] == 0 and snap["codec_slots"] == 0 and snap["talker_slots"] == 0
         codes = await client.encode_reference(np.zeros((client.channels, 48000), np.float32))
         assert codes.shape[1] == client.n_vq
@@ -156,3 +163,38 @@ def test_restart_policy_backs_off_and_stops_at_its_limit() -> None:
     assert RestartPolicy(limit=0, window_s=1.0, backoff_s=1.0).next_delay(0) is None
     slow = RestartPolicy(limit=20, window_s=1e9, backoff_s=1.0, clock=lambda: 0.0)
     assert max(slow.next_delay(0) for _ in range(20)) == MAX_BACKOFF_S
+
+
+@pytest.mark.parametrize("stage", ["codec", "talker"])
+async def test_a_stopped_worker_is_noticed_by_its_beat_and_replaced(demo_model_dir, stage) -> None:
+    """SIGSTOP leaves the process alive (no pidfd wakes anyone): its beat stands still, so after
+    `engine.liveness_timeout_s` it is killed and replaced like a dead one; its requests fail as
+    "worker_lost" instead of waiting for their deadline, and the engine serves again."""
+    profile = load_profile("cpu", ["engine.restart_backoff_s=0.1", "engine.liveness_timeout_s=1.5",
+                                   "admission.request_timeout_s=120"])
+    handle = await launch(profile, demo_model_dir)
+    old = dict(handle.pids)
+    client = handle.client(0)
+    try:
+        idle_beats = handle.coordinator.replicas[0].channels.of(stage)[1].beats
+        await asyncio.sleep(1.0)  # an idle worker beats too: liveness is not mistaken for work
+        assert handle.coordinator.replicas[0].channels.of(stage)[1].beats > idle_beats
+        task = asyncio.create_task(collect(client, SpeechJob(text="long", forced_frames=3000)))
+        await wait_for(lambda: client.counters()["chunks"] >= 1, 20)
+        os.kill(old[stage], signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(EngineFailed) as failed:
+            await asyncio.wait_for(task, 15)
+        assert failed.value.reason == "worker_lost"
+        assert time.monotonic() - t0 < 10, "the hung worker was not noticed in time"
+        await wait_for(lambda: gone(old[stage]), 10)
+        await wait_for(client.ready, 90)
+        assert handle.pids[stage] != old[stage]
+        chunks = await collect(client, SpeechJob(text="after", forced_frames=2))
+        assert chunks[-1].finish_reason == "stop"
+        snap = await settle(client)
+        assert snap["hung_workers"] == 1 and snap[f"{stage}_restarts"] == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old[stage], signal.SIGCONT)
+        await asyncio.wait_for(handle.stop(), 30)
