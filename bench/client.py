@@ -26,7 +26,11 @@ time runs from the earliest start in any process to the latest end in any proces
 
     results, wall_s = await run_pass(prompts, config, info, concurrency=8)
     results, wall_s = await run_pass(prompts, config, info, concurrency=128, client_procs=4)
-    runs = await run_sweep(prompts, config, [1, 16, 64], warmup=True)
+    runs = await run_sweep(prompts, config, [1, 16, 64], warmup=True, voices="new")
+
+By default every pass sends each reference clip as a recording the server has never heard
+(`bench.voices`: the peers' protocol, and a cloning service's normal day: the reference-code and
+prefix caches cannot help); ``voices="known"`` sends the clips as they are.
 """
 
 from __future__ import annotations
@@ -39,12 +43,13 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import secrets
 import ssl
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, TextIO
 
 import httpx
@@ -52,6 +57,7 @@ import msgspec
 
 from bench.dataset import Prompt
 from bench.report import ProgressLine, RequestResult, summarize
+from bench.voices import new_voice
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class ClientConfig:
     seed: int = 0
     forced: ForcedLength | None = ForcedLength()
     timeout_s: float = 600.0
+    voice_salt: int | None = None  # a pass's: every reference clip sent as a new recording (`bench.voices`)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -130,7 +137,10 @@ def request_body(prompt: Prompt, index: int, config: ClientConfig, info: ServerI
         fields["max_new_tokens"] = config.forced.max_new_tokens
     if prompt.prompt_wav is None:
         return msgspec.json.encode(fields)
-    clip = base64.b64encode(prompt.prompt_wav.read_bytes())
+    wav = prompt.prompt_wav.read_bytes()
+    if config.voice_salt is not None:
+        wav = new_voice(wav, config.voice_salt, index)
+    clip = base64.b64encode(wav)
     return b"".join((msgspec.json.encode(fields)[:-1], b',"ref_audio":"data:audio/wav;base64,', clip, b'"}'))
 
 
@@ -404,24 +414,32 @@ async def _run_in_processes(prompts: list[Prompt], config: ClientConfig, info: S
 async def run_sweep(prompts: list[Prompt], config: ClientConfig, concurrencies: list[int], *,
                     warmup: bool = True, progress: TextIO | None = sys.stderr,
                     info: ServerInfo | None = None, stop_on_failure: bool = True,
-                    client_procs: int | None = None) -> list[dict]:
+                    client_procs: int | None = None, voices: str = "new") -> list[dict]:
     """One run per concurrency (`bench.report.summarize` dicts): a full warm-up pass that is
     discarded (when ``warmup``), then the measured pass, both through the same number of client
-    processes (``client_procs``; None: `auto_client_procs` of each concurrency). Stops after a
-    failed run unless told not to."""
+    processes (``client_procs``; None: `auto_client_procs` of each concurrency). ``voices``:
+    "new", every pass (the warm-up too) sends each reference clip as a recording the server has
+    never heard (`bench.voices`); "known", the clips as they are (after a warm-up pass of the same
+    prompts, known to the server). Stops after a failed run unless told not to."""
+    if voices not in ("new", "known"):
+        raise ValueError(f"voices {voices!r}: new or known")
     info = info or await server_info(config)
+
+    def pass_config() -> ClientConfig:
+        return replace(config, voice_salt=secrets.randbits(62)) if voices == "new" else config
+
     runs = []
     for concurrency in concurrencies:
         procs = client_procs if client_procs is not None else auto_client_procs(concurrency)
         warm = None
         if warmup:
             bar = ProgressLine(f"C={concurrency} warm-up", len(prompts), progress)
-            outcome = await _run_pass(prompts, config, info, concurrency, lambda r: bar.update(r.ok), procs)
+            outcome = await _run_pass(prompts, pass_config(), info, concurrency, lambda r: bar.update(r.ok), procs)
             failed = [r for r in outcome.results if not r.ok]
             warm = {"wall_s": round(outcome.wall_s, 4), "num_requests": len(outcome.results),
                     "num_failed": len(failed), "errors": [f"{r.utt_id}: {r.error}" for r in failed[:10]]}
         bar = ProgressLine(f"C={concurrency} measure", len(prompts), progress)
-        outcome = await _run_pass(prompts, config, info, concurrency, lambda r: bar.update(r.ok), procs)
+        outcome = await _run_pass(prompts, pass_config(), info, concurrency, lambda r: bar.update(r.ok), procs)
         runs.append(summarize(concurrency, outcome.results, outcome.wall_s, info.bytes_per_s, warmup=warm,
                               client_cpu_s=sum(outcome.cpu_s), client_cpu_max_s=max(outcome.cpu_s),
                               client_procs=outcome.procs))

@@ -158,6 +158,7 @@ def summarize(concurrency: int, results: list[RequestResult], wall_s: float, byt
         "share_smooth": round(sum(p.smooth for p in players) / len(results), 4) if results else 0.0,
         "stalls": stall_moments(ok, players, concurrency),
         "ref_cache_hits": sum(r.ref_cache == "hit" for r in ok),
+        "ref_cache_lookups": sum(r.ref_cache in ("hit", "miss") for r in ok),
         "ignored_fields": _ignored(ok),
         "errors": [f"{r.utt_id}: {r.error}" for r in failed[:10]],
         "client_cpu_s": None if client_cpu_s is None else round(client_cpu_s, 3),
@@ -242,6 +243,10 @@ def format_table(runs: list[dict]) -> str:
     if stalls:
         lines.append("streams with a gap over 100 ms (when in the pass the longest one ended; after how "
                      "much audio): " + "; ".join(stalls))
+    refs = [f"C={r['concurrency']} {r['ref_cache_hits']} of {r['ref_cache_lookups']}"
+            for r in runs if r.get("ref_cache_lookups")]
+    if refs:
+        lines.append("reference clips the server had already encoded (cache hits): " + ", ".join(refs))
     cpu = [_client_cpu(r) for r in runs if r.get("client_cpu_s") is not None and r["wall_s"] > 0]
     if cpu:
         lines.append("client CPU over the pass, busiest client process's % of one core "

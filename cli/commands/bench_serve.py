@@ -2,9 +2,10 @@
 
     mossvox bench serve --url http://127.0.0.1:8000 --concurrency 1,16,64 \
         [--dataset auto | synthetic-en1088 | synthetic-sound-effect | synthetic-voice-design | PATH] \
-        [--num-prompts N] [--client-procs P|auto] [--out results.json]
+        [--num-prompts N] [--voices new|known] [--client-procs P|auto] [--out results.json]
 
-Prints the forcing rule and a table of runs (one per concurrency), and the request fields the
+Every pass sends each reference clip as a voice new to the server unless ``--voices known``
+(`bench.voices`). Prints the forcing rule and a table of runs (one per concurrency), and the request fields the
 server said it ignored; exit status 1 when any request of any run (warm-up included) failed, 2
 when the dataset or server cannot be used. The default prompt set, ``auto``, is the one in the
 served model's own fields (`bench.prompt_sets`). Clients: `bench.client`; prompt sets:
@@ -57,8 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with K = 0 and N prompts, K >= N: known voices, new texts)")
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     parser.add_argument("--model", default=None, help="model name to request (default: the first served)")
+    parser.add_argument("--voices", choices=("new", "known"), default="new",
+                        help="new (default): every pass sends each reference clip as a recording "
+                             "the server has never heard (the same voice, starting a little later, "
+                             "at another gain), so no cache the server keeps can help; known: the "
+                             "clips as they are (after the warm-up pass, voices the server knows)")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                        help="run a full discarded pass before each measured one (default on)")
+                        help="run a full discarded pass before each measured one (default on; with "
+                             "--voices new it sends other new voices than the measured pass)")
     parser.add_argument("--frames-per-char", type=float, default=0.87,
                         help="forced length per input character for random weights; 0 = send none")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="cap of the forced length")
@@ -110,9 +117,11 @@ def run(args: argparse.Namespace) -> int:
           f"reference clips, input text {stats['target_chars_mean']} chars on average")
     print(f"forced length: {rule}")
     print(f"warm-up pass: {'yes, discarded' if args.warmup else 'no'}")
+    print("voices: " + ("new to the server in every pass" if args.voices == "new" else
+                        "the clips as they are" + (" (known from the warm-up pass)" if args.warmup else "")))
     runs = asyncio.run(run_sweep(prompts, config, concurrencies, warmup=args.warmup, info=info,
                                  progress=None if args.no_progress else sys.stderr,
-                                 client_procs=args.client_procs))
+                                 client_procs=args.client_procs, voices=args.voices))
     failed = any(r["failed"] for r in runs) or len(runs) < len(concurrencies)
     print(format_table(runs))
     for r in runs:
@@ -131,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "url": config.url, "model": info.model, "root": info.root, "sample_rate": info.sample_rate,
             "channels": info.channels, "dataset": {"name": dataset.name, "digest": digest(prompts), **stats},
-            "seed": args.seed, "text_shift": args.text_shift, "warmup": args.warmup, "forced_length": rule, "failed": failed,
+            "seed": args.seed, "text_shift": args.text_shift, "warmup": args.warmup, "voices": args.voices,
+            "forced_length": rule, "failed": failed,
             "client_procs": "auto" if args.client_procs is None else args.client_procs,
             "concurrencies": concurrencies, "runs": runs,
         })

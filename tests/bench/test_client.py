@@ -277,6 +277,47 @@ def test_many_clients_against_a_stub_count_every_byte(clips, tmp_path, capsys):
         assert r["audio_s"] == pytest.approx(r["forced_frames"] * FRAME_S)
 
 
+def test_a_new_voice_is_another_recording_of_the_clip():
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from bench.voices import MAX_SKIP_S, new_voice
+
+    rate = 24000
+    clip = io.BytesIO()
+    sf.write(clip, 0.5 * np.sin(np.linspace(0, 2000, 3 * rate)).astype(np.float32), rate, format="WAV",
+             subtype="PCM_16")
+    wav = clip.getvalue()
+    versions = {new_voice(wav, salt, index) for salt in (1, 2) for index in range(4)}
+    assert len(versions) == 8 and wav not in versions  # a new version per (pass, request)
+    assert new_voice(wav, 7, 3) == new_voice(wav, 7, 3)  # the same in every client process
+    for version in versions:
+        audio, got_rate = sf.read(io.BytesIO(version), always_2d=True)
+        assert got_rate == rate and audio.shape[1] == 1
+        assert 3 - MAX_SKIP_S <= len(audio) / rate < 3 and np.abs(audio).max() <= 0.5 + 1e-4
+    short = io.BytesIO()
+    sf.write(short, np.zeros(int(1.05 * rate), np.float32), rate, format="WAV", subtype="PCM_16")
+    assert sf.info(io.BytesIO(new_voice(short.getvalue(), 1, 1))).frames >= rate  # never under 1 s
+
+
+@pytest.mark.parametrize(("voices", "hits"), [("new", 0), ("known", 8)])
+def test_new_voices_miss_every_cache_even_after_a_warm_up(server, clips, tmp_path, capsys, voices, hits):
+    """By default the warm-up and the measured pass each send voices the server never heard; with
+    `--voices known` the warm-up pass makes the measured pass's clips known (all cache hits)."""
+    out = tmp_path / "bench.json"
+    args = ["--voices", voices] if voices != "new" else []  # new is the default
+    rc = main(["bench", "serve", "--url", server.url, "--api-key", KEY, "--dataset", "synthetic-en1088",
+               "--cache-dir", str(clips), "--num-prompts", "8", "--seed", "11", "--concurrency", "2",
+               "--warmup", "--out", str(out), *args, *FAST])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.out + printed.err
+    (run,) = json.loads(out.read_text())["runs"]
+    assert (run["ref_cache_hits"], run["ref_cache_lookups"]) == (hits, 8)
+    assert f"C=2 {hits} of 8" in printed.out
+
+
 def test_server_stopped_mid_run_fails_the_run(server, clips):
     """Last in the file: it stops the module's server."""
     dataset = SyntheticEn1088(clips)
@@ -295,3 +336,4 @@ def test_server_stopped_mid_run_fails_the_run(server, clips):
     assert first[0].ok  # the key was accepted: the failures below come from the stop
     run = summarize(2, results, wall_s, info.bytes_per_s)
     assert run["failed"] and 1 <= run["num_failed"] < 6 and run["errors"]
+
