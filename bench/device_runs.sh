@@ -14,6 +14,10 @@
 #   bash bench/device_runs.sh peer      # high-concurrency at C=128 and 64, 3 prompts a client,
 #                                       # then 1088 prompts a pass (the peers' protocol: the whole
 #                                       # Seed-TTS EN set, first pass discarded); FLAGS changes it
+#   bash bench/device_runs.sh newvoices # every voice new: PROFILE (high-concurrency) from its start,
+#                                       # NP (1088) prompts a pass at CS (128 64), then known voices
+#   bash bench/device_runs.sh startup   # PROFILES (default low-latency) each from its start, a short
+#                                       # pass, then the refusal of a 24 and a 48 GB card
 #   bash bench/device_runs.sh gputests  # the GPU-marked tests of TESTS (tests/stages), K: -k filter
 #   bash bench/device_runs.sh families [NAME...]
 #                                       # every model family (default: delay, ttsd, sound-effect,
@@ -42,7 +46,7 @@
 # (15 MB parts), CACHE=DIR restores them, so a later run's first server is ready in 70-110 s
 # instead of ~230.
 set -u
-PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|gputests|families [NAME...]|invariant|build|flags}
+PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|startup|gputests|families [NAME...]|invariant|build|flags}
 OUT=${OUT:-$PWD/device_results}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
@@ -224,6 +228,54 @@ peer)  # the shipped profile at the peers' pass size (NP=1088, the whole Seed-TT
   WARM_WINDOW=1 NP=1088 pair 8000 shipped_np1088 "128 64"  # the first 1088 pass meets ~700 new voices
   stop_server shipped
   summaries
+  ;;
+newvoices)  # the headline protocol: every voice new to the server. PROFILE (high-concurrency) from
+  # its start (time to /ready and the memory plan in the log), NP (1088) prompts a pass, every
+  # voice new, at CS (128 64), no discarded pass, timelines; then known voices: NP_KNOWN (384)
+  # prompts sent once (--voices known) and again (measured). FLAGS changes the server.
+  checkpoint
+  s0=$(date +%s)
+  start_server 8000 nv --profile "${PROFILE:-high-concurrency}" --set engine.timeline_dir=/tmp/tl_nv ${FLAGS:-}
+  el "nv: /ready $(( $(date +%s) - s0 )) s after the start"
+  grep -E "memory plan|planned|captured|compiled|ready .* after" "$R/serve_nv.log" | cut -c1-400 | head -12
+  for c in ${CS:-128 64}; do
+    [ "$(left)" -lt 60 ] && { el "nv: no time left for C=$c"; break; }
+    a=$(mono); NP=${NP:-1088} bench 8000 nv "$c" --no-warmup; b=$(mono)
+    echo "nv $c $a $b" >> "$R/windows.txt"
+  done
+  if [ "$(left)" -gt 70 ]; then
+    NP=${NP_KNOWN:-384} bench 8000 nv_knownfirst 128 --no-warmup --voices known
+    a=$(mono); NP=${NP_KNOWN:-384} bench 8000 nv_known 128 --no-warmup --voices known; b=$(mono)
+    echo "nv_known 128 $a $b" >> "$R/windows.txt"
+  fi
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+  grep -E "memory_(card|usable)|memory_(planned|peak)|kv_tokens" "$R/nv_c128_metrics.txt" | grep -v "^#"
+  stop_server nv
+  summaries
+  ;;
+startup)  # each of PROFILES (default low-latency) from its start: time to /ready, its memory plan
+  # and use, one short pass of C (16) new voices; then the refusal of a card too small: the
+  # default profile with memory.gpu_utilization set so the plan sees 24 and 48 GB
+  checkpoint
+  for p in ${PROFILES:-default low-latency}; do
+    [ "$(left)" -lt 120 ] && { el "$p: no time left to start it"; break; }
+    s0=$(date +%s)
+    start_server 8000 "$p" --profile "$p"
+    el "$p: /ready $(( $(date +%s) - s0 )) s after the start"
+    grep -E "memory plan|planned" "$R/serve_$p.log" | cut -c1-400 | head -4
+    NP=$(( ${C:-16} * 2 )) bench 8000 "$p" "${C:-16}" --no-warmup
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    stop_server "$p"
+  done
+  total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)  # MiB
+  for gb in 24 48; do
+    u=$(python3 -c "print(round($gb * 1e9 / ($total * 2**20), 4))")
+    s0=$(date +%s)
+    timeout 120 mossvox serve "${MODEL:-/tmp/l15}" --port 8009 --profile default \
+      --set memory.gpu_utilization=$u > "$R/serve_refuse$gb.log" 2>&1
+    el "a ${gb} GB card (gpu_utilization $u): exit $? after $(( $(date +%s) - s0 )) s"
+    grep -E "MemoryPlanError|needs at least|memory plan" "$R/serve_refuse$gb.log" | cut -c1-500 | head -3
+  done
   ;;
 gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
   timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS:-tests/stages} \

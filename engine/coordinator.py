@@ -266,6 +266,10 @@ class Coordinator:
                     replica.jobs.discard(job)
                 self._update_gauges()
             case StageError(rid=None, stage=stage, message=message) if replica is not None:
+                fut = replica.ready.get(stage)
+                if fut is not None and not fut.done():  # start-up failed: say why (e.g. its memory plan)
+                    fut.set_exception(StageNotReady(
+                        f"the {worker_name(stage, replica.index)} worker failed before Ready: {message}"))
                 self._worker_lost(replica, stage, f"the {worker_name(stage, replica.index)} "
                                                   f"worker failed: {message}")
             case StageError(rid=rid, message=message):

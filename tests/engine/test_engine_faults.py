@@ -73,6 +73,16 @@ async def test_a_stage_that_never_comes_up_is_named(demo_model_dir) -> None:
         await launch(load_profile("cpu", ["engine.ready_timeout_s=0.5"]), demo_model_dir)
 
 
+async def test_a_stage_that_fails_at_start_says_why_at_once(demo_model_dir) -> None:
+    """A worker whose start-up raises (here: a talker mode the CPU cannot run; on a GPU, a memory
+    plan the card cannot hold) fails the launch with its own message, not after the timeout."""
+    t0 = time.monotonic()
+    with pytest.raises(StageNotReady, match="the talker worker failed before Ready: .*batch_invariant needs CUDA"):
+        await launch(load_profile("cpu", ["talker.batch_invariant=true", "engine.ready_timeout_s=60"]),
+                     demo_model_dir)
+    assert time.monotonic() - t0 < 30
+
+
 async def test_request_deadline_fails_the_request_and_frees_it(demo_model_dir) -> None:
     handle = await launch(load_profile("cpu", ["admission.request_timeout_s=1.5"]),
                           demo_model_dir)
