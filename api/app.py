@@ -37,6 +37,7 @@ from api.request_limits import RequestLimits
 from api.routes import batch, demo, health, metrics, models, speech, voices
 from api.routes.speech_stream import StreamSessions, speech_stream
 from api.schemas import openapi_document
+from api.streaming import quiet_stream_cuts
 from api.voices import VoiceRegistry
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "",
                connections: ConnectionGate | None = None) -> Starlette:
     """The app of one API process; ``connections``: the process's connection gate (its counts go
     to ``/metrics``), where the server has one."""
+    quiet_stream_cuts()  # a stream the engine could not finish is cut on purpose, not a crash
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):

@@ -136,6 +136,10 @@ class ApiMetrics:
         self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Seconds of audio produced", registry=r)
         self.ref_cache = Counter(f"{PREFIX}_ref_cache_lookups", "Reference-code cache lookups by result",
                                  ["result"], registry=r)
+        self.stream_cuts = Counter(f"{PREFIX}_streams_cut",
+                                   "Streams the engine could not finish after audio began (cut with an "
+                                   "error event or a closed body), by reason: worker_lost, deadline, "
+                                   "engine_failed, shutdown, error", ["reason"], registry=r)
         self.stream_sessions = Gauge(f"{PREFIX}_stream_sessions_open",
                                      "Open WebSocket speech sessions (/v1/audio/speech/stream)",
                                      multiprocess_mode="livesum", registry=r)

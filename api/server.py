@@ -4,8 +4,13 @@ The supervisor (this process) resolves the model (the embedded tiny random-weigh
 none is given), logs the resolved profile and its hash, binds the listening socket, launches the
 engine (coordinator + talker + codec workers), and spawns ``api.api_servers`` API processes. Each
 API process gets the shared socket (the kernel spreads connections over the processes that
-accept on it) and its own ``EngineClient`` spec (its own PCM ring). On SIGINT/SIGTERM, or when any
-API process dies, everything is stopped: API processes first, then the engine.
+accept on it) and its own ``EngineClient`` spec (its own PCM ring). An API process that dies is
+replaced in its slot (new engine channels, a new PCM ring from every codec: the other API processes
+and the workers serve on; connections waiting on the shared socket are taken by the new process),
+within ``engine.restart_limit`` per slot in ``engine.restart_window_s``; past that the server stops
+with exit status 1. On SIGINT/SIGTERM everything is stopped: API processes first, then the engine.
+At start, the metrics folders of servers that were killed before they could remove them are
+removed (their owner's pid is in the name, as in shared-memory segment names).
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 log = logging.getLogger("mossvox.server")
 
 STOP_TIMEOUT_S = 10.0
+METRICS_DIR_PREFIX = "mossvox-metrics-"  # + the supervisor's pid + "-" + a random part
 
 
 def graceful_s(profile) -> float:
@@ -79,7 +86,8 @@ def serve(profile, model_dir: str | None) -> int:
         log.warning("no model given: serving the embedded tiny demo model; its weights are RANDOM "
                     "(noise-like audio, length forced from the text)")
     log.info("resolved profile (sha256 %s):\n%s", profile.sha256(), profile.redacted().to_yaml())
-    metrics_dir = Path(tempfile.mkdtemp(prefix="mossvox-metrics-"))
+    sweep_metrics_dirs(Path(tempfile.gettempdir()))
+    metrics_dir = Path(tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-"))
     # prometheus-client's multiprocess mode is switched by this variable (read when the library
     # is imported, in each spawned API process); it is the library's mechanism, not a setting.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
@@ -96,6 +104,29 @@ def serve(profile, model_dir: str | None) -> int:
         log.info("stopped")
 
 
+def sweep_metrics_dirs(folder: Path) -> list[Path]:
+    """Remove the metrics folders in ``folder`` whose server process is gone; returns them."""
+    removed = []
+    for path in folder.glob(f"{METRICS_DIR_PREFIX}*"):
+        pid = path.name[len(METRICS_DIR_PREFIX):].split("-", 1)[0]
+        if path.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        log.info("removed %d metrics folder(s) of servers that are gone", len(removed))
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSignal") -> int:
     """The coordinator runs on this loop; the API processes are spawned beside it."""
     from engine.launcher import launch
@@ -106,48 +137,108 @@ async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSign
     engine = await launch(profile, model_dir, clients=api.api_servers)
     freeze_heap()  # the coordinator's warm heap: out of the collector's walks (stages.workers.heap)
     pauses = GcPauses("coordinator")
-    procs: list = []
+    apis = _ApiProcesses(profile, engine, sock, codec_fingerprint(model_dir, profile.model.codec_path))
     try:
-        codec_id = codec_fingerprint(model_dir, profile.model.codec_path)
-        ctx = mp.get_context("spawn")
         for index in range(api.api_servers):
-            proc = ctx.Process(target=api_process_main, name=f"mossvox-api-{index}",
-                               args=(profile, engine.client_spec(index), sock, codec_id, os.getpid()))
-            proc.start()
-            procs.append(proc)
+            apis.start(index, engine.client_spec(index))
         print(f"mossvox: serving on http://{host}:{port} with {api.api_servers} API process(es)",
               flush=True)
-        return await _supervise(procs, stop)
+        return await apis.supervise(stop)
     finally:
         pauses.close()
-        await asyncio.to_thread(_stop_processes, procs, graceful_s(profile) + STOP_TIMEOUT_S)
+        await apis.close()
+        await asyncio.to_thread(_stop_processes, list(apis.procs.values()),
+                                graceful_s(profile) + STOP_TIMEOUT_S)
         await engine.stop()
 
 
-async def _supervise(procs: list, stop: "_StopSignal") -> int:
-    """Wait (on the loop, no polling) for a stop signal or the death of an API process."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[int] = loop.create_future()
+class _ApiProcesses:
+    """The API processes, one per client slot: started, watched (their sentinels, on the loop:
+    no polling) and replaced when one dies."""
 
-    def on_signal() -> None:
-        log.info("signal %s: shutting down", stop.received())
-        if not done.done():
-            done.set_result(0)
+    def __init__(self, profile, engine, sock: socket.socket, codec_id: str) -> None:
+        from engine.restarts import RestartPolicy
 
-    def on_exit(proc) -> None:
-        if not done.done():
-            log.error("API process %s exited with %s; shutting down", proc.name, proc.exitcode)
-            done.set_result(1)
+        self.profile, self.engine, self.sock, self.codec_id = profile, engine, sock, codec_id
+        self.procs: dict[int, mp.process.BaseProcess] = {}
+        self.policy = RestartPolicy.from_profile(profile.engine)
+        self._ctx = mp.get_context("spawn")
+        self._done: asyncio.Future[int] | None = None
+        self._replacing: dict[int, asyncio.Task] = {}
 
-    loop.add_reader(stop.fd, on_signal)
-    for proc in procs:
-        loop.add_reader(proc.sentinel, on_exit, proc)
-    try:
-        return await done
-    finally:
-        loop.remove_reader(stop.fd)
-        for proc in procs:
-            loop.remove_reader(proc.sentinel)
+    def start(self, index: int, spec) -> None:
+        proc = self._ctx.Process(target=api_process_main, name=f"mossvox-api-{index}",
+                                 args=(self.profile, spec, self.sock, self.codec_id, os.getpid()))
+        proc.start()
+        self.procs[index] = proc
+        if self._done is not None:
+            asyncio.get_running_loop().add_reader(proc.sentinel, self._on_exit, index, proc)
+
+    async def supervise(self, stop: "_StopSignal") -> int:
+        """Until a stop signal (0), or an API process that may not be replaced any more (1)."""
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+
+        def on_signal() -> None:
+            log.info("signal %s: shutting down", stop.received())
+            self._finish(0)
+
+        loop.add_reader(stop.fd, on_signal)
+        for index, proc in self.procs.items():
+            loop.add_reader(proc.sentinel, self._on_exit, index, proc)
+        try:
+            return await self._done
+        finally:
+            loop.remove_reader(stop.fd)
+            for proc in self.procs.values():
+                loop.remove_reader(proc.sentinel)
+
+    def _finish(self, status: int) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(status)
+
+    def _on_exit(self, index: int, proc) -> None:
+        asyncio.get_running_loop().remove_reader(proc.sentinel)
+        if self._done is None or self._done.done():
+            return
+        proc.join(0)
+        _mark_metrics_dead(proc.pid)
+        delay = self.policy.next_delay(index)
+        if delay is None:
+            log.error("API process %s exited with %s and was replaced %d times within %.0f s "
+                      "(engine.restart_limit): shutting down", proc.name, proc.exitcode,
+                      self.policy.limit, self.policy.window_s)
+            self._finish(1)
+            return
+        log.error("API process %s (pid %d) exited with %s: replacing it", proc.name, proc.pid, proc.exitcode)
+        self._replacing[index] = asyncio.get_running_loop().create_task(self._replace(index, time.monotonic()))
+
+    async def _replace(self, index: int, t0: float) -> None:
+        try:
+            spec = await self.engine.replace_client(index)
+            if self._done is None or self._done.done():
+                return
+            self.start(index, spec)
+            log.info("API process slot %d replaced by pid %d %.2f s after the old one died",
+                     index, self.procs[index].pid, time.monotonic() - t0)
+        except Exception:
+            log.exception("API process slot %d could not be replaced: shutting down", index)
+            self._finish(1)
+        finally:
+            self._replacing.pop(index, None)
+
+    async def close(self) -> None:
+        for task in list(self._replacing.values()):
+            task.cancel()
+        await asyncio.gather(*self._replacing.values(), return_exceptions=True)
+
+
+def _mark_metrics_dead(pid: int) -> None:
+    """A dead API process's live gauges leave the multiprocess metrics (its counters stay)."""
+    with contextlib.suppress(Exception):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
 
 
 def _stop_processes(procs: list, timeout_s: float = STOP_TIMEOUT_S) -> None:

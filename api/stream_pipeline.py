@@ -237,6 +237,8 @@ async def speak(events: SessionEvents, settings: SessionSettings, metrics, items
     async for item in items:
         if isinstance(item, Exception):
             error = True
+            if isinstance(item, EngineFailed):
+                metrics.stream_cuts.labels(reason=item.reason).inc()
             await events.error(as_api_error(item, f"sentence {index} of utterance {utterance}"))
             continue
         samples += item.pcm.shape[0]
@@ -265,6 +267,8 @@ def as_api_error(exc: Exception, where: str) -> ApiError:
         return ApiError(429, f"{where} was rejected by admission: {exc.reason}", code="overloaded")
     if isinstance(exc, ValueError):
         return ApiError(400, f"{where}: {exc}")
+    if isinstance(exc, EngineFailed) and (exc.unavailable or exc.reason == "deadline"):
+        return ApiError(503, f"the engine could not serve {where} now: {exc}", code="engine_unavailable")
     return ApiError(500, f"the engine failed {where}: {exc}")
 
 

@@ -5,13 +5,17 @@ Starlette's ``StreamingResponse`` only watches for disconnects on ASGI servers o
 whole chunk later. This response always watches ``receive`` next to the writer, so a client
 that goes away cancels the body iterator at once (its ``aclose`` aborts the engine request).
 An exception raised by the iterator after the headers went out propagates, so the server cuts
-the connection instead of finishing the body: the client sees a truncated stream.
+the connection instead of finishing the body: the client sees a truncated stream. A `StreamCut`
+is such a cut on purpose (the engine could not finish the request; the route logged it in one
+line): `quiet_stream_cuts` keeps the server from logging it as an unhandled error with a
+traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import StreamingResponse
@@ -64,3 +68,24 @@ async def run_until_disconnect(work: Awaitable, receive: Receive | Callable) -> 
 
 class ClientGone(Exception):
     """The client disconnected before the response was complete."""
+
+
+class StreamCut(Exception):
+    """Raised into the server after audio started, so it drops the connection mid-body (the
+    client sees an incomplete chunked body: the HTTP way to say a response failed midway)."""
+
+
+class _StreamCutFilter(logging.Filter):
+    """Drops the server's "Exception in ASGI application" record of a `StreamCut`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, StreamCut)
+
+
+def quiet_stream_cuts(logger_name: str = "uvicorn.error") -> None:
+    """Keep the ASGI server's logger from reporting a `StreamCut` as an unhandled error (once per
+    process; the cut is logged by the route that made it)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _StreamCutFilter) for f in logger.filters):
+        logger.addFilter(_StreamCutFilter())

@@ -31,15 +31,11 @@ from api.errors import ApiError, bad_request
 from api.fields import FieldReport, screen_fields
 from api.schemas import SpeechRequest, decode_speech_request
 from api.speech_job import OutputPlan, check_request, output_plan, resolve_voice, sampling_overrides
-from api.streaming import AudioStreamResponse, ClientGone, run_until_disconnect
+from api.streaming import AudioStreamResponse, ClientGone, StreamCut, run_until_disconnect
 from engine.client import EngineFailed, EngineRejected, SubmittedSpeech
 from speech.job import SpeechJob
 
 log = logging.getLogger("mossvox.api")
-
-
-class StreamCut(Exception):
-    """Raised into the server after audio started, so it drops the connection mid-body."""
 
 
 class RequestTracker:
@@ -261,7 +257,18 @@ def _submit(client, job: SpeechJob) -> SubmittedSpeech:
     except ValueError as exc:  # the variant's request adapter refused a field
         raise bad_request(str(exc)) from None
     except EngineFailed as exc:
-        raise ApiError(500, f"The engine failed this request: {exc}") from None
+        raise engine_error(exc) from None
+
+
+def engine_error(exc: EngineFailed) -> ApiError:
+    """An engine failure before any audio went out, as the client expects it: 503 with
+    `Retry-After` when the engine could not serve the request (a worker died or hung and is being
+    replaced, the engine failed or stops, its deadline passed under load); 500 only for a fault
+    of this request itself."""
+    if exc.unavailable or exc.reason == "deadline":
+        return ApiError(503, f"The engine could not serve this request now: {exc}",
+                        code="engine_unavailable", headers={"Retry-After": "1"})
+    return ApiError(500, f"The engine failed this request: {exc}")
 
 
 async def _first_chunk(chunks: AsyncIterator):
@@ -277,7 +284,7 @@ async def _first_chunk(chunks: AsyncIterator):
         raise ApiError(status, f"Request rejected by admission: {exc.reason}", code="overloaded",
                        headers={"Retry-After": retry}) from None
     except EngineFailed as exc:
-        raise ApiError(500, f"The engine failed this request: {exc}") from None
+        raise engine_error(exc) from None
 
 
 def _is_unavailable(reason: str | None) -> bool:
@@ -303,7 +310,7 @@ async def _whole_file(first, chunks: AsyncIterator, encoder: AudioEncoder, track
     except EngineFailed as exc:
         tracker.finish("failed")
         log.error("%s failed: %s", request_id, exc)
-        raise ApiError(500, f"The engine failed this request: {exc}") from None
+        raise engine_error(exc) from None
     finally:
         await chunks.aclose()
     tracker.sent_audio()
@@ -328,6 +335,7 @@ async def _raw_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
         outcome = "ok"
     except EngineFailed as exc:
         outcome = "failed"
+        tracker.metrics.stream_cuts.labels(reason=exc.reason).inc()
         log.error("%s failed after %.2f s of audio; cutting the stream: %s", request_id,
                   tracker.audio_seconds, exc)
         raise StreamCut(str(exc)) from None
@@ -364,8 +372,10 @@ async def _sse_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, track
         outcome = "ok"
     except EngineFailed as exc:
         outcome = "failed"
+        tracker.metrics.stream_cuts.labels(reason=exc.reason).inc()
         log.error("%s failed after %.2f s of audio: %s", request_id, tracker.audio_seconds, exc)
-        yield sse.error(f"The engine failed this request: {exc}", partial_audio=sent_any)
+        yield sse.error(f"The engine failed this request: {exc}", partial_audio=sent_any,
+                        code=503 if exc.unavailable or exc.reason == "deadline" else 500)
     finally:
         tracker.finish(outcome)
         await chunks.aclose()
