@@ -241,6 +241,9 @@ class CodecConfig(_Section):
     compile: Annotated[bool, doc(
         "on CUDA: the codec's transformer layers (norms, projections, RoPE, FFN) through "
         "torch.compile, attention and ring writes eager; longer start-up")] = False
+    compile_encoder: Annotated[bool, doc(
+        "on CUDA: the encoder's transformer layers alone through torch.compile (with compile, "
+        "both stacks): cheaper reference encoding for new voices, a longer start-up")] = False
     ring_attention: Annotated[bool, doc(
         "on CUDA: streaming decode attends over the slots' ring caches in place (a Triton kernel "
         "applying the window) instead of copying each row's rings out and masking (chunks up to "
@@ -501,11 +504,10 @@ class EngineConfig(_Section):
         "cuda:1]; a TP group takes the consecutive GPUs from there; empty = derive: cuda:i*tp "
         "when CUDA has enough devices, else cpu for all")] = ()
     restart_limit: Annotated[int, doc(
-        "a worker that dies or hangs is replaced in place, its peer and the other replicas "
-        "serving on (its requests end cleanly), at most this many times per replica within "
-        "restart_window_s; past it, the replica stays down and with none left the engine fails "
-        "(/health 503: the orchestrator restarts the server); the same limit holds for each "
-        "API process slot; 0 = never restart", ge=0)] = 5
+        "a dead or hung worker (or API process) is replaced in place while the rest serve on, "
+        "at most this many times per replica (or API process slot) within restart_window_s; "
+        "past it the replica stays down, and with none left /health answers 503; 0 = never",
+        ge=0)] = 5
     restart_window_s: Annotated[float, doc(
         "the window over which restart_limit counts a replica's restarts", gt=0)] = 600.0
     restart_backoff_s: Annotated[float, doc(

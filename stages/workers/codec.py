@@ -7,10 +7,11 @@ only when nothing is runnable, up to the coalescing deadline) → hand terminal 
 straight through → decode requests' first chunks at once (express; with `express_joins_dispatch`,
 inside the batch due now if one is) → ask the `Coalescer` whether to decode now → decode one
 chunk of each chosen stream in one call → PCM records to each request's client ring, a
-`ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator → run waiting
-reference-encode jobs as one batch (after the streams that were due, so an encode never delays
-audio already owed; while streams are open the batch may be kept smaller, `encode_batch_streaming`,
-since it delays their next chunks).
+`ChunkDone` per chunk and a `DecodeBatch` per dispatch to the coordinator → send the codes of the reference-encode batch
+the encoder thread finished, and hand it the jobs waiting since as the next batch
+(`stages.workers.encoder_thread`: its own thread and CUDA stream, so an encode batch never holds
+up the decode loop; while streams are open a batch may be kept smaller, `encode_batch_streaming`,
+since it shares the GPU with their decoding).
 
 An aborted stream drops its waiting chunks at once and skips any that still arrive; it closes on
 its final record (the talker always sends one), so nothing is left behind.
@@ -45,12 +46,17 @@ from stages.runtime.coalescer import Coalescer
 from stages.workers.common import (CodecRings, WorkerSpec, apply_memory_plan, attach_codec,
                                   beat_interval, drain, kernel_names, memory_report, payload_array,
                                   prepare_process, triton_kernel_counter)
+from stages.workers.encoder_thread import EncoderThread
 from stages.workers.heap import GcPauses, freeze_heap
 from stages.workers.timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
 
 SLOW_DISPATCH_S = 0.25  # a dispatch this long is logged with what it did (a busy one takes ~15-60 ms)
+
+
+def _log_encode_failure(reason: str) -> None:
+    log.warning("codec: batched reference encode failed (%s); retried one by one", reason)
 
 
 class UnknownMessage(RuntimeError):
@@ -80,10 +86,12 @@ class CodecLoop:
                  buffer_margin_s: float = 0.2, final_wait_s: float | None = None,
                  encode_batch_streaming: int | None = None,
                  kernels: Callable[[], int] | None = None, setup: Any = None,
-                 rings: CodecRings | None = None, beat_s: float | None = None) -> None:
+                 rings: CodecRings | None = None, beat_s: float | None = None,
+                 encoder: EncoderThread | None = None) -> None:
         """`encode_batch`: reference-encode jobs run together at most; `encode_batch_streaming`:
-        at most while any stream is open (an encode batch delays every open stream's next chunk
-        by its duration), None = `encode_batch`; `kernels`: `triton_kernel_counter`'s function (a
+        at most while any stream is open (the batch shares the GPU with their decoding), None =
+        `encode_batch`; `encoder`: where batches are encoded (an `EncoderThread` over
+        `runner.encode` unless given); `kernels`: `triton_kernel_counter`'s function (a
         dispatch over `SLOW_DISPATCH_S` says how many Triton kernels it specialised); `setup` and
         `rings`: the set-up pipe and the ring maker for replaced peers (`Rewire`); `beat_s`: the
         longest sleep between two beats."""
@@ -104,7 +112,9 @@ class CodecLoop:
             else min(encode_batch, encode_batch_streaming)
         self.clock = clock
         self.streams: dict[int, _Stream] = {}
-        self.encodes: deque[tuple[EncodeRequest, np.ndarray]] = deque()
+        self.encodes: deque[tuple[EncodeRequest, np.ndarray]] = deque()  # waiting for a batch
+        self.encoder = encoder or EncoderThread(runner.encode, str(getattr(runner, "device", "cpu")),
+                                                on_failure=_log_encode_failure)
         self.shutdown: Shutdown | None = None
         self._ended: set[Any] = set()  # inboxes whose writer closed or died
         self._slots_reported = -1
@@ -129,10 +139,11 @@ class CodecLoop:
         decision = self.coalescer.decide(self.clock(), alive=self._alive())
         if joining or decision.dispatch:
             self._decode(joining + decision.dispatch)
-        self._run_encodes()  # after the streams due now: an encode batch never delays their audio
+        self._finish_encodes()
+        self._start_encodes()
         self._report_slots()
         self.to_coord.beat()
-        return not (self.shutdown is not None and not self.encodes
+        return not (self.shutdown is not None and not self.encodes and not self.encoder.in_flight
                     and (not self.streams or len(self._ended) == 2 or self.from_talker is None))
 
     # ---- inboxes -------------------------------------------------------------------------------
@@ -140,12 +151,13 @@ class CodecLoop:
     def _wait_and_drain(self) -> None:
         inboxes = [ch for ch in (self.from_coord, self.from_talker)
                    if ch is not None and ch not in self._ended]
-        if inboxes and not self.encodes and not self._terminal_ready() and not self._express_ready():
+        encode_ready = bool(self.encodes) and not self.encoder.in_flight
+        if inboxes and not encode_ready and not self._terminal_ready() and not self._express_ready():
             wait = self.coalescer.wait_time(self.clock(), alive=self._alive())
             if self.beat_s is not None:
                 wait = self.beat_s if wait is None else min(wait, self.beat_s)
-            if wait != 0.0:  # None: nothing ready, sleep until a record arrives
-                wait_any(inboxes, wait)
+            if wait != 0.0:  # None: nothing ready, sleep until a record arrives or a batch is encoded
+                wait_any([*inboxes, self.encoder.bell], wait)
         for channel in inboxes:
             if channel is not self.from_coord and channel is not self.from_talker:
                 continue  # a talker ring dropped by a record just handled
@@ -426,30 +438,23 @@ class CodecLoop:
         self.coalescer.forget(rid)
         del self.streams[rid]
 
-    def _run_encodes(self) -> None:
-        if not self.encodes:
+    def _start_encodes(self) -> None:
+        """Hand the waiting reference-encode jobs to the encoder thread as one batch, unless one
+        is still in flight (then they wait and the next batch is larger)."""
+        if not self.encodes or self.encoder.in_flight:
             return
         most = self.encode_batch_streaming if self.streams else self.encode_batch
         batch = [self.encodes.popleft() for _ in range(min(most, len(self.encodes)))]
-        t0 = time.monotonic()
-        try:
-            results: list[np.ndarray | None] = self.runner.encode([wav for _, wav in batch])
-            errors: list[str | None] = [None] * len(batch)
-        except Exception as exc:  # one bad waveform: retry one by one to name it
-            results, errors = [], []
-            for _, wav in batch:
-                try:
-                    results.append(self.runner.encode([wav])[0])
-                    errors.append(None)
-                except Exception as single:
-                    results.append(None)
-                    errors.append(f"{type(single).__name__}: {single}")
-            log.warning("codec: batched reference encode failed (%s); retried one by one", exc)
-        if self.timeline is not None:
-            self.timeline.add("codec_encode", t0, dur=time.monotonic() - t0, n=len(batch))
-        for (job, _), codes, error in zip(batch, results, errors):
-            self._to_client(job.client, EncodeResult(job=job.job, error=error), codes)
-            self.to_coord.send(EncodeDone(job=job.job))
+        self.encoder.submit([job for job, _ in batch], [wav for _, wav in batch])
+
+    def _finish_encodes(self) -> None:
+        """Send the codes (or the error) of every batch the encoder thread finished."""
+        for batch in self.encoder.done():
+            if self.timeline is not None:
+                self.timeline.add("codec_encode", batch.started, dur=batch.seconds, n=len(batch.jobs))
+            for job, codes, error in zip(batch.jobs, batch.codes, batch.errors):
+                self._to_client(job.client, EncodeResult(job=job.job, error=error), codes)
+                self.to_coord.send(EncodeDone(job=job.job))
 
     def _to_client(self, client: int, msg: Any, payload: Any) -> None:
         """Write to an API process's ring. A process that has gone loses its streams for good; one
@@ -549,6 +554,7 @@ def main(spec: WorkerSpec) -> None:
                          kernels=triton_kernel_counter(spec.device), setup=spec.setup,
                          rings=CodecRings(spec), beat_s=beat_interval(spec.profile))
         loop.run()
+        loop.encoder.close()
         from_talker = loop.from_talker  # the rings open now (a replaced peer's), closed below
     except Exception as exc:
         log.exception("codec worker failed")

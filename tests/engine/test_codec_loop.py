@@ -6,6 +6,9 @@ codec keeps serving the others)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -16,6 +19,7 @@ from ipc.shm import new_instance_id
 from profiles import load_profile
 from stages.registry import load_variant
 from stages.runtime.coalescer import Coalescer
+from stages.workers.encoder_thread import EncoderThread
 from stages.workers.codec import CodecLoop
 
 
@@ -59,6 +63,7 @@ class Rig:
         return out
 
     def close(self) -> None:
+        self.loop.encoder.close()
         for ch in self._all:
             ch.close()
 
@@ -195,50 +200,101 @@ def test_a_final_chunk_with_no_wait_dispatches_at_once(demo_model_dir, final_wai
         rig.close()
 
 
+def _client_records(rig, client: int = 0) -> list:
+    out = []
+    while (rec := rig.client_rx[client].try_recv()) is not None:
+        out.append(rec.msg)
+        rec.release()
+    return out
+
+
+def _step_until(rig, done, limit_s: float = 20.0) -> list:
+    """Step the loop until `done(records so far)`; the client 0 records seen."""
+    seen, deadline = [], time.monotonic() + limit_s
+    while not done(seen):
+        assert time.monotonic() < deadline, f"not done after {limit_s} s: {seen}"
+        rig.loop.step()
+        seen += _client_records(rig)
+    return seen
+
+
 def test_a_waiting_reference_encode_goes_after_the_audio_that_is_due(demo_model_dir) -> None:
     """A first chunk and a reference-encode job arrive together: the chunk's audio is written to
-    its client before the encode runs (an encode batch must not delay first audio)."""
+    its client before the encode's codes (an encode batch must not delay first audio)."""
     rig = Rig(demo_model_dir, express=True)
     try:
         wav = np.zeros((rig.runner.channels, 2 * rig.runner.samples_per_frame), dtype=np.float32)
         rig.coord.send(EncodeRequest(job=5, client=0), wav)
         rig.chunk(1, 0, 0, 1)
-        rig.loop.step()
-        order = []
-        while (rec := rig.client_rx[0].try_recv()) is not None:
-            order.append(type(rec.msg))
-            rec.release()
-        assert order == [PcmChunk, EncodeResult]
+        seen = _step_until(rig, lambda got: any(isinstance(m, EncodeResult) for m in got))
+        assert [type(m) for m in seen] == [PcmChunk, EncodeResult]
     finally:
         rig.close()
 
 
+def test_an_encode_in_flight_never_holds_up_decoding(demo_model_dir) -> None:
+    """The encoder thread is stuck on a batch: streams keep decoding chunk after chunk; once the
+    batch is done its codes go out and the jobs that waited meanwhile go as the next batch."""
+    release, started = threading.Event(), threading.Event()
+    rig = Rig(demo_model_dir, express=True)
+    runner = rig.runner
+    sizes = []
+
+    def slow_encode(wavs):
+        sizes.append(len(wavs))
+        started.set()
+        release.wait(30)
+        return runner.encode(wavs)
+
+    rig.loop.encoder = EncoderThread(slow_encode, "cpu")
+    try:
+        wav = np.zeros((runner.channels, 2 * runner.samples_per_frame), dtype=np.float32)
+        rig.coord.send(EncodeRequest(job=0, client=0), wav)
+        rig.loop.step()
+        assert started.wait(10) and sizes == [1]  # the first batch is stuck in the thread
+        for job in (1, 2, 3):
+            rig.coord.send(EncodeRequest(job=job, client=0), wav)
+        for seq in range(4):
+            rig.chunk(1, 0, seq, 1)
+        seen = _step_until(rig, lambda got: sum(isinstance(m, PcmChunk) for m in got) == 4)
+        assert not any(isinstance(m, EncodeResult) for m in seen)
+        assert sizes == [1] and rig.loop.encoder.in_flight == 1 and len(rig.loop.encodes) == 3
+        release.set()
+        seen = _step_until(rig, lambda got: sum(isinstance(m, EncodeResult) for m in got) == 4)
+        assert [m.job for m in seen if isinstance(m, EncodeResult)] == [0, 1, 2, 3]
+        assert all(m.error is None for m in seen if isinstance(m, EncodeResult))
+        assert sizes == [1, 3]  # the three that waited went together
+    finally:
+        release.set()
+        rig.close()
+
+
 def test_encode_batches_shrink_while_streams_are_decoding(demo_model_dir) -> None:
-    """With `encode_batch_streaming`, an iteration encodes at most that many reference clips while
-    a stream is open (each batch delays every open stream's next chunk), and the full
-    `encode_batch` (4) once none is."""
+    """With `encode_batch_streaming`, a batch holds at most that many reference clips while a
+    stream is open (it shares the GPU with their decoding), and up to `encode_batch` (4) once none
+    is."""
     rig = Rig(demo_model_dir, express=True, encode_batch_streaming=1)
+    submitted = []
+    submit = rig.loop.encoder.submit
+
+    def spy(jobs, wavs):
+        submitted.append((len(jobs), bool(rig.loop.streams)))
+        submit(jobs, wavs)
+
+    rig.loop.encoder.submit = spy
     try:
         wav = np.zeros((rig.runner.channels, 2 * rig.runner.samples_per_frame), dtype=np.float32)
         for job in range(6):
             rig.coord.send(EncodeRequest(job=job, client=0), wav)
         rig.chunk(1, 0, 0, 1)  # a stream opens with its first chunk
-
-        def encoded() -> list[int]:
-            jobs = []
-            while (rec := rig.client_rx[0].try_recv()) is not None:
-                if isinstance(rec.msg, EncodeResult):
-                    jobs.append(rec.msg.job)
-                rec.release()
-            return jobs
-
-        rig.loop.step()
-        assert encoded() == [0] and 1 in rig.loop.streams
-        rig.loop.step()
-        assert encoded() == [1]
+        _step_until(rig, lambda got: sum(isinstance(m, EncodeResult) for m in got) >= 2)
+        assert submitted[:2] == [(1, True), (1, True)]
         rig.chunk(1, 0, 1, 1, final=True, reason="stop")
-        rig.loop.step()  # the stream closes on its final chunk, then up to 4 encodes go together
-        assert rig.loop.streams == {} and encoded() == [2, 3, 4, 5]
+        seen = _step_until(rig, lambda got: rig.loop.streams == {} and not rig.loop.encodes
+                           and not rig.loop.encoder.in_flight)
+        assert all(n == 1 for n, open_ in submitted if open_)
+        assert [n for n, open_ in submitted if not open_][0] > 1  # larger once no stream is open
+        assert sum(n for n, _ in submitted) == 6
     finally:
         rig.close()
 

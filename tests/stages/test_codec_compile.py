@@ -55,3 +55,19 @@ def test_inductor_compiled_codec_matches_eager_on_cuda():
     sizes = [1, 2, 4, 8, 15, 2]
     want, got = streamed(eager, codes, sizes), streamed(compiled, codes, sizes)
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
+def test_the_encoder_alone_can_be_compiled():
+    """`codec.compile_encoder`: the encoder's layers traced, the decoder's left eager, the same codes."""
+    torch._dynamo.reset()
+    cfg = CodecConfig.from_json(tiny_v2_config())
+    eager = random_codec(cfg, "cpu", torch.float32, seed=5)
+    compiled = random_codec(cfg, "cpu", torch.float32, seed=5)
+    compiled.compile_layers(backend="eager", decoder=False)
+    stacks = {name: [m.transformer.parts for m in getattr(compiled, name) if hasattr(m, "transformer")]
+              for name in ("encoder", "decoder")}
+    plain = eager.decoder[0].transformer.parts  # the eager halves
+    assert stacks["encoder"] and all(parts != plain for parts in stacks["encoder"])  # compiled
+    assert stacks["decoder"] and all(parts == plain for parts in stacks["decoder"])  # untouched
+    wav = torch.randn(2, cfg.channels, 5 * cfg.downsample_rate, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(compiled.encode(wav).codes, eager.encode(wav).codes)

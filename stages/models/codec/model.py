@@ -80,14 +80,14 @@ class CodecModel(nn.Module):
     def compute_dtype(self) -> torch.dtype:
         return next(t.dtype for t in self.decoder.parameters())
 
-    def compile_layers(self, backend: str = "inductor") -> None:
+    def compile_layers(self, backend: str = "inductor", encoder: bool = True, decoder: bool = True) -> None:
         """Run every transformer layer's halves around attention through `torch.compile` (norms,
         projections, RoPE, residual gains and the FFN fused; one compilation per half and head
-        shape, dynamic in batch and length); ring writes and attention stay eager, so streaming
-        state and graphs work unchanged."""
+        shape, dynamic in batch and length), in the `encoder` stack, the `decoder` stack or both;
+        ring writes and attention stay eager, so streaming state and graphs work unchanged."""
         parts = tuple(torch.compile(f, dynamic=True, fullgraph=True, backend=backend)
                       for f in (layer_inputs, layer_outputs))
-        for module in (*self.encoder, *self.decoder):
+        for module in (*(self.encoder if encoder else ()), *(self.decoder if decoder else ())):
             if isinstance(module, ProjectedTransformer):
                 module.transformer.parts = parts
 

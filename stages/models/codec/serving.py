@@ -46,7 +46,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
     in pieces), CUDA graphs (`codec.cuda_graphs` for decode, `codec.encode_graphs` for reference
     encoding), replays side by side (`codec.decode_lanes`), chunks cut into shorter replays
-    (`codec.split_chunks`), compiled layers (`codec.compile`) and attention over the rings in place
+    (`codec.split_chunks`), compiled layers (`codec.compile`, or the encoder's alone:
+    `codec.compile_encoder`) and attention over the rings in place
     (`codec.ring_attention`, up to `codec.ring_attention_max_frames`; `codec.fused_ring_writes`,
     `codec.fused_norms`, `codec.fused_attention`), the decoder's GELU in its first matmul
     (`codec.gelu_epilogue`),
@@ -58,8 +59,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
 
     dtype = resolve_dtype(profile.model.dtype, device) if dtype is None else dtype
     model = load_codec(codec_dir, device, dtype)
-    if profile.codec.compile and str(device).startswith("cuda"):
-        model.compile_layers()
+    if (profile.codec.compile or profile.codec.compile_encoder) and str(device).startswith("cuda"):
+        model.compile_layers(decoder=profile.codec.compile)
     if profile.codec.ring_attention and str(device).startswith("cuda"):
         model.use_ring_attention(profile.codec.ring_attention_max_frames,
                                  fused_writes=profile.codec.fused_ring_writes,
