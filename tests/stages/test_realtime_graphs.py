@@ -161,3 +161,17 @@ def test_capture_ahead_makes_every_batch_bucket():
     assert runner.capture_ahead(10.0) == 4 and sorted(runner.depth_graphs.keys) == [1, 2, 4, 6]
     assert runner.capture_ahead(10.0) == 0
     assert RealtimeRunner(model, max_running=6, num_kv_blocks=16).capture_ahead(10.0) == 0  # "off": none
+
+
+@pytest.mark.parametrize("graph_path", ["off", "eager"])
+def test_without_a_forced_length_every_emitted_frame_is_decodable(model, graph_path):
+    """Random weights with no forced length (the `default` profile's way): the heads span 1027
+    ids, and pad, BOS and (beyond codebook 0) EOS are never drawn, so the codec can decode every
+    frame; codebook 0 may still end a request with EOS (that frame is not emitted)."""
+    params = [SamplingParams(temperature=1.0, top_k=50, repetition_penalty=1.1, seed=seed, max_new_frames=40)
+              for seed in range(1, 6)]
+    items = [(rid, prompt(model.config, 30 + rid), p) for rid, p in enumerate(params)]
+    frames = drive(runner_of(model, graph_path), {0: items})
+    emitted = np.concatenate([np.reshape(f, (-1, model.config.rvq)) for f in frames.values()])  # [frames, 16]
+    assert len(emitted) >= 40
+    assert emitted.min() >= 0 and emitted.max() < model.config.audio_pad, np.argwhere(emitted >= model.config.audio_pad)

@@ -14,7 +14,10 @@ row) and, after them, the text tokens still to stream. One `step()`:
    prefill step), and the next row is `[next text token, or <|text_pad|> once they run out | codes]`.
 The request stops when codebook 0 is the audio EOS (1026; that frame is not emitted), at
 `max_new_frames` ("length"), or after `forced_frames` ("stop"; random weights never emit EOS, and in
-that mode the non-code ids 1024..1026 are banned so every frame is decodable).
+that mode EOS is banned too). The other non-code ids (pad 1024, BOS 1025, and EOS outside
+codebook 0) are never sampled: the heads cover the whole 1027-id vocabulary, but a frame holding
+one of them cannot be decoded (upstream samples them; a trained model all but never does, a
+random-weight one does within a few frames).
 
 Text while it speaks (`open_input`, then `feed`): the request's text arrives in pieces. When a
 frame is sampled and no text token is left while more may come, the frame is emitted with
@@ -85,7 +88,9 @@ class RealtimeRunner(ScheduledRunner):
         self.history = torch.full((self.scratch + 1, HISTORY_RING, self.n_vq), vocab, dtype=torch.long,
                                   device=self.device)
         self.forced_bans = torch.zeros(self.scratch + 1, dtype=torch.bool, device=self.device)
-        self._non_codes = torch.arange(vocab, device=self.device) >= self.config.audio_pad  # [vocab]: pad, BOS, EOS
+        ids = torch.arange(vocab, device=self.device)
+        self._non_codes = ids >= self.config.audio_pad  # [vocab]: pad, BOS, EOS
+        self._non_codes_but_eos = self._non_codes & (ids != self.config.audio_eos)  # [vocab]: pad, BOS
         self._ring = torch.arange(HISTORY_RING, device=self.device)  # [HISTORY_RING]
         self._requests: dict[int, _Realtime] = {}
         self.depth_graphs: DepthGraphs | None = None
@@ -177,10 +182,13 @@ class RealtimeRunner(ScheduledRunner):
         seen = torch.zeros(len(slots), self.n_vq, vocab + 1, dtype=torch.bool, device=h.device)
         seen.scatter_(2, history.transpose(1, 2), True)  # [B, 16, vocab + 1]; column `vocab` = empty entry
         rows = self.sampling.rows(slots)
-        bans = self.forced_bans[slots][:, None] & self._non_codes[None]  # [B, vocab]
+        # codebook 0 may end the request with EOS unless its length is forced; no codebook may
+        # draw pad or BOS, nor codebooks 1.. EOS: a frame holding one cannot be decoded
+        first_bans = self._non_codes_but_eos[None] | (self.forced_bans[slots][:, None] & self._non_codes[None])  # [B, vocab]
         kv = local.new_kv(len(slots), h.dtype, h.device)
         x, out = h, []
         for i in range(self.n_vq):
+            bans = first_bans if i == 0 else self._non_codes  # [B, vocab] or [vocab]
             logits = local.step(x, i, kv).float().masked_fill(bans, float("-inf"))  # [B, vocab]
             token = sample_tokens(logits, rows, frames, stream=i, seen=seen[:, i, :vocab])  # [B]
             out.append(token)
