@@ -34,9 +34,11 @@ from api.metrics import ApiMetrics
 from api.ref_cache import ReferenceCodeCache, codec_namespace
 from api.reference import ReferenceLoader, ReferencePolicy
 from api.request_limits import RequestLimits
-from api.routes import batch, demo, health, metrics, models, speech, voices
-from api.routes.speech_stream import StreamSessions, speech_stream
+from api.routes import batch, demo, health, metrics, models, speech, text_to_speech, voices
+from api.routes.speech_stream import speech_stream
+from api.routes.text_to_speech_stream import multi_stream_input, stream_input
 from api.schemas import openapi_document
+from api.stream_socket import StreamSessions
 from api.streaming import quiet_stream_cuts
 from api.voices import VoiceRegistry
 
@@ -128,6 +130,14 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "",
         Route("/v1/audio/speech", speech.create_speech, methods=["POST"]),
         Route("/v1/audio/speech/batch", batch.create_speech_batch, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
+        Route("/v1/text-to-speech/{voice_id}", text_to_speech.create_speech, methods=["POST"]),
+        Route("/v1/text-to-speech/{voice_id}/stream", text_to_speech.stream_speech, methods=["POST"]),
+        Route("/v1/text-to-speech/{voice_id}/with-timestamps", text_to_speech.create_speech_with_timestamps,
+              methods=["POST"]),
+        Route("/v1/text-to-speech/{voice_id}/stream/with-timestamps",
+              text_to_speech.stream_speech_with_timestamps, methods=["POST"]),
+        WebSocketRoute("/v1/text-to-speech/{voice_id}/stream-input", stream_input),
+        WebSocketRoute("/v1/text-to-speech/{voice_id}/multi-stream-input", multi_stream_input),
         Route("/v1/audio/voices", voices.list_voices, methods=["GET"]),
         Route("/v1/audio/voices", voices.create_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", voices.get_voice, methods=["GET"]),

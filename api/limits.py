@@ -9,7 +9,7 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import ApiError, error_body
+from api.errors import ApiError, error_body_for
 
 
 class BodyLimitMiddleware:
@@ -23,7 +23,8 @@ class BodyLimitMiddleware:
             return
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await JSONResponse(error_body(413, self._message(int(length))), status_code=413)(scope, receive, send)
+            body = error_body_for(scope["path"], 413, self._message(int(length)))
+            await JSONResponse(body, status_code=413)(scope, receive, send)
             return
         seen = 0
 

@@ -63,11 +63,16 @@ class RequestLimits:
                                   param=name)
 
     def apply_to_schema(self, document: dict) -> dict:
-        """``document`` (the OpenAPI dict) with these bounds written into ``SpeechRequest``."""
-        properties = document["components"]["schemas"]["SpeechRequest"]["properties"]
+        """``document`` (the OpenAPI dict) with these bounds written into ``SpeechRequest`` (and
+        the input bound into the ElevenLabs body's ``text``)."""
+        schemas = document["components"]["schemas"]
+        properties = schemas["SpeechRequest"]["properties"]
         for name, (keyword, bound, _) in self.bounds().items():
             for schema in _value_schemas(properties[name]):
                 schema[keyword] = min(bound, schema.get(keyword, bound))
+        if "TextToSpeechBody" in schemas:
+            text = schemas["TextToSpeechBody"]["properties"]["text"]
+            text["maxLength"] = min(self.max_input_chars, text.get("maxLength", self.max_input_chars))
         return document
 
 

@@ -8,7 +8,7 @@ server enforces.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -103,6 +103,43 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
                          "many frames (random weights never stop by themselves); at most the "
                          "server's frame cap."),
     ] = None
+
+
+class TextToSpeechBody(Struct, kw_only=True):
+    """Body of ``POST /v1/text-to-speech/{voice_id}`` (and ``/stream``, ``/with-timestamps``,
+    ``/stream/with-timestamps``), as ElevenLabs defines it. ``text``, ``model_id``,
+    ``language_code``, ``voice_settings.speed`` and ``seed`` are used; the rest are accepted and
+    reported as ignored when set (``X-Ignored-Fields``)."""
+
+    text: Annotated[str, Meta(description="Text to speak.")]
+    model_id: Annotated[str | None, Meta(
+        description="The served model's name, or any other (an ElevenLabs model id: ignored and "
+                    "reported).")] = None
+    language_code: Annotated[str, Meta(max_length=64)] | None = None
+    voice_settings: Annotated[dict[str, Any] | None, Meta(
+        description="speed (0.25-4) is used; stability, similarity_boost, style and "
+                    "use_speaker_boost are ignored and reported.")] = None
+    seed: Annotated[int, Meta(ge=0, le=4294967295)] | None = None
+    pronunciation_dictionary_locators: list[Any] | None = None
+    previous_text: str | None = None
+    next_text: str | None = None
+    previous_request_ids: list[str] | None = None
+    next_request_ids: list[str] | None = None
+    use_pvc_as_ivc: bool | None = None
+    apply_text_normalization: Literal["auto", "on", "off"] | None = None
+    apply_language_text_normalization: bool | None = None
+
+
+class ElevenLabsErrorDetail(Struct):
+    status: str
+    message: str
+
+
+class ElevenLabsError(Struct):
+    """An error of the ElevenLabs-compatible routes, in ElevenLabs' shape (a 422 lists the
+    failing body fields instead, as ``detail``: ``[{loc, msg, type}]``)."""
+
+    detail: ElevenLabsErrorDetail
 
 
 class ErrorDetail(Struct):
@@ -272,7 +309,7 @@ def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
     """The OpenAPI 3.1 document, built from the Structs above."""
     _, components = msgspec.json.schema_components(
         [SpeechRequest, SpeechBatchRequest, SpeechBatchResponse, VoiceUploadForm, ModelList, ModelCard,
-         VoiceList, VoiceCreated, VoiceDeleted, ErrorEnvelope],
+         VoiceList, VoiceCreated, VoiceDeleted, ErrorEnvelope, TextToSpeechBody, ElevenLabsError],
         ref_template="#/components/schemas/{name}",
     )
     audio_types = ["audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm",
@@ -305,6 +342,7 @@ def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
                 "application/json": {"schema": {"$ref": _ref("VoiceInfo")}}}}, **errors}},
             "delete": {"operationId": "deleteVoice",
                        "responses": {"200": _json_response("VoiceDeleted", "Deleted"), **errors}}},
+        **_text_to_speech_paths(audio_types[:-1]),
         "/v1/models": {"get": {"operationId": "listModels",
                                "responses": {"200": _json_response("ModelList", "Models")}}},
         "/v1/models/{model}": {
@@ -323,3 +361,31 @@ def openapi_document(title: str = "mossvox", version: str = "0.1.0") -> dict:
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
+
+
+def _text_to_speech_paths(audio_types: list[str]) -> dict:
+    """The ElevenLabs-compatible routes (`api.routes.text_to_speech`)."""
+    params = [
+        {"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string"},
+         "description": "A registered voice, or default (or an OpenAI voice name) for the model's own."},
+        {"name": "output_format", "in": "query", "required": False, "schema": {
+            "type": "string", "pattern": "^(mp3|pcm|ulaw|alaw|opus)_[0-9]+(_[0-9]+)?$",
+            "default": "mp3_44100_128"}, "description": "codec_rate[_kbps], mono: pcm_16000, "
+                                                        "mp3_44100_128, ulaw_8000, opus_48000_64, ..."},
+        {"name": "enable_logging", "in": "query", "required": False, "schema": {"type": "boolean"}},
+        {"name": "optimize_streaming_latency", "in": "query", "required": False,
+         "schema": {"type": "integer"}, "description": "Accepted and ignored."},
+    ]
+    errors = {str(s): _json_response("ElevenLabsError", d) for s, d in [
+        (400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown voice"),
+        (422, "Body fails validation"), (429, "Admission rejected; see Retry-After"),
+        (503, "Not ready or overloaded; see Retry-After")]}
+    timestamped = {"description": "JSON with the audio in audio_base64 (alignment: null)",
+                   "content": {"application/json": {}}}
+    audio = {"description": "Audio", "content": {t: {} for t in audio_types}}
+    routes = {"": ("textToSpeech", audio), "/stream": ("streamTextToSpeech", audio),
+              "/with-timestamps": ("textToSpeechWithTimestamps", timestamped),
+              "/stream/with-timestamps": ("streamTextToSpeechWithTimestamps", timestamped)}
+    return {f"/v1/text-to-speech/{{voice_id}}{tail}": {"post": {
+        "operationId": operation, "parameters": params, "requestBody": _json_body("TextToSpeechBody"),
+        "responses": {"200": ok, **errors}}} for tail, (operation, ok) in routes.items()}

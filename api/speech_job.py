@@ -36,6 +36,7 @@ class OutputPlan:
     speed: float
     sample_rate: int  # output rate
     channels: int  # output channels
+    bit_rate: int | None = None  # bits per second of a compressed format; None: the format's own
 
 
 def output_plan(req: SpeechRequest, *, native_rate: int, native_channels: int,

@@ -2,7 +2,8 @@
 
 Built once per `session.config` (the voice's reference audio is decoded and encoded then, through
 the shared code cache; the output layout is the speech request's: `pcm` in OpenAI's 24 kHz mono
-unless `sample_rate`/`channels` or `api.pcm_layout` say otherwise), then used for every sentence:
+unless `sample_rate`/`channels` or `api.pcm_layout` say otherwise), or by another protocol from
+its own fields (`settings_for`, with its own output plan), then used for every sentence:
 `job(text)` is the engine request of one piece of text, `encoder()` a fresh audio encoder for it
 and `done_fields(text)` what its `audio.done` reports of the config's fields. A config the model
 cannot serve is refused here, before any text is spoken (the variant builds a probe request).
@@ -23,7 +24,8 @@ import numpy as np
 from api.audio_encoding import AudioEncoder, make_encoder
 from api.errors import bad_request
 from api.fields import FieldReport, screen_fields
-from api.speech_job import ResolvedVoice, check_request, output_plan, resolve_voice, sampling_overrides
+from api.speech_job import (OutputPlan, ResolvedVoice, check_request, output_plan, resolve_voice,
+                            sampling_overrides)
 from api.stream_protocol import SessionFields, session_fields
 from speech.job import SpeechJob
 
@@ -36,14 +38,21 @@ class SessionSettings:
     voice: ResolvedVoice
     sample_rate: int      # the model's
     channels: int
-    out_rate: int         # what the client gets (the speech request's output layout)
-    out_channels: int
+    output: OutputPlan    # what the client gets: format, layout, speed, bit rate
     report: FieldReport   # the config's fields the model ignored
     default_speaker: Callable[[str], str | None]  # the variant's: the speaker of untagged text
 
     @property
     def response_format(self) -> str:
-        return self.fields.request.response_format
+        return self.output.response_format
+
+    @property
+    def out_rate(self) -> int:
+        return self.output.sample_rate
+
+    @property
+    def out_channels(self) -> int:
+        return self.output.channels
 
     @property
     def split_granularity(self) -> str:
@@ -70,25 +79,35 @@ class SessionSettings:
         return dataclasses.replace(self.report, untagged_speaker=self.default_speaker(text)).event_fields()
 
     def encoder(self) -> AudioEncoder:
-        req = self.fields.request
-        return make_encoder(req.response_format, self.sample_rate, self.channels, streaming=True,
-                            speed=req.speed, out_rate=self.out_rate, out_channels=self.out_channels)
+        out = self.output
+        return make_encoder(out.response_format, self.sample_rate, self.channels, streaming=True,
+                            speed=out.speed, out_rate=out.sample_rate, out_channels=out.channels,
+                            bit_rate=out.bit_rate)
 
 
 async def load_settings(body: dict, state) -> SessionSettings:
     """A `session.config` body → settings; `ApiError` for anything the request would refuse."""
-    fields = session_fields(body)
+    return await settings_for(session_fields(body), state)
+
+
+async def settings_for(fields: SessionFields, state, *, plan: OutputPlan | None = None,
+                       ignored: tuple[str, ...] = ()) -> SessionSettings:
+    """Settings from checked session fields; `plan` replaces the output the speech request asks
+    for, `ignored` names the caller's own fields that nothing uses (reported with the others)."""
     req, client = fields.request, state.client
     check_request(req, model_names=state.model_names, limits=state.limits, sample_rate=client.sample_rate)
-    plan = output_plan(req, native_rate=client.sample_rate, native_channels=client.channels,
-                       pcm_layout=state.profile.api.pcm_layout)
+    if plan is None:
+        plan = output_plan(req, native_rate=client.sample_rate, native_channels=client.channels,
+                           pcm_layout=state.profile.api.pcm_layout)
     req, report = screen_fields(req, client.variant, strict=state.profile.api.strict_fields)
     if report.ignored:
         log.debug("speech session: %s does not use %s; ignored", client.model_name, ", ".join(report.ignored))
+    if ignored:
+        report = dataclasses.replace(report, ignored=(*report.ignored, *ignored))
     fields = dataclasses.replace(fields, request=req)
     voice = await resolve_voice(req, state)
-    settings = SessionSettings(fields, voice, client.sample_rate, client.channels, plan.sample_rate,
-                               plan.channels, report, client.variant.default_speaker)
+    settings = SessionSettings(fields, voice, client.sample_rate, client.channels, plan, report,
+                               client.variant.default_speaker)
     try:
         settings.encoder()
     except ValueError as exc:

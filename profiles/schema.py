@@ -437,7 +437,8 @@ class ApiConfig(_Section):
 
 
 class StreamConfig(_Section):
-    """The WebSocket speech endpoint (`/v1/audio/speech/stream`): text in as it is written."""
+    """The speech WebSockets (`/v1/audio/speech/stream` and the ElevenLabs-compatible ones): text in
+    as it is written."""
 
     max_sessions: Annotated[int, doc(
         "open WebSocket sessions per API process; one more is refused (error frame, close "
@@ -460,6 +461,9 @@ class StreamConfig(_Section):
     context_frames: Annotated[int, doc(
         "models that continue audio (Local-v1.5): a sentence after the first continues the "
         "previous one's codes when it has at most this many frames (0 = never)", ge=0)] = 250
+    max_contexts: Annotated[int, doc(
+        "contexts open at once on one multi-context socket (ElevenLabs' multi-stream-input); "
+        "one more is refused with an error message", ge=1)] = 5
 
 
 class IpcConfig(_Section):

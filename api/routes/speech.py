@@ -124,10 +124,16 @@ def new_tracker(state) -> RequestTracker:
 
 
 async def create_speech(request: Request) -> Response:
+    return await tracked(request, _create_speech)
+
+
+async def tracked(request: Request, respond) -> Response:
+    """``respond(request, state, tracker)``'s response, its outcome recorded once: a refusal
+    (``ApiError``) re-raised for the error handler, a client gone answered 499, a bug a 500."""
     state = request.state.api
     tracker = new_tracker(state)
     try:
-        return await _create_speech(request, state, tracker)
+        return await respond(request, state, tracker)
     except ApiError as exc:
         tracker.finish(outcome_of(exc), reason=f"{exc.status} {exc.message}")
         raise
@@ -161,18 +167,23 @@ class Started:
 
 
 async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, receive, *,
-                       whole: bool = False) -> Started:
+                       whole: bool = False, plan: OutputPlan | None = None,
+                       ignored: tuple[str, ...] = ()) -> Started:
     """Check ``req``, resolve its voice, submit it and wait for its first chunk (``ApiError`` on
     any refusal, nothing left running). ``whole`` sends the file at once whatever ``req`` asks.
     ``receive`` (the ASGI one) stops the wait when the client leaves; ``None`` leaves that to
-    the caller."""
+    the caller. ``plan`` replaces the output that ``req`` asks for (another API's formats);
+    ``ignored`` names the caller's own fields that nothing uses, reported with ``req``'s."""
     client = state.client
     check_request(req, model_names=state.model_names, limits=state.limits, sample_rate=client.sample_rate)
-    plan = output_plan(req, native_rate=client.sample_rate, native_channels=client.channels,
-                       pcm_layout=state.profile.api.pcm_layout)
+    if plan is None:
+        plan = output_plan(req, native_rate=client.sample_rate, native_channels=client.channels,
+                           pcm_layout=state.profile.api.pcm_layout)
     if whole:
         plan = dataclasses.replace(plan, mode="file")
     req, fields = screen_fields(req, client.variant, strict=state.profile.api.strict_fields)
+    if ignored:
+        fields = dataclasses.replace(fields, ignored=(*fields.ignored, *ignored))
     if fields.ignored:
         log.debug("%s: %s does not use %s; ignored", tracker.request_id, client.model_name,
                   ", ".join(fields.ignored))
@@ -189,7 +200,7 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
     try:
         encoder = make_encoder(plan.response_format, client.sample_rate, client.channels,
                                streaming=plan.mode != "file", speed=plan.speed, out_rate=plan.sample_rate,
-                               out_channels=plan.channels)
+                               out_channels=plan.channels, bit_rate=plan.bit_rate)
     except ValueError as exc:
         raise bad_request(str(exc), param="response_format") from None
     except FFmpegUnavailable as exc:
@@ -234,7 +245,7 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
         body_iter = _sse_stream(started.first, started.chunks, encoder, tracker, tracker.request_id, req.input,
                                 plan.response_format, plan.sample_rate, plan.channels, started.fields)
         return AudioStreamResponse(body_iter, media_type=sse.CONTENT_TYPE, headers=headers)
-    body_iter = _raw_stream(started.first, started.chunks, encoder, tracker, tracker.request_id)
+    body_iter = raw_stream(started.first, started.chunks, encoder, tracker, tracker.request_id)
     return AudioStreamResponse(body_iter, media_type=encoder.content_type, headers=headers)
 
 
@@ -318,7 +329,7 @@ async def _whole_file(first, chunks: AsyncIterator, encoder: AudioEncoder, track
     return b"".join(pieces)
 
 
-async def _raw_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, tracker: RequestTracker,
+async def raw_stream(first, chunks: AsyncIterator, encoder: AudioEncoder, tracker: RequestTracker,
                       request_id: str) -> AsyncIterator[bytes]:
     outcome = "cancelled"
     try:

@@ -6,10 +6,13 @@ import base64
 import io
 import json
 import re
+import time
 
 import httpx
 import numpy as np
 import soundfile
+
+from engine.counters import LEAK_GAUGES
 
 FRAMES_PER_CHAR = 0.87  # the cpu profile forces each request's length from its text
 FRAME_S = 0.08
@@ -74,3 +77,19 @@ def labelled(text: str, name: str, **labels: str) -> float:
         if line.startswith(f"{name}{{{want}}} "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def engine_gauges(url: str) -> dict[str, float]:
+    """What the engine holds now: every leak gauge, and the client's open requests."""
+    text = httpx.get(url + "/metrics").text
+    return {key: metric(text, f"mossvox_engine_{key}") for key in (*LEAK_GAUGES, "client_open")}
+
+
+def wait_idle(url: str, timeout: float = 20.0) -> dict[str, float]:
+    """The engine's gauges once all are zero (or as they are after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gauges = engine_gauges(url)
+        if not any(gauges.values()) or time.monotonic() > deadline:
+            return gauges
+        time.sleep(0.1)

@@ -17,7 +17,7 @@ import websockets
 from tests.api.helpers import FRAMES_PER_CHAR, metric
 from tests.api.server_process import ServerProcess
 from tests.api.stream_client import connect, next_event, read_utterance, send, speak, speak_queued, ws_url
-from tests.api.test_speech_stream_e2e import engine_gauges
+from tests.api.helpers import engine_gauges
 
 MAX_MESSAGE = 64 * 1024  # api.max_body_bytes here
 IDLE_S, SEND_S = 2.0, 2.0

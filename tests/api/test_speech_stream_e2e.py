@@ -23,8 +23,7 @@ import httpx
 import pytest
 import websockets
 
-from engine.counters import LEAK_GAUGES
-from tests.api.helpers import FRAMES_PER_CHAR, metric
+from tests.api.helpers import FRAMES_PER_CHAR, engine_gauges, metric, wait_idle
 from tests.api.server_process import REPO, ServerProcess
 from tests.api.stream_client import (SpokenSentence, Utterance, connect, next_event, read_utterance, send,
                                      speak, ws_url)
@@ -47,20 +46,6 @@ def server(tmp_path_factory):
 
 def frames(text: str) -> int:
     return max(1, round(FRAMES_PER_CHAR * len(text)))
-
-
-def engine_gauges(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics").text
-    return {key: metric(text, f"mossvox_engine_{key}") for key in (*LEAK_GAUGES, "client_open")}
-
-
-def wait_idle(url: str, timeout: float = 20.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout
-    while True:
-        gauges = engine_gauges(url)
-        if not any(gauges.values()) or time.monotonic() > deadline:
-            return gauges
-        time.sleep(0.1)
 
 
 async def test_text_in_small_pieces_speaks_the_same_audio_as_one_message(server):
