@@ -32,6 +32,12 @@
 #   BASE=DIR bash bench/device_runs.sh build
 #                                       # the build in DIR (an earlier tree) against this one,
 #                                       # PROFILE, CS (128 64), PASSES (2): a changed code default
+#   bash bench/device_runs.sh faults    # each process kind killed under load (PROFILE at C (64)):
+#                                       # FAULTS (codec talker api stop: SIGKILL of the codec, of the
+#                                       # talker, of an API process, SIGSTOP of the codec), each with
+#                                       # its downtime, the restart's phases, what the clients saw and
+#                                       # GPU memory before and after; then KILLS (5) codec kills in a
+#                                       # row without load, GPU memory after each (no leak)
 #   FLAGS="--set k=v" bash bench/device_runs.sh flags
 #                                       # the shipped profile against it with FLAGS (and FLAGS2,
 #                                       # FLAGS3: one server each), CS (128 64), PASSES (2)
@@ -46,7 +52,7 @@
 # (15 MB parts), CACHE=DIR restores them, so a later run's first server is ready in 70-110 s
 # instead of ~230.
 set -u
-PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|startup|gputests|families [NAME...]|invariant|build|flags}
+PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|startup|gputests|families [NAME...]|invariant|faults|build|flags}
 OUT=${OUT:-$PWD/device_results}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
@@ -193,6 +199,50 @@ PY
   done < "$R/windows.txt"
   python3 -m bench.passes "$R" | tee "$R/passes.md"  # the measured passes, server against server
 }
+gpumem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }  # MiB
+live_pid() {  # live_pid PATTERN LOG: the pid (grep -o group) of the last line matching, still alive
+  local pid
+  for pid in $(grep -oE "$1" "$2" | grep -oE '[0-9]+' | tac); do
+    kill -0 "$pid" 2>/dev/null && { echo "$pid"; return; }
+  done
+}
+clients_saw() {  # clients_saw JSON: the bench's failed requests by what the client got
+  python3 - "$1" <<'PY'
+import collections, json, re, sys
+try:
+    runs = json.load(open(sys.argv[1]))["runs"]
+except (OSError, ValueError, KeyError) as exc:
+    print(f"  no bench results ({exc})"); sys.exit()
+for run in runs:
+    failed = [r for r in run.get("requests", []) if r.get("error")]
+    kinds = collections.Counter(re.sub(r"[0-9.]+ (s|bytes)", "N \\1", r["error"])[:90] for r in failed)
+    print(f"  C={run['concurrency']}: {run['num_requests']} requests, {run['num_failed']} failed")
+    for kind, n in kinds.most_common(6):
+        print(f"    {n} x {kind}")
+PY
+}
+fault() {  # fault NAME SIGNAL PID: SIGNAL to PID while C (64) clients stream; the downtime (kill to
+  # /ready 200 again, and the coordinator's own figure), the restart's phases, what the clients saw
+  local name=$1 sig=$2 pid=$3 c=${C:-64} t0 t1 m0 bpid
+  [ -n "$pid" ] || { el "$name: no pid to signal"; return; }
+  m0=$(gpumem)
+  NP=$(( c * ${PER_FAULT:-8} )) bench 8000 "fault_$name" "$c" --no-warmup > "$R/fault_${name}_bench.txt" &
+  bpid=$!
+  sleep "${LOAD_S:-15}"
+  t0=$(mono); kill "-$sig" "$pid"; el "$name: SIG$sig to pid $pid under C=$c"
+  if [ "$name" != api ]; then  # an API process's death leaves /ready 200 (the other one answers)
+    for _ in $(seq 1 100); do curl -sf localhost:8000/ready >/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1 1200); do curl -sf localhost:8000/ready >/dev/null && break; sleep 0.1; done
+    t1=$(mono)
+    el "$name: /ready 200 again $(python3 -c "print(round($t1 - $t0, 1))") s after the signal"
+  fi
+  wait $bpid; cat "$R/fault_${name}_bench.txt"
+  grep -E "back in service|replaced in|replaced by pid|has not beaten|captured|loaded in|after loading began|warm-up requests|attached the new" \
+    "$R/serve_faults.log" | tail -12 | cut -c1-260
+  clients_saw "$R/fault_${name}_c$c.json"
+  el "$name: GPU memory ${m0} MiB before, $(gpumem) MiB after; 500s in the log: $(grep -c '" 500\|status 500\|HTTP 500' "$R/serve_faults.log"), tracebacks: $(grep -c Traceback "$R/serve_faults.log")"
+}
+
 checkpoint() {
   [ -f /tmp/l15/config.json ] || mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
   el "checkpoint written"
@@ -344,6 +394,33 @@ invariant)  # batch invariance needs the paths it has kernels for: bf16 weights,
   start_server 8001 inv_on --profile high-concurrency $inv --set talker.batch_invariant=true
   pair 8001 inv_on "1 64 128"
   stop_server inv_on
+  ;;
+faults)  # each process kind killed under load: PROFILE (high-concurrency) with API_SERVERS (2) API
+  # processes and engine.liveness_timeout_s LIVENESS (10), C (64) clients; FAULTS (codec talker api
+  # stop) in turn, then KILLS (5) codec kills in a row without load, GPU memory after each
+  checkpoint
+  start_server 8000 faults --profile "${PROFILE:-high-concurrency}" --set "api.api_servers=${API_SERVERS:-2}" \
+    --set "engine.liveness_timeout_s=${LIVENESS:-10}" --set engine.restart_backoff_s=0 --set engine.restart_limit=20
+  log=$R/serve_faults.log
+  for f in ${FAULTS:-codec talker api stop}; do
+    [ "$(left)" -lt 90 ] && { el "$f: no time left"; break; }
+    case $f in
+      codec) fault codec KILL "$(live_pid 'codec0\[[0-9]+\]' "$log")" ;;
+      talker) fault talker KILL "$(live_pid 'talker0\[[0-9]+\]' "$log")" ;;
+      api) fault api KILL "$(live_pid 'Started server process \[[0-9]+\]' "$log")" ;;
+      stop) fault stop STOP "$(live_pid 'codec0\[[0-9]+\]' "$log")" ;;
+    esac
+  done
+  el "codec kills in a row, no load: GPU memory $(gpumem) MiB before"
+  for i in $(seq 1 "${KILLS:-5}"); do
+    [ "$(left)" -lt 40 ] && { el "kill $i: no time left"; break; }
+    t0=$(mono); kill -KILL "$(live_pid 'codec0\[[0-9]+\]' "$log")"; sleep 0.5
+    for _ in $(seq 1 600); do curl -sf localhost:8000/ready >/dev/null && break; sleep 0.1; done
+    el "kill $i: ready again after $(python3 -c "print(round($(mono) - $t0, 1))") s, GPU memory $(gpumem) MiB"
+  done
+  curl -s localhost:8000/metrics | grep -E "^mossvox_(engine_(restarts|talker_restarts|codec_restarts|hung_workers|api_restarts|restart_last_s|ready)|streams_cut)" \
+    | tee "$R/faults_metrics.txt"
+  stop_server faults
   ;;
 build)  # the build in BASE against this one, one server each (base, shipped), both with PROFILE
   checkpoint
