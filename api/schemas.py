@@ -100,7 +100,7 @@ class SpeechRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     forced_frames: Annotated[
         Annotated[int, Meta(ge=1, le=100_000)] | None,
         Meta(description="Benchmark feature for random-weight checkpoints: generate exactly this "
-                         "many frames (random weights never stop by themselves); at most the "
+                         "many frames (random weights stop at random); at most the "
                          "server's frame cap."),
     ] = None
 

@@ -47,16 +47,6 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s")
 
 
-def resolve_model_dir(profile, model_dir: str | None) -> Path:
-    """The checkpoint to serve: the argument, the profile's ``model.path``, or the demo model."""
-    chosen = model_dir or profile.model.path
-    if chosen:
-        return Path(chosen).expanduser().resolve()
-    from stages.tools.demo_model import ensure_demo_model
-
-    return ensure_demo_model(profile.model.demo_cache_dir)
-
-
 def codec_fingerprint(model_dir: Path, codec_path: str | None) -> str:
     """What else the cached reference codes depend on: both configs and the weight files' sizes."""
     digest = hashlib.sha256()
@@ -80,7 +70,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def serve(profile, model_dir: str | None) -> int:
     """Run the server until a signal or an API-process death; returns the exit status."""
     setup_logging(profile.engine.log_level)
-    resolved = resolve_model_dir(profile, model_dir)
+    from stages.tools.demo_model import resolve_checkpoint
+
+    resolved, profile = resolve_checkpoint(profile, model_dir)
+    resolved = resolved.resolve()
     log.info("serving model %s", resolved)
     if not (model_dir or profile.model.path):
         log.warning("no model given: serving the embedded tiny demo model; its weights are RANDOM "
@@ -130,7 +123,7 @@ def _pid_alive(pid: int) -> bool:
 async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSignal") -> int:
     """The coordinator runs on this loop; the API processes are spawned beside it."""
     from engine.launcher import launch
-    from stages.workers.heap import GcPauses, freeze_heap
+    from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 
     api = profile.api
     host, port = sock.getsockname()[:2]
@@ -146,6 +139,7 @@ async def _serve(profile, model_dir: Path, sock: socket.socket, stop: "_StopSign
         return await apis.supervise(stop)
     finally:
         pauses.close()
+        thaw_heap()
         await apis.close()
         await asyncio.to_thread(_stop_processes, list(apis.procs.values()),
                                 graceful_s(profile) + STOP_TIMEOUT_S)
@@ -295,7 +289,7 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
     from api.app import create_app
     from api.connection_limits import ConnectionGate, gated_protocols
     from engine.client import EngineClient
-    from stages.workers.heap import GcPauses, freeze_heap
+    from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 
     @contextlib.asynccontextmanager
     async def connect():
@@ -306,6 +300,7 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
             yield client
         finally:
             pauses.close()
+            thaw_heap()
             await client.close()
 
     gate = ConnectionGate.for_process(profile.api)  # open connections, counted from the first byte

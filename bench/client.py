@@ -6,7 +6,7 @@ Each of C clients posts its next prompt as soon as its previous response has end
 model's own layout (``sample_rate`` and ``channels`` from ``GET /v1/models``), the prompt's fields
 (the reference clip as a ``data:audio/wav;base64,...`` URL in ``ref_audio`` and its transcript in
 ``ref_text``; a voice description in ``instructions``: whichever the prompt has), and (for random
-weights, which never stop by themselves) a forced length
+weights, whose stop head fires at random) a forced length
 ``forced_frames = min(cap, max(1, round(frames_per_char * len(input))))`` with
 ``max_new_tokens = cap``. Every body chunk's arrival time and size is recorded
 (`bench.report.RequestResult`), with the fields the server says it ignored
@@ -62,7 +62,7 @@ from bench.voices import new_voice
 
 @dataclass(frozen=True)
 class ForcedLength:
-    """The forced length sent with every request (random weights never stop by themselves)."""
+    """The forced length sent with every request (random weights stop at random)."""
 
     frames_per_char: float = 0.87
     max_new_tokens: int = 256

@@ -210,12 +210,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from engine.engine import resolve_model_dir
     from profiles import load_profile
+    from stages.tools.demo_model import resolve_checkpoint
 
     logging.basicConfig(level=logging.WARNING)
-    profile = load_profile(args.profile or "cpu", args.overrides)
-    model_dir = resolve_model_dir(profile, args.model)
+    model_dir, profile = resolve_checkpoint(load_profile(args.profile or "cpu", args.overrides), args.model)
     levels = [int(c) for c in args.concurrency.split(",")]
     result = asyncio.run(bench(profile, model_dir, levels, args.requests_per_client, args.frames,
                                args.baseline_requests))

@@ -3,7 +3,7 @@
     python -m bench.talker_runners --variant moss-tts --size full --batch 1 16 64 --frames 50
 
 Builds the talker at tiny or full size on the device with seeded N(0, 0.02) weights (norm weights
-1), admits `batch` identical requests with `forced_frames` (random weights never stop), and steps
+1), admits `batch` identical requests with `forced_frames` (random weights stop at random), and steps
 the runner until all finish. Prints one JSON line per batch size: steps, frames, wall time, the
 step and time of the first frame, the median step time and audio seconds per second (frames x
 80 ms / wall). Random weights: the numbers measure the machinery, not speech quality.

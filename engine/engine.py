@@ -6,7 +6,8 @@
 
 It runs exactly what `mossvox serve` runs (talker and codec worker processes, the coordinator
 on the caller's event loop), with one in-process client. Without `model_dir` it serves the
-profile's checkpoint (`model.path`) or the embedded tiny demo model, whose weights are random.
+profile's checkpoint (`model.path`) or the embedded tiny demo model, whose weights are random (its
+length forced from the text: `stages.tools.demo_model.resolve_checkpoint`).
 """
 
 from __future__ import annotations
@@ -26,27 +27,15 @@ from speech.job import SpeechJob
 log = logging.getLogger(__name__)
 
 
-def resolve_model_dir(profile: Profile, model_dir: str | Path | None) -> Path:
-    """`model_dir`, else `model.path`, else the demo checkpoint (created on first use)."""
-    if model_dir is not None:
-        return Path(model_dir)
-    if profile.model.path is not None:
-        return Path(profile.model.path).expanduser()
-    from stages.tools.demo_model import ensure_demo_model
-
-    path = ensure_demo_model(profile.model.demo_cache_dir)
-    log.warning("no model given: serving the demo model %s, whose weights are RANDOM", path)
-    return path
-
-
 class Engine:
     """Async context manager around `launch()` with one in-process client."""
 
     def __init__(self, profile: Profile | str = "default", model_dir: str | Path | None = None,
                  overrides: Sequence[str] = ()) -> None:
-        self.profile = profile if isinstance(profile, Profile) else load_profile(profile,
-                                                                                  list(overrides))
-        self.model_dir = resolve_model_dir(self.profile, model_dir)
+        from stages.tools.demo_model import resolve_checkpoint
+
+        profile = profile if isinstance(profile, Profile) else load_profile(profile, list(overrides))
+        self.model_dir, self.profile = resolve_checkpoint(profile, model_dir)
         self.handle: EngineHandle | None = None
         self._client: EngineClient | None = None
 

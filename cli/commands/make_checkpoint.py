@@ -4,8 +4,8 @@
                             --size tiny|full --out DIR [--seed N]
                             [--dtype float32|bfloat16] [--max-shard-gb G]
 
-The weights are seeded random numbers (no real weights can be fetched here): the model loads and
-runs at the real size and speed, but its audio is noise-like and it never stops by itself.
+The weights are seeded random numbers (no real checkpoint is used): the model loads and
+runs at the real size and speed, but its audio is noise-like and its stop head fires at random.
 """
 
 from __future__ import annotations

@@ -53,17 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="run the models directly in this process, without workers")
 
 
-def model_dir_for(args: argparse.Namespace, profile) -> Path:
-    """--model, else the profile's model.path, else the embedded demo model (created on first use)."""
-    if args.model is not None:
-        return args.model
-    if profile.model.path:
-        return Path(profile.model.path).expanduser()
-    from stages.tools.demo_model import ensure_demo_model
-
-    return ensure_demo_model(profile.model.demo_cache_dir)
-
-
 def run(args: argparse.Namespace) -> int:
     from profiles.arguments import profile_from_args
 
@@ -95,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if not args.direct:
-        return _run_engine(args, profile, model_dir_for(args, profile))
+        return _run_engine(args, profile)
     from stages.synth_direct import DirectSynthesizer
+    from stages.tools.demo_model import resolve_checkpoint
 
     if profile.talker.torch_threads:
         torch.set_num_threads(profile.talker.torch_threads)
-    model_dir = model_dir_for(args, profile)
+    model_dir, profile = resolve_checkpoint(profile, args.model)
     synth = DirectSynthesizer(model_dir, profile)
     try:
         pcm, stats = synth.synthesize(args.text, ref_audio=refs[0] if refs else None, ref_text=args.ref_text,
@@ -119,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
+def _run_engine(args: argparse.Namespace, profile) -> int:
     """`synth` through the offline engine API (`engine.engine.Engine`): same audio, in workers."""
     import asyncio
     import time
@@ -139,7 +129,7 @@ def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
             return 2
 
     async def go() -> tuple:
-        async with Engine(profile, model_dir) as eng:
+        async with Engine(profile, args.model) as eng:
             codes = []
             for wav, rate in clips:
                 prepared = prepare_reference(wav, rate, target_rate=eng.sample_rate,
@@ -165,17 +155,13 @@ def _run_engine(args: argparse.Namespace, profile, model_dir: Path) -> int:
 
 
 def write_audio(path: Path, fmt: str, pcm, sample_rate: int) -> None:
-    """Write ``pcm`` ([samples, channels] float32) to ``path`` as ``fmt``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "wav":
-        import soundfile as sf
-
-        sf.write(str(path), pcm, sample_rate, subtype="FLOAT", format="WAV")
-        return
+    """Write ``pcm`` ([samples, channels] float32) to ``path`` as ``fmt``, encoded as the server
+    encodes a whole file of that format (a WAV holds 16-bit samples, as the server's)."""
     import numpy as np
 
     from api.audio_encoding import make_encoder
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     pcm = np.asarray(pcm, dtype=np.float32).reshape(len(pcm), -1)
     encoder = make_encoder(fmt, sample_rate, pcm.shape[1], streaming=False)
     path.write_bytes(encoder.encode(pcm) + encoder.finish())

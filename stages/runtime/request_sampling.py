@@ -66,7 +66,7 @@ class SamplingResolver:
             return None
         if not self._forced_logged:
             log.info("model.force_length_from_text is on: each request's length is forced to "
-                     "%.2f frames per character (random weights never stop by themselves)",
+                     "%.2f frames per character (random weights stop at random)",
                      model.frames_per_char)
             self._forced_logged = True
         return max(1, min(round(model.frames_per_char * len(job.text or "")), max_new))

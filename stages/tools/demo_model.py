@@ -1,5 +1,9 @@
 """The embedded demo model: a tiny random-weight Local-v1.5 checkpoint, created on first use.
 
+`resolve_checkpoint(profile, model_dir)` is what every command serves: the checkpoint named, else
+the profile's `model.path`, else the demo model under the profile with its length forced from the
+text (random weights stop at random, often after one frame or none, whatever the profile).
+
 `ensure_demo_model(cache_dir)` returns `<cache_dir>/demo-local-v1.5-<key>`, writing it first when
 absent. The key hashes the generator version, the seed and both configs, so a change to any of
 them makes a new directory instead of reusing a stale one. The directory is written under a
@@ -17,14 +21,19 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import msgspec
+
+from profiles import Profile
+
 log = logging.getLogger(__name__)
 
 # Bump when the weight generator, tokenizer builder or directory layout changes.
 GENERATOR_VERSION = "local-v1.5-demo/1"
 DEMO_SEED = 0
 RANDOM_WEIGHTS_WARNING = (
-    "demo model %s has RANDOM weights (no real checkpoint given): the audio is noise-like and "
-    "the model never stops by itself (model.force_length_from_text forces each length)"
+    "demo model %s has RANDOM weights (no real checkpoint given): the audio is noise-like and its "
+    "stop head fires at random, so each request's length is forced from its text "
+    "(model.force_length_from_text)"
 )
 
 
@@ -61,3 +70,17 @@ def ensure_demo_model(cache_dir: str | Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     log.warning(RANDOM_WEIGHTS_WARNING, target)
     return target
+
+
+def resolve_checkpoint(profile: Profile, model_dir: str | Path | None) -> tuple[Path, Profile]:
+    """The checkpoint to serve and the profile to serve it under: `model_dir`, else the profile's
+    `model.path` (both as given), else the demo model (created on first use) with
+    `model.force_length_from_text` on, whatever `profile` says."""
+    chosen = model_dir or profile.model.path
+    if chosen:
+        return Path(chosen).expanduser(), profile
+    path = ensure_demo_model(profile.model.demo_cache_dir)
+    if not profile.model.force_length_from_text:
+        model = msgspec.structs.replace(profile.model, force_length_from_text=True)
+        profile = msgspec.structs.replace(profile, model=model)
+    return path, profile

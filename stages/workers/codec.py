@@ -47,7 +47,7 @@ from stages.workers.common import (CodecRings, WorkerSpec, apply_memory_plan, at
                                   beat_interval, drain, kernel_names, memory_report, payload_array,
                                   prepare_process, triton_kernel_counter)
 from stages.workers.encoder_thread import EncoderThread
-from stages.workers.heap import GcPauses, freeze_heap
+from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 from stages.workers.timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
@@ -563,6 +563,7 @@ def main(spec: WorkerSpec) -> None:
     finally:
         if gc_pauses is not None:
             gc_pauses.close()
+        thaw_heap()
         if timeline is not None:
             timeline.close()
         for ch in (from_talker, from_coord, to_coord, *to_clients):

@@ -6,6 +6,9 @@ walks every one of them, and a burst of new requests (many allocations at once) 
 one: a stall of hundreds of milliseconds in a process whose step takes ~15 ms, at the moment first
 audio matters most. `freeze_heap` moves everything alive at the end of warm-up out of the
 collector's reach (`gc.freeze`); what serving allocates is still collected, in short walks.
+`thaw_heap` gives them back at the end, so the interpreter's last collections at exit free them:
+a frozen object outlives the exit, and C extensions that count their live objects then (Triton's
+nanobind bindings print "leaked ... instances" for each) would report every one still held.
 `GcPauses` times every collection, so a long one is logged and a slow step can say it met one.
 """
 
@@ -25,6 +28,11 @@ def freeze_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def thaw_heap() -> None:
+    """Return what `freeze_heap` froze to the collector (the process is stopping)."""
+    gc.unfreeze()
 
 
 class GcPauses:

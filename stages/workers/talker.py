@@ -39,7 +39,7 @@ from ipc.messages import (Abort, CodeChunk, Feed, PeerLost, Ready, Rewire, Shutd
                           StageError, Submit, TalkerInbox, TalkerStep)
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.variant import AdapterError, TalkerRequest, Variant
-from stages.workers.heap import GcPauses, freeze_heap
+from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (REWIRE_TIMEOUT_S, WorkerSpec, apply_memory_plan, attach_talker,
                                   beat_interval, drain, kernel_names, memory_report, payload_array,
@@ -571,6 +571,7 @@ def main(spec: WorkerSpec) -> None:
             runner.close()
         if gc_pauses is not None:
             gc_pauses.close()
+        thaw_heap()
         if timeline is not None:
             timeline.close()
         for ch in (inbox, to_codec, to_coord):

@@ -279,6 +279,8 @@ async def test_synth_command_goes_through_the_engine(engine, direct, tmp_path, c
 
     import soundfile as sf
 
+    from api.audio_encoding import float_to_s16le
+
     caplog.set_level(logging.INFO, logger="mossvox.synth")
     caplog.set_level(logging.INFO, logger="engine.coordinator")
     from cli.main import main as cli
@@ -289,7 +291,8 @@ async def test_synth_command_goes_through_the_engine(engine, direct, tmp_path, c
     assert await asyncio.to_thread(cli, argv) == 0   # its own event loop, in a thread
     assert "through the engine" in caplog.text
     assert "went away" not in caplog.text  # its client closing with nothing open is no news
-    got, rate = sf.read(str(out), dtype="float32")
+    got, rate = sf.read(str(out), dtype="int16")  # a 16-bit WAV, as the server writes
     expected, _ = direct.synthesize(text, seed=8)
     assert rate == engine.variant.sample_rate
-    np.testing.assert_allclose(got, expected.T, atol=1e-4, rtol=0)
+    want = np.frombuffer(float_to_s16le(expected.T), dtype=np.int16).reshape(got.shape)
+    assert np.abs(got.astype(np.int32) - want).max() <= 4  # 1e-4 of float difference, in 16-bit steps

@@ -1,6 +1,6 @@
 """Direct synthesis on the tiny demo model (random weights): `mossvox synth` writes a 48 kHz stereo
-file of the forced duration (WAV, or the format its name or --format says), with and without a
-reference clip; streaming chunks add up."""
+file of the forced duration (a 16-bit WAV as the server writes, or the format its name or --format
+says), with and without a reference clip, under any profile; streaming chunks add up."""
 
 import logging
 
@@ -11,7 +11,7 @@ import soundfile as sf
 from cli.main import main as cli_main
 from profiles import load_profile
 from stages.synth_direct import DirectSynthesizer, synthesize
-from stages.tools.demo_model import ensure_demo_model
+from stages.tools.demo_model import ensure_demo_model, resolve_checkpoint
 
 SAMPLES_PER_FRAME = 3840  # v2 codec, per channel, 80 ms at 48 kHz
 
@@ -51,6 +51,7 @@ def run_cli(cache_dir, out, text, *extra):
 
 
 def check_wav(path, text):
+    assert sf.info(path).subtype == "PCM_16"  # the server's WAV: 16-bit samples
     data, rate = sf.read(path, always_2d=True)
     assert rate == 48000 and data.shape[1] == 2
     assert data.shape[0] == forced_frames(text) * SAMPLES_PER_FRAME
@@ -66,6 +67,26 @@ def test_cli_synth_plain_text(cache_dir, tmp_path, caplog):
     check_wav(tmp_path / "plain.wav", text)
     assert "RANDOM weights" in caplog.text
     assert "force_length_from_text is on" in caplog.text
+
+
+@pytest.mark.parametrize("path", ["--direct", "--engine"])
+def test_the_demo_model_speaks_its_whole_text_under_the_default_profile(cache_dir, tmp_path, path, capfd):
+    """`default` leaves the length to the model, but the demo model's random stop head fires at
+    random (often at once): the demo's length is forced from its text under any profile. The
+    workers (`--engine`) end without a library's exit noise on the shared stderr."""
+    text = "The demo model speaks every word of this."
+    assert not load_profile("default").model.force_length_from_text
+    assert run_cli(cache_dir, tmp_path / "default.wav", text, "--profile", "default", path) == 0
+    check_wav(tmp_path / "default.wav", text)
+    err = capfd.readouterr().err
+    assert "nanobind" not in err and "leaked" not in err, err[-2000:]
+
+
+def test_a_named_checkpoint_keeps_the_profile_as_it_is(cache_dir):
+    profile = load_profile("default", [f"model.demo_cache_dir={cache_dir}"])
+    demo, served = resolve_checkpoint(profile, None)
+    assert demo == ensure_demo_model(cache_dir) and served.model.force_length_from_text
+    assert resolve_checkpoint(profile, demo) == (demo, profile)  # a real checkpoint stops by itself
 
 
 def test_cli_synth_with_reference_clip(cache_dir, tmp_path, reference_wav):
