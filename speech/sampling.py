@@ -17,7 +17,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, array_like=True)
     `greedy`: argmax everywhere (after the repetition penalty), as upstream `do_sample=False`.
     `seed`: the request's random stream. `max_new_frames`: frame budget (finish reason "length").
     `forced_frames`: stop after exactly this many frames regardless of the stop head (random
-    weights never stop by themselves); None leaves the decision to the model.
+    weights stop at random); None leaves the decision to the model.
     """
 
     temperature: float = 1.7
