@@ -7,8 +7,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from profiles import Profile
 from profiles.loader import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,9 +43,20 @@ def test_the_modules_and_tests_it_runs_exist(text) -> None:
 
 
 def test_the_settings_of_each_phase_make_a_valid_profile(text) -> None:
-    """Each phase's `--set`s together (shell variables as a plain value) load over the profile it
-    serves: a setting renamed, or a pair the schema refuses, fails here and not on a GPU."""
+    """Each phase's `--set`s together load over the profile it serves: a setting renamed, or a
+    pair the schema refuses, fails here and not on a GPU. A value from a shell variable is its
+    default (`${X:-default}`) when it has one; without one only its key is checked."""
+    fields = {f"{section.name}.{field.name}" for section in msgspec.structs.fields(Profile)
+              for field in msgspec.structs.fields(section.type)}
     for phase in re.split(r"^(?=[a-z0-9]+\))", text.split("case $PHASE in", 1)[1], flags=re.M):
-        overrides = [f"{key}={'/tmp/x' if '$' in value else value}"
-                     for key, value in re.findall(r"--set ([a-z0-9_]+\.[a-z0-9_]+)=([^\s\"]+)", phase)]
+        overrides = []
+        for key, value in re.findall(r"--set ([a-z0-9_]+\.[a-z0-9_]+)=([^\s\"]+)", phase):
+            assert key in fields, key
+            default = re.fullmatch(r"\$\{\w+:-([^}]*)\}", value)
+            if default:
+                overrides.append(f"{key}={default.group(1)}")
+            elif "$" not in value:
+                overrides.append(f"{key}={value}")
+            elif key.endswith("_dir"):  # a directory named after the server
+                overrides.append(f"{key}=/tmp/x")
         load_profile("high-concurrency", overrides)
