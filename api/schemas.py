@@ -11,6 +11,7 @@ import re
 from typing import Annotated, Any, Literal
 
 import msgspec
+import msgspec.inspect
 from msgspec import Meta, Struct
 
 from api.errors import ApiError, bad_request
@@ -284,10 +285,37 @@ def speech_request_from(fields: dict) -> SpeechRequest:
 
 
 def _validation_error(exc: msgspec.ValidationError) -> ApiError:
+    """A 400 naming the field; a value outside a field's choices lists the valid ones."""
     text = str(exc)
     match = _PATH_RE.search(text) or _UNKNOWN_RE.search(text)
     param = match.group(1) if match else None
+    if param and text.startswith("Invalid enum value"):
+        choices = field_choices(SpeechRequest, param)
+        if choices:
+            text += f"; expected one of: {', '.join(map(str, choices))}"
     return bad_request(text, param=param or None)
+
+
+def field_choices(struct: type, path: str) -> list:
+    """The values a `Literal` field at `path` (dotted, under `struct`) accepts, in order; [] for a
+    field without a fixed set of values."""
+    info: object = msgspec.inspect.type_info(struct)
+    for name in path.split("."):
+        structs = [t for t in _alternatives(info) if isinstance(t, msgspec.inspect.StructType)]
+        field = next((f for s in structs for f in s.fields if f.encode_name == name), None)
+        if field is None:
+            return []
+        info = field.type
+    return [v for t in _alternatives(info) if isinstance(t, msgspec.inspect.LiteralType) for v in t.values]
+
+
+def _alternatives(info: object) -> list:
+    """`info` without its constraints, a union as its members."""
+    while isinstance(info, msgspec.inspect.Metadata):
+        info = info.type
+    if isinstance(info, msgspec.inspect.UnionType):
+        return [t for member in info.types for t in _alternatives(member)]
+    return [info]
 
 
 # --------------------------------------------------------------------------- OpenAPI

@@ -67,11 +67,16 @@ def model_not_found(name: str, model_names) -> ApiError:
 
 def check_request(req: SpeechRequest, *, model_names, limits: RequestLimits, sample_rate: int) -> None:
     """What the static schema cannot check: the model name (one of ``model_names``), an empty
-    input, this engine's bounds (``RequestLimits``) and the output rate."""
+    input, ``stream: false`` beside a ``stream_format`` (a whole file and a stream at once), this
+    engine's bounds (``RequestLimits``) and the output rate."""
     if req.model is not None and req.model not in model_names:
         raise model_not_found(req.model, model_names)
     if not req.input.strip():
         raise bad_request("Input text cannot be empty", param="input")
+    if req.stream is False and req.stream_format is not None:
+        raise bad_request(f"'stream': false asks for the whole file at once, but 'stream_format': "
+                          f"'{req.stream_format}' asks for a stream: send one of them",
+                          param="stream_format", code="conflicting_fields")
     limits.check(req)
     if req.sample_rate is not None and req.sample_rate not in (sample_rate, *OUTPUT_RATES):
         raise bad_request(f"sample_rate {req.sample_rate} is not supported: use the model's "

@@ -24,10 +24,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import msgspec
 
 from api.errors import ApiError, bad_request
-from api.schemas import SpeechRequest
+from api.schemas import SpeechRequest, speech_request_from
 from api.stream_events import SessionEvents
 from api.stream_output import Outbound
 
@@ -97,10 +96,7 @@ def session_fields(body: dict[str, Any]) -> SessionFields:
         if body.get("voice") not in (None, speaker):
             raise bad_request("speaker is an alias of voice: send one of them", param="speaker")
         body["voice"] = speaker
-    try:
-        request = msgspec.convert({**body, "input": "-"}, SpeechRequest)
-    except msgspec.ValidationError as exc:
-        raise bad_request(f"invalid session.config: {exc}") from None
+    request = speech_request_from({**body, "input": "-"})  # ApiError naming the field
     return SessionFields(request, split, stream_audio)
 
 

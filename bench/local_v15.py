@@ -1,6 +1,6 @@
 """Full-size random-weight Local-v1.5 talker on one GPU: prefill and decode-step timings.
 
-    python -m bench.local_v15        # needs CUDA; prints the table of docs/performance.md
+    python -m bench.local_v15        # needs CUDA; prints the table of docs/performance-history.md, "Before the GPU work"
 
 It first checks that tiny fp32 runs give the CPU codes on CUDA (both attention paths), then
 times full-size bf16 prefill and decode steps (eager at B=1, CUDA graphs at B=64/256) and a

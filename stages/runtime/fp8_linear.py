@@ -16,7 +16,7 @@ fp32 scale per output row (`W ≈ weight_fp8 * weight_scale`) and multiplies by 
   row's and channel's scales multiply its output after, in the same kernel as what follows
   once compiled: on an H200 the per-tensor kernels take 0.62-0.65x bf16's matmul time at
   16-96 rows, the kernels cuBLAS picks for per-row and per-channel scales 1.05-1.19x
-  (docs/performance.md).
+  (docs/performance-history.md).
 
 Precision: e4m3 keeps 3 mantissa bits, so each quantized value is within 1/16 of itself; on
 random inputs one product lands ~4% from the full-precision one with both operands quantized.

@@ -5,7 +5,7 @@ runs gate|up's float8 product, its row and channel scales, SiLU(gate) * up, and 
 quantization of that product for down's float8 product. Compiled, inductor makes the middle
 three one reduction kernel that passes over each row's 9,728 columns twice (the row's largest
 magnitude, then the quantized values): on an H200 at 48 rows 6.9-7.1 us a layer, against 1.7
-us for the bf16 SiLU product alone; this kernel took 4.4 us there (docs/performance.md). Here
+us for the bf16 SiLU product alone; this kernel took 4.4 us there (docs/performance-history.md). Here
 one program a row holds the whole row in registers and
 reads gate|up's product once: the scales, the SiLU product (fp32), the row's largest magnitude,
 then the float8 values and the row's scale. The same arithmetic as the torch ops

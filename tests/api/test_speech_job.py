@@ -33,7 +33,6 @@ def plan(pcm_layout="openai", **fields):
 @pytest.mark.parametrize("fields,mode", [({}, "audio"), ({"stream": True}, "sse"), ({"stream": False}, "file"),
                                          ({"stream_format": "audio"}, "audio"),
                                          ({"stream": True, "stream_format": "audio"}, "audio"),
-                                         ({"stream_format": "sse", "stream": False}, "sse"),
                                          ({"response_format": "flac"}, "file"),
                                          ({"response_format": "flac", "stream_format": "audio"}, "audio"),
                                          ({"response_format": "pcm"}, "audio")])
@@ -74,6 +73,22 @@ def test_check_request_errors(fields, status, param):
         check_request(req(**fields), model_names={"mossvox", "moss-tts-local-v1.5"}, limits=LIMITS,
                       sample_rate=48000)
     assert (err.value.status, err.value.param) == (status, param)
+
+
+@pytest.mark.parametrize("stream_format", ["sse", "audio"])
+def test_a_whole_file_and_a_stream_at_once_are_refused_naming_both(stream_format):
+    with pytest.raises(ApiError) as err:
+        check_request(req(stream=False, stream_format=stream_format), model_names={"mossvox"},
+                      limits=LIMITS, sample_rate=48000)
+    assert (err.value.status, err.value.param) == (400, "stream_format")
+    assert "'stream': false" in err.value.message and f"'stream_format': '{stream_format}'" in err.value.message
+
+
+def test_a_value_outside_a_fields_choices_lists_the_valid_ones():
+    with pytest.raises(ApiError) as err:
+        req(response_format="ogg")
+    assert err.value.param == "response_format"
+    assert err.value.message.endswith("expected one of: aac, flac, mp3, opus, pcm, wav")
 
 
 def test_check_request_accepts_either_model_name_and_the_output_rates():

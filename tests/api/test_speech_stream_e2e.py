@@ -152,6 +152,9 @@ async def test_bad_messages_get_an_error_frame_and_the_session_survives(server):
         await expect_error(ws, contains="split_granularity")
         await send(ws, "session.config", temperature=99)
         await expect_error(ws, contains="temperature")
+        await send(ws, "session.config", response_format="ogg")  # the valid values, and the field
+        bad_format = await expect_error(ws, contains="expected one of: aac, flac, mp3, opus, pcm, wav")
+        assert bad_format["error"]["param"] == "response_format"
         await send(ws, "session.config", model="other-model")
         assert (await expect_error(ws))["error"]["param"] == "model"
         await send(ws, "session.config", **CONFIG, ref_text="a transcript without any audio")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -90,3 +91,33 @@ def test_clear_drops_the_buffer():
     seg.push("half a sent")
     seg.clear()
     assert seg.buffered == "" and seg.flush() is None
+
+
+def documented_examples() -> list[tuple[list[str], str, list[str], list[str]]]:
+    """The rows of docs/interfaces.md's table of where a sentence ends: (pieces, granularity,
+    segments before input.done, segments at it). A cell's code spans are its strings."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "interfaces.md").read_text()
+    table = doc.split("**Where a sentence ends**", 1)[1]
+    rows = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) != 4 or cells[1] not in ("sentence", "clause", "none"):
+            continue
+        spans = [re.findall(r"``(.+?)``|`([^`]+)`", cell) for cell in cells]
+        strings = [[a or b for a, b in found] for found in spans]
+        before = strings[2][:1] if strings[2] else []  # "(when ` H` arrives)" is a comment
+        rows.append((strings[0], cells[1], before, strings[3]))
+    return rows
+
+
+def test_the_documented_examples_are_what_the_segmenter_does() -> None:
+    rows = documented_examples()
+    assert len(rows) >= 8
+    for pieces, granularity, before, at_done in rows:
+        seg = Segmenter(granularity)  # the profile's default bounds (stream.*): 10 and 400
+        spoken = [s for piece in pieces for s in seg.push(piece)]
+        assert spoken == before, (pieces, spoken)
+        rest = seg.flush()
+        assert ([rest] if rest else []) == at_done, (pieces, rest)

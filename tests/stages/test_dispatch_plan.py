@@ -88,7 +88,7 @@ def test_lanes_split_the_costliest_call_while_calls_are_fewer_than_lanes():
     """Side by side, a dispatch takes its slowest lane's time: one call of 16 steady chunks
     becomes two of 8 on two lanes (each models shorter than the whole), three on three; single
     rows, one lane, or enough calls already stay as planned."""
-    cost = CallCost(fixed_ms=6.37, row_ms=0.014, row_frame_ms=0.0453)  # the H200 fit, call 19's server
+    cost = CallCost(fixed_ms=6.37, row_ms=0.014, row_frame_ms=0.0453)  # a served H200 codec's fit at warm-up
     lengths = [15] * 16
     one = plan(lengths, FRAMES, cap, cost)
     assert [len(m) for _, m in one] == [16]

@@ -5,7 +5,7 @@ steady chunks of 15, final partial chunks). The streaming decoder takes rows of 
 lengths in one call, padded to the call's length T (`StreamingDecoder.decode(valid=...)`), so the
 chunks could always go in one call; but a padded frame costs as much as a real one. A call costs
 about `fixed + per_row * B + per_row_frame * B * T` (B = the rows' batch bucket), measured on an
-H200 for the full-size v2 codec from CUDA-graph replays (docs/performance.md): a fixed ~10 ms per
+H200 for the full-size v2 codec from CUDA-graph replays (docs/performance-history.md): a fixed ~10 ms per
 call (thousands of small kernels), ~0.06 ms per row whatever T (reading the row's ring caches) and
 ~0.046 ms per row and frame. So a few 1-frame chunks padded to 15 frames cost more than a second
 call, and many of them cost less. `plan` sorts the chunks by length and picks the contiguous

@@ -4,7 +4,7 @@ A frame's local loop runs the one-layer local block at positions 0..11 one after
 position p one query attends over the keys of positions 0..p. With `plain` attention the
 compiled loop does that as four small kernels a position (the RoPE rotations of q and k with
 the products and their sums, the softmax in two, the weighted sum of values: on an H200 at 48
-rows 9.2 us of the ~98 us of kernels a position, docs/performance.md). Here one kernel does it all
+rows 9.2 us of the ~98 us of kernels a position, docs/performance-history.md). Here one kernel does it all
 from the input projection's outputs as the matmul left them: `qkv[j]` [B, 3 * H] (q | k | v,
 head-major, bias added) of each position j <= p so far. A program owns (row b, `HEADS` heads):
 it rotates position p's query, and each position j's key at j (GPT-J interleaved pairs, fp32,
