@@ -30,6 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.levels import add_concurrency_option, levels_of
+
 
 @dataclass
 class Row:
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None,
                         help="checkpoint directory (default: profile model.path, else demo model)")
-    parser.add_argument("--concurrency", default="1,4,16", help="client concurrency levels")
+    add_concurrency_option(parser, [1, 4, 16], "closed-loop clients")
     parser.add_argument("--frames", type=int, default=40, help="forced frames per request")
     parser.add_argument("--requests-per-client", type=int, default=2,
                         help="requests per concurrent client at each level")
@@ -215,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     model_dir, profile = resolve_checkpoint(load_profile(args.profile or "cpu", args.overrides), args.model)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = levels_of(args)
     result = asyncio.run(bench(profile, model_dir, levels, args.requests_per_client, args.frames,
                                args.baseline_requests))
     print_report(result, args.frames)

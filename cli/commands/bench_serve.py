@@ -18,18 +18,6 @@ import argparse
 import sys
 
 
-def _concurrencies(values: list[str]) -> list[int]:
-    out = []
-    for value in values:
-        for item in value.split(","):
-            if item.strip():
-                number = int(item)
-                if number < 1:
-                    raise ValueError(f"concurrency must be >= 1, got {number}")
-                out.append(number)
-    return out or [1]
-
-
 def _client_procs(value: str) -> int | None:
     """``auto`` (None: ceil(C / 32) per concurrency) or a number >= 1."""
     if value.strip().lower() == "auto":
@@ -41,9 +29,10 @@ def _client_procs(value: str) -> int | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bench.levels import add_concurrency_option
+
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
-    parser.add_argument("--concurrency", action="append", default=[], metavar="C[,C...]",
-                        help="closed-loop clients; repeatable or a comma list to sweep (default 1)")
+    add_concurrency_option(parser, [1], "closed-loop clients")
     parser.add_argument("--dataset", default="auto", metavar="NAME|PATH",
                         help="a Seed-TTS-format directory (<root>/en/meta.lst) or a synthetic set: "
                              "synthetic-en1088 (clips and transcripts), synthetic-sound-effect, "
@@ -86,15 +75,12 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     from bench.client import ClientConfig, ForcedLength, run_sweep, server_info
+    from bench.levels import levels_of
     from bench.dataset import DatasetError, describe, digest, select_prompts
     from bench.prompt_sets import load_dataset
     from bench.report import format_table, write_json
 
-    try:
-        concurrencies = _concurrencies(args.concurrency)
-    except ValueError as exc:
-        print(f"mossvox bench serve: {exc}", file=sys.stderr)
-        return 2
+    concurrencies = levels_of(args)
     forced = ForcedLength(args.frames_per_char, args.max_new_tokens) if args.frames_per_char > 0 else None
     config = ClientConfig(args.url.rstrip("/"), args.model, args.api_key, args.seed, forced, args.timeout)
     try:

@@ -18,7 +18,6 @@ from bench.dataset import DatasetError, SyntheticEn1088, digest, read_seed_tts, 
 from bench.prompt_sets import load_dataset
 from bench.report import (RequestResult, after_first_wave, format_table, full_load, simulate_player,
                           summarize)
-from cli.commands.bench_serve import _concurrencies
 from cli.main import main
 from tests.api.helpers import tone_wav
 from tests.api.server_process import ServerProcess, stub_speech_server
@@ -141,7 +140,6 @@ def test_player_simulation_counts_stalls():
     stats = simulate_player([0.0, 0.3, 0.4, 1.1], [100, 200, 300, 100], bytes_per_s)
     assert stats.max_stall_s == pytest.approx(0.3) and stats.max_stall_end_s == pytest.approx(1.1)
     assert stats.max_stall_after_s == pytest.approx(0.6)
-    assert _concurrencies(["1,4", "16"]) == [1, 4, 16]
 
 
 def test_small_run_against_a_real_server_reports_sane_figures(server, clips, tmp_path, capsys):
