@@ -10,12 +10,18 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: serve test venv bench-ipc chromium
 
+# Quiet but not silent: one line a step (pip's own output only on an error).
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test]"
-	touch $(STAMP)
+	@echo "mossvox: setting up $(VENV) (first time: a few minutes, mostly torch's download)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	@echo "mossvox: [1/3] pip"
+	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	@echo "mossvox: [2/3] torch 2.13.0 (the largest download)"
+	@$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
+	@echo "mossvox: [3/3] mossvox and its dependencies (editable, with the test extra)"
+	@$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
+	@touch $(STAMP)
+	@echo "mossvox: $(VENV) ready"
 
 venv: $(STAMP)
 
