@@ -16,6 +16,8 @@
 #                                       # Seed-TTS EN set, first pass discarded); FLAGS changes it
 #   bash bench/device_runs.sh newvoices # every voice new: PROFILE (high-concurrency) from its start,
 #                                       # NP (1088) prompts a pass at CS (128 64), then known voices
+#   FLAGS="--set k=v" bash bench/device_runs.sh nvcompare
+#                                       # every voice new, the shipped server against FLAGS
 #   bash bench/device_runs.sh startup   # PROFILES (default low-latency) each from its start, a short
 #                                       # pass, then the refusal of a 24 and a 48 GB card
 #   bash bench/device_runs.sh gputests  # the GPU-marked tests of TESTS (tests/stages), K: -k filter
@@ -52,7 +54,7 @@
 # (15 MB parts), CACHE=DIR restores them, so a later run's first server is ready in 70-110 s
 # instead of ~230.
 set -u
-PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|startup|gputests|families [NAME...]|invariant|faults|build|flags}
+PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|nvcompare|startup|gputests|families [NAME...]|invariant|faults|build|flags}
 OUT=${OUT:-$PWD/device_results}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
@@ -243,6 +245,30 @@ fault() {  # fault NAME SIGNAL PID: SIGNAL to PID while C (64) clients stream; t
   el "$name: GPU memory ${m0} MiB before, $(gpumem) MiB after; 500s in the log: $(grep -c '" 500\|status 500\|HTTP 500' "$R/serve_faults.log"), tracebacks: $(grep -c Traceback "$R/serve_faults.log")"
 }
 
+new_voices() {  # new_voices NAME "FLAGS": a PROFILE (high-concurrency) server from its start, NP
+  # (1088) prompts a pass with every voice new at CS (128 64), then (KNOWN=1, or phase newvoices)
+  # known voices: NP_KNOWN (384) prompts sent twice, the second measured; timelines
+  local -; set -f
+  local name=$1 flags=$2 s0 a b c
+  [ "$(left)" -lt 150 ] && { el "$name: no time left"; return; }
+  s0=$(date +%s)
+  start_server 8000 "$name" --profile "${PROFILE:-high-concurrency}" --set engine.timeline_dir=/tmp/tl_$name $flags
+  el "$name: /ready $(( $(date +%s) - s0 )) s after the start"
+  grep -E "memory plan|planned|captured|ready .* after" "$R/serve_$name.log" | cut -c1-400 | head -12
+  for c in ${CS:-128 64}; do
+    [ "$(left)" -lt 60 ] && { el "$name: no time left for C=$c"; break; }
+    a=$(mono); NP=${NP:-1088} bench 8000 "$name" "$c" --no-warmup; b=$(mono)
+    echo "$name $c $a $b" >> "$R/windows.txt"
+  done
+  if [ -n "${KNOWN:-}" ] && [ "$(left)" -gt 70 ]; then
+    NP=${NP_KNOWN:-384} bench 8000 "${name}_knownfirst" 128 --no-warmup --voices known
+    a=$(mono); NP=${NP_KNOWN:-384} bench 8000 "${name}_known" 128 --no-warmup --voices known; b=$(mono)
+    echo "${name}_known 128 $a $b" >> "$R/windows.txt"
+  fi
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+  grep -E "memory_(card|usable)|memory_(planned|peak)|kv_tokens" "$R/${name}_c128_metrics.txt" | grep -v "^#"
+  stop_server "$name"
+}
 checkpoint() {
   [ -f /tmp/l15/config.json ] || mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15 > "$R/mkck.log" 2>&1 || { tail "$R/mkck.log"; exit 1; }
   el "checkpoint written"
@@ -284,23 +310,16 @@ newvoices)  # the headline protocol: every voice new to the server. PROFILE (hig
   # voice new, at CS (128 64), no discarded pass, timelines; then known voices: NP_KNOWN (384)
   # prompts sent once (--voices known) and again (measured). FLAGS changes the server.
   checkpoint
-  s0=$(date +%s)
-  start_server 8000 nv --profile "${PROFILE:-high-concurrency}" --set engine.timeline_dir=/tmp/tl_nv ${FLAGS:-}
-  el "nv: /ready $(( $(date +%s) - s0 )) s after the start"
-  grep -E "memory plan|planned|captured|compiled|ready .* after" "$R/serve_nv.log" | cut -c1-400 | head -12
-  for c in ${CS:-128 64}; do
-    [ "$(left)" -lt 60 ] && { el "nv: no time left for C=$c"; break; }
-    a=$(mono); NP=${NP:-1088} bench 8000 nv "$c" --no-warmup; b=$(mono)
-    echo "nv $c $a $b" >> "$R/windows.txt"
-  done
-  if [ "$(left)" -gt 70 ]; then
-    NP=${NP_KNOWN:-384} bench 8000 nv_knownfirst 128 --no-warmup --voices known
-    a=$(mono); NP=${NP_KNOWN:-384} bench 8000 nv_known 128 --no-warmup --voices known; b=$(mono)
-    echo "nv_known 128 $a $b" >> "$R/windows.txt"
-  fi
-  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-  grep -E "memory_(card|usable)|memory_(planned|peak)|kv_tokens" "$R/nv_c128_metrics.txt" | grep -v "^#"
-  stop_server nv
+  KNOWN=1 new_voices nv "${FLAGS:-}"
+  summaries
+  ;;
+nvcompare)  # every voice new, server against server: PROFILE as shipped (nv), then with FLAGS (alt)
+  # and FLAGS2 (alt2) when set, each from its start, NP (1088) prompts at CS (128 64); KNOWN=1
+  # adds the known-voice passes
+  checkpoint
+  new_voices nv ""
+  new_voices alt "${FLAGS:?serve options}"
+  [ -n "${FLAGS2:-}" ] && new_voices alt2 "$FLAGS2"
   summaries
   ;;
 startup)  # each of PROFILES (default low-latency) from its start: time to /ready, its memory plan

@@ -199,8 +199,9 @@ class Coordinator:
         futures = {worker_name(stage, r.index): fut
                    for r in self.replicas for stage, fut in r.ready.items()}
         try:
-            async with asyncio.timeout(timeout):
-                return {key: await fut for key, fut in futures.items()}
+            async with asyncio.timeout(timeout):  # the first worker to fail fails the wait at once
+                await asyncio.wait(futures.values(), return_when=asyncio.FIRST_EXCEPTION)
+                return {key: fut.result() for key, fut in futures.items()}
         except TimeoutError:
             missing = [key for key, f in futures.items() if not f.done()]
             raise StageNotReady(

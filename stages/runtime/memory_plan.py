@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 GIB = 1 << 30
 CONTEXT_BYTES = GIB  # a CUDA process's context, kernel images and library handles (outside the allocator)
-TALKER_FIXED_WORKSPACE = 2 * GIB  # compile and cuBLAS workspaces, decode and local-loop graph pools
+TALKER_FIXED_WORKSPACE = 3 * GIB  # compile and cuBLAS workspaces, decode and local-loop graph pools
 CODEC_FIXED_WORKSPACE = GIB  # cuBLAS workspaces, the pinned PCM buffer's device side, pool slack
 MIN_TOKENS_PER_STREAM = 256  # KV the plan guarantees each of `talker.max_running` streams (prompt + frames);
 #                              past it, new requests wait for blocks and the scheduler preempts
 ACTIVATION_SAFETY = 1.5  # live activations of a call as a multiple of the largest layer's own
+DECODE_GRAPH_SAFETY = 3  # the codec's decode graphs: their pool holds about twice a call's activations
 
 
 class MemoryPlanError(ValueError):
@@ -168,9 +169,9 @@ def codec_workspace(*, decoder: Iterable[CodecStageShape], encoder: Iterable[Cod
                     decode_rows: int, decode_frames: int, lanes: int, attention_in_place: bool,
                     encode_batch: int, encode_seconds: float, element_size: int) -> int:
     """Estimated workspace of a codec: the largest decode call (`decode_rows` streams of
-    `decode_frames` frames, on each of `lanes` graph pools), the largest reference-encode batch
-    (`encode_batch` clips of `encode_seconds`), `ACTIVATION_SAFETY` times the largest stage's
-    activations of each, on top of `CODEC_FIXED_WORKSPACE`. Attention that copies a slot's ring
+    `decode_frames` frames, on each of `lanes` graph pools; `DECODE_GRAPH_SAFETY` times the largest
+    stage's activations: an H100 ran out at 1.5), the largest reference-encode batch (`encode_batch`
+    clips of `encode_seconds`, `ACTIVATION_SAFETY` times), on top of `CODEC_FIXED_WORKSPACE`. Attention that copies a slot's ring
     (`attention_in_place` off) also holds the gathered keys and values and the mask."""
     decode = 0
     for s in decoder:
@@ -183,7 +184,7 @@ def codec_workspace(*, decoder: Iterable[CodecStageShape], encoder: Iterable[Cod
     for s in encoder:
         t = int(s.tokens_per_second * encode_seconds)
         encode = max(encode, t * (4 * s.d_model + 2 * s.dim_feedforward) * element_size)
-    return int(CODEC_FIXED_WORKSPACE + ACTIVATION_SAFETY * decode * decode_rows * lanes
+    return int(CODEC_FIXED_WORKSPACE + DECODE_GRAPH_SAFETY * decode * decode_rows * lanes
                + ACTIVATION_SAFETY * encode * encode_batch)
 
 
