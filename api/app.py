@@ -40,6 +40,7 @@ from api.routes.text_to_speech_stream import multi_stream_input, stream_input
 from api.schemas import openapi_document
 from api.stream_socket import StreamSessions
 from api.streaming import quiet_stream_cuts
+from api.send_limits import HeldAudio, SendLimits
 from api.voices import VoiceRegistry
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class ApiState:
     ref_cache: ReferenceCodeCache
     voices: VoiceRegistry
     streams: StreamSessions
+    send_limits: SendLimits
     served_name: str
     model_names: tuple[str, ...]  # every name a request may use, the served name first
     openapi_json: bytes
@@ -91,6 +93,9 @@ def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "",
         ref_cache=ReferenceCodeCache(root / "ref_codes", namespace, client.n_vq, client.encode_reference),
         voices=VoiceRegistry(root / "voices"),
         streams=StreamSessions(profile.stream.max_sessions, metrics.stream_sessions),
+        send_limits=SendLimits(profile.api.send_timeout_s, profile.api.max_stream_buffer_bytes,
+                               HeldAudio(profile.api.max_held_audio_bytes, metrics.held_audio.inc),
+                               metrics.limit_hit),
         served_name=served,
         model_names=tuple(dict.fromkeys((served, client.model_name, *profile.model.aliases))),
         openapi_json=msgspec.json.encode(limits.apply_to_schema(openapi_document())),

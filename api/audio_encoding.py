@@ -90,6 +90,11 @@ class AudioEncoder(ABC):
     heavy = False  # True: milliseconds per chunk (a real codec); run it off the event loop
     samples = 0  # samples per channel handed to the file so far (at the output rate)
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the file the encoder holds back until ``finish`` (a whole file's body)."""
+        return 0
+
     @abstractmethod
     def encode(self, pcm: np.ndarray) -> bytes:
         """Append ``pcm`` ([samples, channels] float32); return the bytes now ready."""
@@ -134,12 +139,18 @@ class WavEncoder(AudioEncoder):
         self.streaming = streaming
         self._header_sent = False
         self._held: list[bytes] = []
+        self._held_bytes = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
 
     def encode(self, pcm: np.ndarray) -> bytes:
         self.samples += pcm.shape[0]
         data = float_to_s16le(pcm)
         if not self.streaming:
             self._held.append(data)
+            self._held_bytes += len(data)
             return b""
         if not self._header_sent:
             self._header_sent = True
@@ -151,6 +162,7 @@ class WavEncoder(AudioEncoder):
             return b"" if self._header_sent else wav_header(self.sample_rate, self.channels, None)
         data = b"".join(self._held)
         self._held.clear()
+        self._held_bytes = 0
         return wav_header(self.sample_rate, self.channels, len(data)) + data
 
 
@@ -225,6 +237,10 @@ class ContainerEncoder(AudioEncoder):
 
     def _take(self) -> bytes:
         return self._sink.drain() if isinstance(self._sink, _ByteSink) else b""
+
+    @property
+    def held_bytes(self) -> int:
+        return self._sink.getbuffer().nbytes if isinstance(self._sink, io.BytesIO) and not self._closed else 0
 
 
 class ChannelMix:
@@ -349,6 +365,10 @@ class StagedEncoder(AudioEncoder):
     @property
     def samples(self) -> int:  # type: ignore[override]
         return self.inner.samples
+
+    @property
+    def held_bytes(self) -> int:
+        return self.inner.held_bytes
 
     def encode(self, pcm: np.ndarray) -> bytes:
         if pcm.shape[0] == 0:  # the final chunk may be empty; FFmpeg refuses empty frames

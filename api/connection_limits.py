@@ -7,11 +7,15 @@ address, and refuses one past ``api.max_connections`` (never more than the descr
 process may open, less a reserve for its own files) or past ``api.max_connections_per_address``:
 it writes a 503 in the OpenAI envelope with ``Connection: close`` and ``Retry-After`` and closes
 the socket at once, so a refused connection holds its descriptor for no time. The count follows
-the transport, so a connection upgraded to a WebSocket stays counted until its socket closes.
+the transport, so a connection upgraded to a WebSocket stays counted until its socket closes. A
+connection closed with bytes its client never reads would wait to flush them forever: the gate
+drops one still flushing ``linger_s`` (``api.send_timeout_s``) after it was closed.
 
 ``gated_protocols(profile, gate)`` gives the HTTP and WebSocket protocol classes for
-``uvicorn.Config(http=..., ws=...)``: the gate on both, and the request-header timeout
-(``api.http_timeouts.header_timeout_protocol``) on HTTP.
+``uvicorn.Config(http=..., ws=...)``: the gate on both, and on HTTP the request-header timeout
+(``api.http_timeouts.header_timeout_protocol``) and, in each request's scope, the function that
+drops its connection (``api.send_limits.ABORT_EXTENSION``: a response cut for a client that does
+not read is not left to flush forever).
 
 The address is the socket's peer: behind a proxy or load balancer every client shares the
 proxy's few addresses, so there ``api.max_connections_per_address`` must allow the proxy's
@@ -29,6 +33,7 @@ from collections.abc import Callable
 
 from api.errors import error_body
 from api.http_timeouts import header_timeout_protocol
+from api.send_limits import ABORT_EXTENSION
 
 log = logging.getLogger("mossvox.api")
 
@@ -60,13 +65,17 @@ class ConnectionGate:
     """This process's open connections: ``admit`` on connect (refusing past a cap), ``release``
     when the socket closes (idempotent: an upgraded connection is released once)."""
 
-    def __init__(self, max_open: int, max_per_address: int) -> None:
-        """``max_per_address`` 0 = no per-address cap."""
+    def __init__(self, max_open: int, max_per_address: int, linger_s: float = 30.0) -> None:
+        """``max_per_address`` 0 = no per-address cap; ``linger_s``: how long a closed connection
+        may go on flushing before it is dropped."""
         self.max_open = max_open
         self.max_per_address = max_per_address
+        self.linger_s = linger_s
         self.open = 0
         self._by_address: Counter[str] = Counter()
-        self._admitted: dict[int, str] = {}  # id(transport) -> its address
+        self._admitted: dict[int, tuple[asyncio.BaseTransport, str]] = {}  # id(transport) -> it, its address
+        self._closing_since: dict[int, float] = {}
+        self._reaper: asyncio.TimerHandle | None = None
         self._on_change: Callable[[int], None] = lambda delta: None
         self._on_refused: Callable[[str], None] = lambda limit: None
 
@@ -79,7 +88,8 @@ class ConnectionGate:
         if api_config.max_connections > allowed:
             log.warning("api.max_connections %d is more than this process may open (RLIMIT_NOFILE %d less "
                         "%d reserved): capped at %d", api_config.max_connections, fds, FD_RESERVE, allowed)
-        return cls(min(api_config.max_connections, allowed), api_config.max_connections_per_address)
+        return cls(min(api_config.max_connections, allowed), api_config.max_connections_per_address,
+                   linger_s=api_config.send_timeout_s)
 
     def bind(self, on_change: Callable[[int], None], on_refused: Callable[[str], None]) -> None:
         """Report open-count changes (``on_change(+1 | -1)``) and refusals (``on_refused(limit)``),
@@ -98,19 +108,39 @@ class ConnectionGate:
             return self._refuse("api.max_connections_per_address")
         self.open += 1
         self._by_address[address] += 1
-        self._admitted[id(transport)] = address
+        self._admitted[id(transport)] = (transport, address)
         self._on_change(1)
+        if self._reaper is None:
+            self._schedule_reaper()
         return None
 
     def release(self, transport: asyncio.BaseTransport) -> None:
-        address = self._admitted.pop(id(transport), None)
-        if address is None:
+        admitted = self._admitted.pop(id(transport), None)
+        self._closing_since.pop(id(transport), None)
+        if admitted is None:
             return
+        address = admitted[1]
         self.open -= 1
         self._by_address[address] -= 1
         if not self._by_address[address]:
             del self._by_address[address]
         self._on_change(-1)
+
+    def _schedule_reaper(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._reaper = loop.call_later(max(0.5, self.linger_s / 2), self._reap)
+
+    def _reap(self) -> None:
+        """Drop the connections closed ``linger_s`` ago and still flushing to a client that does
+        not read."""
+        now = asyncio.get_running_loop().time()
+        for key, (transport, _) in list(self._admitted.items()):
+            if not transport.is_closing():
+                continue
+            since = self._closing_since.setdefault(key, now)
+            if now - since >= self.linger_s:
+                transport.abort()  # its protocol's connection_lost releases it
+        self._schedule_reaper()
 
     def _refuse(self, limit: str) -> str:
         self._on_refused(limit)
@@ -141,6 +171,12 @@ def gated_protocols(api_config, gate: ConnectionGate) -> dict[str, type]:
                 gate.refuse(transport, refused)
                 return
             super().connection_made(transport)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.scope is not None and ABORT_EXTENSION not in self.scope.get("extensions", {}):
+                # the request just parsed (its task has not run yet) may drop its connection
+                self.scope.setdefault("extensions", {})[ABORT_EXTENSION] = self.transport.abort
 
         def data_received(self, data: bytes) -> None:
             if self.transport is None:  # refused: closing, nothing to parse

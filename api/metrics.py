@@ -152,6 +152,8 @@ class ApiMetrics:
                                      buckets=_LATENCY_BUCKETS, registry=r)
         self.connections_open = Gauge(f"{PREFIX}_connections_open", "Open client connections (HTTP and "
                                       "WebSocket)", multiprocess_mode="livesum", registry=r)
+        self.held_audio = Gauge(f"{PREFIX}_held_audio_bytes", "Bytes of audio made for clients and not "
+                                "sent yet (api.max_held_audio_bytes)", multiprocess_mode="livesum", registry=r)
         self.limits = Counter(f"{PREFIX}_limit_hits", "Requests, connections and streams a server limit "
                               "stopped, by the profile field of the limit", ["limit"], registry=r)
         self.loop_lag = Histogram(f"{PREFIX}_api_loop_lag_seconds",

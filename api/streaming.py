@@ -8,7 +8,10 @@ An exception raised by the iterator after the headers went out propagates, so th
 the connection instead of finishing the body: the client sees a truncated stream. A `StreamCut`
 is such a cut on purpose (the engine could not finish the request; the route logged it in one
 line): `quiet_stream_cuts` keeps the server from logging it as an unhandled error with a
-traceback.
+traceback. With
+``SendLimits`` (``api.send_limits``) the body runs ahead of the socket and a client that reads
+too slowly, or not at all, is cut; ``WholeAudioResponse`` sends a body made whole within the same
+send timeout, and gives back what it held once sent.
 """
 
 from __future__ import annotations
@@ -18,26 +21,52 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from api.send_limits import Hold, SendLimits, send_body, send_whole
 
 
 class AudioStreamResponse(StreamingResponse):
-    def __init__(self, body: AsyncIterator[bytes], *, media_type: str, headers: dict[str, str]) -> None:
+    def __init__(self, body: AsyncIterator[bytes], *, media_type: str, headers: dict[str, str],
+                 limits: SendLimits | None = None) -> None:
         super().__init__(body, media_type=media_type, headers=headers)
         self.body_iterator = body  # the generator itself, so closing it runs its cleanup
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with contextlib.aclosing(self.body_iterator):  # type: ignore[type-var]
             with contextlib.suppress(ClientGone):
-                await run_until_disconnect(self._write(send), receive)
+                await run_until_disconnect(self._write(scope, receive, send), receive)
 
-    async def _write(self, send: Send) -> None:
+    async def _write(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        if self.limits is not None:
+            await send_body(self.body_iterator, scope, receive, send, self.limits)
+            return
         async for chunk in self.body_iterator:
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class WholeAudioResponse(Response):
+    """A body made whole (an audio file, a batch's JSON), sent in pieces within the send timeout;
+    ``holds`` (what it holds of ``api.max_held_audio_bytes``) are given back once it is sent or
+    dropped."""
+
+    def __init__(self, content: bytes, *, media_type: str, headers: dict[str, str], limits: SendLimits,
+                 holds: tuple[Hold, ...] = ()) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.limits, self.holds = limits, holds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send_whole(self.body, scope, receive, send, self.limits)
+        finally:
+            for hold in self.holds:
+                hold.release()
 
 
 async def wait_for_disconnect(receive: Receive) -> None:

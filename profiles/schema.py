@@ -422,6 +422,22 @@ class ApiConfig(_Section):
         "addresses: allow its connections there, or 0 = no per-address cap", ge=0)] = 1024
     max_batch_items: Annotated[int, doc(
         "most speech requests in one POST /v1/audio/speech/batch", ge=1, le=1024)] = 32
+    max_batch_output_bytes: Annotated[int, doc(
+        "most bytes of audio the files of one batch hold together; an item that would pass it "
+        "fails alone with a 413 (the JSON answer carries them as base64, about 4/3 of this)",
+        ge=65536)] = 64 * 1024 * 1024
+    send_timeout_s: Annotated[float, doc(
+        "an HTTP response whose client takes none of it for this long is cut: the connection "
+        "dropped, its request aborted (WebSocket sessions: stream.send_timeout_s)", gt=0)] = 30.0
+    max_stream_buffer_bytes: Annotated[int, doc(
+        "bytes of audio made for one response and not yet taken by its client: a stream past it "
+        "is cut (a client reading slower than the audio is made), a whole file (stream: false) "
+        "past it is a 413; raise it for clients that read long files at playback speed",
+        ge=65536)] = 64 * 1024 * 1024
+    max_held_audio_bytes: Annotated[int, doc(
+        "bytes of audio one API process holds for all its clients and has not sent yet; past it a "
+        "stream whose client lags is cut and a whole file is a 503 (streams whose clients keep up "
+        "go on); size it to the memory an API process may use", ge=1048576)] = 2 * 1024 * 1024 * 1024
     cors_origins: Annotated[tuple[str, ...], doc(
         "origins (scheme://host[:port], or *) whose browser pages may call the API across "
         "origins; empty = no CORS headers, so browsers keep such pages out")] = ()

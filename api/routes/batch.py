@@ -5,8 +5,12 @@ requests, and any other field of a speech request at the top level as a default 
 (an item's own value wins), as vLLM-Omni has it. The items run concurrently through the engine,
 each as its own request (admission, voices, encoding, metrics). The response lists, in the
 items' order, each item's file (base64), its format and layout, finish reason and usage, the
-fields the model ignored (`api.fields`), or the item's error in the OpenAI envelope with its HTTP status. One bad item fails only itself; a body
-that is not a batch is a 400. A client that leaves cancels every item still running.
+fields the model ignored (`api.fields`), or the item's error in the OpenAI envelope with its HTTP
+status. One bad item fails only itself; a body that is not a batch is a 400. A client that leaves
+cancels every item still running. The items' files together hold at most
+`api.max_batch_output_bytes` of audio: an item that would pass it fails with a 413 of its own (the
+answer, base64 in JSON, is about 4/3 of that), and the answer is sent within `api.send_timeout_s`
+a piece (`api.send_limits`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import uuid
 
 import msgspec
@@ -21,28 +26,44 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.errors import ApiError, bad_request, count_limit
-from api.routes.speech import RequestTracker, new_tracker, outcome_of, start_speech, whole_file
-from api.routes.voices import json_response
+from api.routes.speech import OutputCap, RequestTracker, new_tracker, outcome_of, start_speech, whole_file
 from api.schemas import (ErrorDetail, SpeechBatchItem, SpeechBatchResponse, SpeechRequest,
                          speech_request_from)
-from api.streaming import ClientGone, run_until_disconnect
+from api.send_limits import Hold
+from api.streaming import ClientGone, WholeAudioResponse, run_until_disconnect
 
 log = logging.getLogger("mossvox.api")
+_json = msgspec.json.Encoder()
 
 
 async def create_speech_batch(request: Request) -> Response:
     state = request.state.api
     items, defaults = parse_batch(await request.body(), max_items=state.profile.api.max_batch_items)
+    limits = state.send_limits
+    cap = OutputCap(state.profile.api.max_batch_output_bytes, "api.max_batch_output_bytes")
+    holds = tuple(Hold(limits.held) for _ in items)
     try:
         results = await run_until_disconnect(
-            asyncio.gather(*(_one(state, index, {**defaults, **item}) for index, item in enumerate(items))),
+            asyncio.gather(*(_one(state, index, {**defaults, **item}, holds[index], cap)
+                             for index, item in enumerate(items))),
             request.receive)
+        succeeded = sum(1 for r in results if r.status == "success")
+        body = _json.encode(SpeechBatchResponse(id=f"speech-batch-{uuid.uuid4().hex[:16]}", results=list(results),
+                                                total=len(results), succeeded=succeeded,
+                                                failed=len(results) - succeeded))
     except ClientGone:
+        _release(holds)
         return Response(status_code=499)  # nobody is listening; every item's request was aborted
-    succeeded = sum(1 for r in results if r.status == "success")
-    return json_response(SpeechBatchResponse(id=f"speech-batch-{uuid.uuid4().hex[:16]}", results=list(results),
-                                             total=len(results), succeeded=succeeded,
-                                             failed=len(results) - succeeded))
+    except BaseException:
+        _release(holds)
+        raise
+    return WholeAudioResponse(body, media_type="application/json", limits=limits, holds=holds,
+                              headers={"X-Api-Process": str(os.getpid())})
+
+
+def _release(holds: tuple[Hold, ...]) -> None:
+    for hold in holds:
+        hold.release()
 
 
 def parse_batch(body: bytes, *, max_items: int) -> tuple[list[dict], dict]:
@@ -69,7 +90,7 @@ def parse_batch(body: bytes, *, max_items: int) -> tuple[list[dict], dict]:
     return items, doc
 
 
-async def _one(state, index: int, fields: dict) -> SpeechBatchItem:
+async def _one(state, index: int, fields: dict, hold: Hold, cap: OutputCap) -> SpeechBatchItem:
     tracker = new_tracker(state)
     try:
         req = speech_request_from(fields)
@@ -77,7 +98,7 @@ async def _one(state, index: int, fields: dict) -> SpeechBatchItem:
             raise bad_request("Batch items are returned whole: leave out stream and stream_format",
                               param="stream_format" if req.stream_format is not None else "stream")
         started = await start_speech(req, state, tracker, receive=None, whole=True)
-        audio = await whole_file(started, tracker, receive=None)
+        audio = await whole_file(started, tracker, receive=None, hold=hold, cap=cap)
     except ApiError as exc:
         tracker.finish(outcome_of(exc), reason=f"{exc.status} {exc.message}")
         count_limit(state, exc)

@@ -30,8 +30,9 @@ from api.audio_encoding import AudioEncoder, FFmpegUnavailable, make_encoder
 from api.errors import ApiError, bad_request
 from api.fields import FieldReport, screen_fields
 from api.schemas import SpeechRequest, decode_speech_request
+from api.send_limits import Hold
 from api.speech_job import OutputPlan, check_request, output_plan, resolve_voice, sampling_overrides
-from api.streaming import AudioStreamResponse, ClientGone, StreamCut, run_until_disconnect
+from api.streaming import AudioStreamResponse, ClientGone, StreamCut, WholeAudioResponse, run_until_disconnect
 from engine.client import EngineFailed, EngineRejected, SubmittedSpeech
 from speech.job import SpeechJob
 
@@ -222,10 +223,33 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
     return Started(plan, encoder, first, chunks, headers, fields)
 
 
-async def whole_file(started: Started, tracker: RequestTracker, receive) -> bytes:
-    """The rest of a started request encoded as one file (``ApiError`` 500 if the engine fails)."""
+@dataclass
+class OutputCap:
+    """The most audio one answer may hold (a whole file, or a batch's files together)."""
+
+    max_bytes: int
+    limit: str  # its profile field
+    used: int = 0
+
+
+async def whole_file(started: Started, tracker: RequestTracker, receive, *, hold: Hold, cap: OutputCap) -> bytes:
+    """The rest of a started request encoded as one file (``ApiError`` 500 if the engine fails),
+    its bytes held in ``hold`` (503 once the process holds ``api.max_held_audio_bytes``) and
+    counted in ``cap`` (413 past it); on any failure both are given back."""
     return await _until_disconnect(
-        _whole_file(started.first, started.chunks, started.encoder, tracker, tracker.request_id), receive)
+        _whole_file(started.first, started.chunks, started.encoder, tracker, tracker.request_id, hold, cap),
+        receive)
+
+
+async def whole_answer(started: Started, tracker: RequestTracker, receive, state) -> tuple[bytes, Hold]:
+    """A started request's whole file within the send limits (at most
+    ``api.max_stream_buffer_bytes``), and what it holds: give that to the response
+    (``WholeAudioResponse(..., holds=(hold,))``), which gives it back once sent."""
+    limits = state.send_limits
+    hold = Hold(limits.held)
+    body = await whole_file(started, tracker, receive, hold=hold,
+                            cap=OutputCap(limits.max_buffered, "api.max_stream_buffer_bytes"))
+    return body, hold
 
 
 async def _until_disconnect(work, receive):
@@ -237,16 +261,18 @@ async def _create_speech(request: Request, state, tracker: RequestTracker) -> Re
     tracker.parsed_at = time.monotonic()
     started = await start_speech(req, state, tracker, request.receive)
     plan, encoder, headers = started.plan, started.encoder, started.headers
+    limits = state.send_limits
     if plan.mode == "file":
-        body = await whole_file(started, tracker, request.receive)
+        body, hold = await whole_answer(started, tracker, request.receive, state)
         headers.update(tracker.usage_headers(req.input))
-        return Response(body, media_type=encoder.content_type, headers=headers)
+        return WholeAudioResponse(body, media_type=encoder.content_type, headers=headers, limits=limits,
+                                  holds=(hold,))
     if plan.mode == "sse":
         body_iter = _sse_stream(started.first, started.chunks, encoder, tracker, tracker.request_id, req.input,
                                 plan.response_format, plan.sample_rate, plan.channels, started.fields)
-        return AudioStreamResponse(body_iter, media_type=sse.CONTENT_TYPE, headers=headers)
+        return AudioStreamResponse(body_iter, media_type=sse.CONTENT_TYPE, headers=headers, limits=limits)
     body_iter = raw_stream(started.first, started.chunks, encoder, tracker, tracker.request_id)
-    return AudioStreamResponse(body_iter, media_type=encoder.content_type, headers=headers)
+    return AudioStreamResponse(body_iter, media_type=encoder.content_type, headers=headers, limits=limits)
 
 
 async def _encode(encoder: AudioEncoder, pcm) -> bytes:
@@ -311,17 +337,43 @@ async def _all_chunks(first, chunks: AsyncIterator) -> AsyncIterator:
 
 
 async def _whole_file(first, chunks: AsyncIterator, encoder: AudioEncoder, tracker: RequestTracker,
-                      request_id: str) -> bytes:
+                      request_id: str, hold: Hold, cap: OutputCap) -> bytes:
     pieces: list[bytes] = []
+    made = 0  # bytes of the file so far: returned by the encoder, or held in it until finish
+    mine = 0  # of cap.used and of hold
+
+    def keep(piece: bytes) -> None:
+        nonlocal made, mine
+        pieces.append(piece)
+        made += len(piece)
+        more = made + encoder.held_bytes - mine
+        if more <= 0:
+            return
+        if not hold.add(more):
+            raise ApiError(503, "The server holds too much audio for its clients right now "
+                                "(api.max_held_audio_bytes); try again shortly, or stream the response",
+                           code="overloaded", headers={"Retry-After": "1"}, limit="api.max_held_audio_bytes")
+        mine += more
+        cap.used += more
+        if cap.used > cap.max_bytes:
+            raise ApiError(413, f"The answer would hold more than {cap.max_bytes} bytes of audio ({cap.limit}); "
+                                f"ask for less audio, or stream it", code="response_too_large", limit=cap.limit)
+
     try:
         async for chunk in _all_chunks(first, chunks):
             tracker.chunk(chunk)
-            pieces.append(await _encode(encoder, chunk.pcm))
-        pieces.append(await _finish(encoder))
+            keep(await _encode(encoder, chunk.pcm))
+        keep(await _finish(encoder))
     except EngineFailed as exc:
         tracker.finish("failed")
         log.error("%s failed: %s", request_id, exc)
+        cap.used -= mine
+        hold.release()
         raise engine_error(exc) from None
+    except BaseException:
+        cap.used -= mine
+        hold.release()
+        raise
     finally:
         await chunks.aclose()
     tracker.sent_audio()

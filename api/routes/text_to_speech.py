@@ -30,8 +30,8 @@ from api.elevenlabs_request import (HTTP_DEFAULT_FORMAT, decode_body, elevenlabs
                                     in_elevenlabs_terms, output_format, refuse_unused, speech_request,
                                     voice_speed)
 from api.errors import ApiError
-from api.routes.speech import RequestTracker, Started, raw_stream, start_speech, tracked, whole_file
-from api.streaming import AudioStreamResponse
+from api.routes.speech import RequestTracker, Started, raw_stream, start_speech, tracked, whole_answer
+from api.streaming import AudioStreamResponse, WholeAudioResponse
 
 JSON = "application/json"
 
@@ -62,18 +62,20 @@ async def _respond(request: Request, state, tracker: RequestTracker, *, mode: st
         started, text = await _start(request, state, tracker, mode=mode)
     except ApiError as exc:
         raise in_elevenlabs_terms(exc) from None
-    headers = started.headers
+    headers, limits = started.headers, state.send_limits
     if mode == "file":
-        audio = await whole_file(started, tracker, request.receive)
+        audio, hold = await whole_answer(started, tracker, request.receive, state)
         headers.update(tracker.usage_headers(text))
         if not timestamps:
-            return Response(audio, media_type=started.encoder.content_type, headers=headers)
-        return Response(json.dumps(_piece(audio)), media_type=JSON, headers=headers)
+            return WholeAudioResponse(audio, media_type=started.encoder.content_type, headers=headers,
+                                      limits=limits, holds=(hold,))
+        return WholeAudioResponse(json.dumps(_piece(audio)).encode(), media_type=JSON, headers=headers,
+                                  limits=limits, holds=(hold,))
     body = raw_stream(started.first, started.chunks, started.encoder, tracker, tracker.request_id)
     if timestamps:
         body = _json_lines(body)
     return AudioStreamResponse(body, media_type=JSON if timestamps else started.encoder.content_type,
-                               headers=headers)
+                               headers=headers, limits=limits)
 
 
 async def _start(request: Request, state, tracker: RequestTracker, *, mode: str) -> tuple[Started, str]:

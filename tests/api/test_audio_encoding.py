@@ -178,3 +178,15 @@ def test_a_whole_flac_file_states_its_length():
     body = b"".join(encoder.encode(c) for c in sine_chunks(48000, 2, 1.5)) + encoder.finish()
     audio, rate = soundfile.read(io.BytesIO(body))
     assert rate == 48000 and audio.shape == (72000, 2)
+
+
+@pytest.mark.parametrize("fmt,speed", [("wav", 1.0), ("flac", 1.0), ("mp3", 0.5), ("pcm", 1.0)])
+def test_a_whole_file_encoder_states_the_bytes_it_holds_back(fmt, speed):
+    """What a whole-file encoder keeps until ``finish`` is counted (the server bounds a whole
+    response by it): it grows with the audio and is handed out, and zero, at the end."""
+    encoder = make_encoder(fmt, 24000, 1, streaming=False, speed=speed)
+    given = b"".join(encoder.encode(chunk) for chunk in sine_chunks(24000, 1, 4.0))
+    if fmt != "pcm":
+        assert encoder.held_bytes > 16_000 and not given
+    tail = encoder.finish()
+    assert encoder.held_bytes == 0 and len(given + tail) > 16_000

@@ -10,6 +10,7 @@ import concurrent.futures
 import base64
 import contextlib
 import io
+import json
 import resource
 import socket
 import time
@@ -27,14 +28,19 @@ MB = 1 << 20
 PER_ADDRESS = 150  # api.max_connections_per_address here
 PER_PROCESS = 300  # api.max_connections here
 GAP_S, DEADLINE_S = 2, 4  # api.body_timeout_s and api.body_deadline_s here
+SEND_TIMEOUT_S = 2  # api.send_timeout_s here
+STREAM_BUFFER = 512 * 1024  # api.max_stream_buffer_bytes here
+BATCH_OUTPUT = 4 * MB  # api.max_batch_output_bytes here
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("data"), sets=(
-        "model.max_new_frames=64", "api.header_timeout_s=30",
+        "model.max_new_frames=512", "api.header_timeout_s=30",
         f"api.body_timeout_s={GAP_S}", f"api.body_deadline_s={DEADLINE_S}",
         f"api.max_connections={PER_PROCESS}", f"api.max_connections_per_address={PER_ADDRESS}",
+        f"api.send_timeout_s={SEND_TIMEOUT_S}", f"api.max_stream_buffer_bytes={STREAM_BUFFER}",
+        f"api.max_batch_output_bytes={BATCH_OUTPUT}",
     )).start()
     yield s
     s.stop()
@@ -255,3 +261,90 @@ def test_the_server_keeps_serving_through_2000_slow_connections(server, http):
         time.sleep(0.1)
     assert proc.num_fds() <= fds + 2
     no_tracebacks(server)
+
+
+def non_reader(server, body: dict) -> socket.socket:
+    """A client that posts ``body`` and never reads: a small receive window, nothing taken."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(address(server))
+    payload = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    return sock
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def held_audio(http) -> float:
+    return metric(http.get("/metrics").text, "mossvox_held_audio_bytes")
+
+
+def test_streams_nobody_reads_are_cut_and_hold_nothing_after(server, http):
+    """16 clients ask for 48 kHz stereo streams of 512 frames (7.9 MB each, more than the
+    kernel's socket buffers take) and read nothing: each response is cut once
+    api.max_stream_buffer_bytes of it waits unsent, its connection dropped by the server and its
+    engine request stopped; the API process's peak memory grows by little more than 16 of those
+    buffers, and afterwards it holds no audio and serves as before."""
+    proc = api_process(http)
+    before, cuts = peak_rss(proc), limit_hits(http, "api.max_stream_buffer_bytes")
+    cancelled = requests_by_outcome(http, "cancelled")
+    body = {"input": "Nobody reads this.", "response_format": "pcm", "sample_rate": 48000,
+            "channels": 2, "forced_frames": 512}
+    socks = [non_reader(server, body) for _ in range(16)]
+    try:
+        wait_for(lambda: limit_hits(http, "api.max_stream_buffer_bytes") == cuts + 16)
+        for sock in socks:  # dropped by the server: a reset, or the end after what the buffers took
+            sock.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):
+                while sock.recv(1 << 20):
+                    pass
+        assert requests_by_outcome(http, "cancelled") == cancelled + 16
+    finally:
+        for sock in socks:
+            sock.close()
+    assert peak_rss(proc) - before < 16 * STREAM_BUFFER + 48 * MB  # unbounded: +115 MB, and held
+    wait_for(lambda: held_audio(http) == 0)
+    assert api_process(http).pid == proc.pid
+    no_tracebacks(server)
+
+
+def test_a_whole_file_past_the_stream_buffer_is_a_413(http):
+    r = http.post("/v1/audio/speech", json={"input": "Too big to hold.", "response_format": "wav",
+                                            "sample_rate": 48000, "channels": 2, "forced_frames": 64,
+                                            "stream": False})
+    assert_error(r, 413, contains="api.max_stream_buffer_bytes")
+    assert held_audio(http) == 0
+
+
+def test_a_small_batch_cannot_ask_for_unbounded_output(http):
+    """The 635-byte batch that asked for 16 x 31 MB (512 frames each, slowed to a quarter, 48 kHz
+    stereo wav): each item that would pass api.max_batch_output_bytes fails alone with a 413 (here
+    all of them: each asks for more than the whole budget), the answer stays within the budget,
+    and the API process's peak memory grows by a bounded amount; a batch within the budget is
+    answered whole."""
+    proc = api_process(http)
+    before, hits = peak_rss(proc), limit_hits(http, "api.max_batch_output_bytes")
+    batch = {"items": [{"input": f"Item {i}."} for i in range(16)], "forced_frames": 512, "speed": 0.25,
+             "response_format": "wav", "sample_rate": 48000, "channels": 2}
+    assert len(json.dumps(batch)) < 700
+    r = http.post("/v1/audio/speech/batch", json=batch)
+    assert r.status_code == 200
+    results = r.json()["results"]
+    failed = [item for item in results if item["status"] == "error"]
+    assert failed and all(item["status_code"] == 413 and "api.max_batch_output_bytes" in item["error"]["message"]
+                          for item in failed)
+    assert len(r.content) < BATCH_OUTPUT * 4 / 3 + 64 * 1024
+    assert limit_hits(http, "api.max_batch_output_bytes") == hits + len(failed)
+    # at most each item's PCM from the engine (float32, 512 frames of 48 kHz stereo) and the
+    # budget a few times over (files, base64, JSON); unbounded it was +1.45 GB
+    assert peak_rss(proc) - before < 16 * 512 * 3840 * 2 * 4 + 4 * BATCH_OUTPUT + 32 * MB
+    assert held_audio(http) == 0
+    small = http.post("/v1/audio/speech/batch", json={"items": [{"input": "One."}, {"input": "Two."}],
+                                                      "response_format": "pcm"})
+    assert small.status_code == 200 and small.json()["succeeded"] == 2
