@@ -287,8 +287,9 @@ class Coordinator:
                 if msg.max_prompt_rows:  # the smallest limit of any replica's talker
                     known = self.counters["max_prompt_rows"]
                     self.counters["max_prompt_rows"] = min(known or msg.max_prompt_rows, msg.max_prompt_rows)
-                if not replica.up and all(f.done() for f in replica.ready.values()):
-                    self._replica_back(replica)
+                if not replica.up and all(f.done() and not f.cancelled() and f.exception() is None
+                                          for f in replica.ready.values()):
+                    self._replica_back(replica)  # both workers said Ready (none died first)
                 self._update_capacity()
                 self._update_ready()
             case _:
