@@ -22,6 +22,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from api.streaming import StreamCut
+
 log = logging.getLogger("mossvox.api")
 
 # HTTP status -> OpenAI error ``type``.
@@ -137,7 +139,8 @@ async def client_gone_handler(request: Request, exc: Exception) -> Response:
 
 
 async def unhandled_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    if not isinstance(exc, StreamCut):  # a cut on purpose, logged by the route that made it
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
     return JSONResponse(error_body_for(request.url.path, 500, f"Internal server error: {type(exc).__name__}"),
                         status_code=500)
 
