@@ -17,8 +17,9 @@ any), and errors as ``{"message", "error": <code>, "code": <status>}`` (``contex
 context is concerned). Character alignment is not supported: audio messages carry none.
 
 The handshake's query (`SocketQuery`): ``output_format`` (default ``mp3_44100``), ``model_id``,
-``language_code``, ``seed``, ``inactivity_timeout`` (seconds, default 20, at most 180) are used;
-``auto_mode`` makes no difference (sentences are always spoken as soon as they are complete);
+``language_code``, ``seed``, ``inactivity_timeout`` (seconds, default 20, at most 180) are used,
+and ``auto_mode=true`` (a client that sends whole phrases) makes the end of each text message a
+segment boundary; without it, text is cut into sentences wherever its pieces end;
 ``enable_logging``, ``enable_ssml_parsing``, ``sync_alignment``, ``apply_text_normalization`` and
 the rest are accepted and reported when set to anything but their defaults.
 """
@@ -51,6 +52,7 @@ class SocketQuery:
     language_code: str | None
     seed: int | None
     inactivity_s: float
+    auto_mode: bool          # each message is a complete phrase
     unused: tuple[str, ...]  # set, and nothing here uses them
 
 
@@ -62,7 +64,8 @@ def socket_query(query) -> SocketQuery:
     unused = tuple(name for name in query.keys() if name not in _QUERY_USED and given(name, query[name]))
     return SocketQuery(fmt=fmt, model_id=query.get("model_id") or None,
                        language_code=query.get("language_code") or None, seed=seed,
-                       inactivity_s=float(inactivity or DEFAULT_INACTIVITY_S), unused=unused)
+                       inactivity_s=float(inactivity or DEFAULT_INACTIVITY_S),
+                       auto_mode=query.get("auto_mode", "false").lower() == "true", unused=unused)
 
 
 def _integer(query, name: str, low: int, high: int) -> int | None:

@@ -41,8 +41,10 @@ from api.stream_socket import CLOSE_POLICY, SocketSession
 class TextStream:
     """One stream of text and its audio: a `SpeechSession` and the `isFinal` that ends it."""
 
-    def __init__(self, state, out: Outbound, context_id: str | None, budget: TextBudget) -> None:
+    def __init__(self, state, out: Outbound, context_id: str | None, budget: TextBudget, *,
+                 whole_messages: bool) -> None:
         self.context_id = context_id
+        self.whole_messages = whole_messages  # auto_mode: each message is a complete phrase
         self.events = ElevenLabsEvents(out, context_id)
         self.session = SpeechSession(state, self.events, budget)
         self.ending: asyncio.Task | None = None  # set once the stream was asked to end
@@ -51,7 +53,7 @@ class TextStream:
     def take(self, frame: ClientFrame) -> None:
         """A message's text and flush."""
         if frame.text:
-            self.session.text(frame.text)
+            self.session.text(frame.text, whole=self.whole_messages)
         if frame.flush:
             self.session.flush(only_if_text=True)
 
@@ -189,7 +191,8 @@ class ElevenLabsSocket(SocketSession):
         if frame.unused:
             report = dataclasses.replace(settings.report, ignored=(*settings.report.ignored, *frame.unused))
             settings = dataclasses.replace(settings, report=report)
-        stream = TextStream(self.state, self.out, context_id, self.budget)
+        stream = TextStream(self.state, self.out, context_id, self.budget,
+                            whole_messages=self.query.auto_mode)
         try:
             settings.encoder()
         except ValueError as exc:

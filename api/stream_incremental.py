@@ -9,7 +9,7 @@ spoken may already be generating (its text arrived) while that one streams, its 
 its turn. Later ones keep their text in the API process and are submitted as their turn nears,
 so a session holds at most two requests in the engine however many utterances it queues.
 
-The same interface as `SentencePipeline` for the session: `push`, `end`, `close`, `busy`,
+The same interface as `SentencePipeline` for the session: `push`, `cut`, `end`, `close`, `busy`,
 `idle`, `buffered`, `has_text`, `speaking_at`.
 """
 
@@ -76,6 +76,9 @@ class IncrementalPipeline:
         _engine_call(u.speech.push, text)
         if u.started_at is None and u.speech.submitted:
             u.started_at = now
+
+    def cut(self, utterance: int) -> None:
+        """Nothing to do: the text is fed as it comes, whatever its phrases."""
 
     def end(self, utterance: int) -> None:
         u = self._open(utterance)

@@ -1,7 +1,8 @@
 """Speaking a session's sentences in order: one engine request per sentence, no overlap, no gap.
 
 `push` cuts text into sentences or clauses as it arrives (`speech.segmenter`) and queues each
-complete one; `end` queues the rest and closes the utterance (its `session.done` follows its last
+complete one; `cut` queues what is buffered as one more (a client that sends whole phrases says
+where they end); `end` queues the rest and closes the utterance (its `session.done` follows its last
 sentence). Two tasks run per pipeline: the *starter* begins each sentence's generation as soon
 as there is room (the sentence being spoken plus one ahead), so the next sentence is generated
 while the previous one streams; the *speaker* sends each sentence's audio in order
@@ -101,6 +102,12 @@ class SentencePipeline:
     def push(self, utterance: int, text: str, now: float) -> None:
         for piece in self.segmenter.push(text):
             self._add(utterance, piece, now)
+
+    def cut(self, utterance: int) -> None:
+        """What is buffered is a complete segment: spoken as one, the utterance going on."""
+        rest = self.segmenter.flush()
+        if rest is not None:
+            self._add(utterance, rest, time.perf_counter())
 
     def end(self, utterance: int) -> None:
         rest = self.segmenter.flush()

@@ -104,12 +104,15 @@ class SpeechSession:
         self.settings = settings
         self.pipeline = self._new_pipeline()
 
-    def text(self, text: str) -> None:
-        """More text of the utterance receiving text, spoken as its sentences complete."""
+    def text(self, text: str, *, whole: bool = False) -> None:
+        """More text of the utterance receiving text, spoken as its sentences complete; `whole`:
+        the text ends a phrase (a segment ends with it whatever its last character)."""
         if self.settings is None:
             raise bad_request("send session.config before input.text", code="no_session_config")
         self.budget.take(len(text))
         self.pipeline.push(self.utterance, text, time.perf_counter())
+        if whole:
+            self.pipeline.cut(self.utterance)
 
     def flush(self, *, only_if_text: bool = False) -> None:
         """Speak what is buffered: the utterance ends, the next text starts another one."""

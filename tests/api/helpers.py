@@ -85,6 +85,11 @@ def engine_gauges(url: str) -> dict[str, float]:
     return {key: metric(text, f"mossvox_engine_{key}") for key in (*LEAK_GAUGES, "client_open")}
 
 
+def aborted(url: str) -> float:
+    """Requests the engine aborted before they finished, so far."""
+    return metric(httpx.get(url + "/metrics").text, "mossvox_engine_aborted_total")
+
+
 def wait_idle(url: str, timeout: float = 20.0) -> dict[str, float]:
     """The engine's gauges once all are zero (or as they are after ``timeout`` seconds)."""
     deadline = time.monotonic() + timeout

@@ -17,7 +17,7 @@ import pytest
 import websockets
 from elevenlabs.client import ElevenLabs
 
-from tests.api.helpers import FRAMES_PER_CHAR, engine_gauges, wait_idle
+from tests.api.helpers import FRAMES_PER_CHAR, aborted, engine_gauges, wait_idle
 from tests.api.server_process import ServerProcess
 
 KEY = "xi-ws-test-81c2"
@@ -140,6 +140,7 @@ async def test_contexts_speak_side_by_side_and_end_with_is_final(server):
 
 async def test_close_context_with_unflushed_text_stops_it_at_once(server):
     """Barge-in: the context's text was never flushed, so none of what is left is spoken."""
+    before = aborted(server.url)
     async with connect(server, "multi-stream-input") as ws:
         await ws.send(json.dumps({"text": LONG + " And more is being writ", "context_id": "turn-1"}))
         first = await receive(ws)
@@ -149,6 +150,7 @@ async def test_close_context_with_unflushed_text_stops_it_at_once(server):
         got, final = await read_until_final(ws, "turn-1", timeout=10)
         assert got.get("turn-1", 0) < spoken_bytes(LONG) // 2
         assert not any(wait_idle(server.url).values()), "every stage freed its state"
+        assert aborted(server.url) > before
         # the socket goes on: the next turn speaks in full
         await ws.send(json.dumps({"text": SENTENCES[0], "context_id": "turn-2", "flush": True}))
         await ws.send(json.dumps({"context_id": "turn-2", "close_context": True}))
@@ -159,6 +161,7 @@ async def test_close_context_with_unflushed_text_stops_it_at_once(server):
 async def test_a_second_close_context_stops_a_context_still_finishing(server):
     """A context closed after its last flush speaks to its end; closing it again (an agent's
     barge-in after the reply was written) stops it now."""
+    before = aborted(server.url)
     async with connect(server, "multi-stream-input") as ws:
         await ws.send(json.dumps({"text": LONG, "context_id": "reply", "flush": True}))
         await ws.send(json.dumps({"context_id": "reply", "close_context": True}))
@@ -168,6 +171,7 @@ async def test_a_second_close_context_stops_a_context_still_finishing(server):
         got, final = await read_until_final(ws, "reply", timeout=10)
     assert got.get("reply", 0) < spoken_bytes(LONG) // 2
     assert not any(wait_idle(server.url).values()), "every stage freed its state"
+    assert aborted(server.url) > before
 
 
 async def test_contexts_are_limited_and_errors_name_theirs(server):
@@ -223,7 +227,9 @@ async def test_a_quiet_socket_is_closed_after_its_inactivity_timeout(server):
 
 
 async def test_a_client_gone_mid_stream_frees_every_stage(server):
+    before = aborted(server.url)
     async with connect(server) as ws:
         await ws.send(json.dumps({"text": LONG, "flush": True}))
         assert (await receive(ws))["audio"]
     assert not any(wait_idle(server.url).values()), "every stage freed its state"
+    assert aborted(server.url) > before
