@@ -4,8 +4,10 @@ Key = sha256(namespace, content digest), where the namespace names the model and
 configuration and the digest hashes the decoded reference samples. Each entry is one ``.npy``
 file (int64 ``[T, n_vq]``) under ``<data_dir>/ref_codes/``, written to a temporary name and
 renamed into place, so a reader in any API process (or after a restart) sees a whole file or
-none. Concurrent misses for the same key inside one process share one encode (single flight);
-only misses reach ``encode`` (the codec worker).
+none. Concurrent misses for the same key inside one process share one encode (single flight),
+which runs as a task of its own: a waiter that leaves (its client disconnected) leaves the others
+their codes; only misses reach ``encode`` (the codec worker). A file that cannot be written (a
+full disk) is logged and the codes are still returned.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class ReferenceCodeCache:
         self._encode = encode
         self._memory: OrderedDict[str, np.ndarray] = OrderedDict()
         self._memory_entries = memory_entries
-        self._in_flight: dict[str, asyncio.Future[np.ndarray]] = {}
+        self._in_flight: dict[str, asyncio.Task[np.ndarray]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -63,26 +65,33 @@ class ReferenceCodeCache:
             self.hits += 1
             return codes, True
         pending = self._in_flight.get(key)
-        if pending is not None:  # another request of this process is encoding the same clip
+        hit = pending is not None  # another request of this process is encoding the same clip
+        if pending is None:
+            self.misses += 1
+            pending = asyncio.ensure_future(self._encode_and_store(key, wav))
+            self._in_flight[key] = pending
+            pending.add_done_callback(lambda task: self._settled(key, task))
+        else:
             self.hits += 1
-            return await asyncio.shield(pending), True
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._in_flight[key] = future
-        self.misses += 1
+        # shielded: a waiter cancelled (its client left) leaves the encode to the others
+        return await asyncio.shield(pending), hit
+
+    async def _encode_and_store(self, key: str, wav: np.ndarray | Callable[[], np.ndarray]) -> np.ndarray:
+        if callable(wav):
+            wav = await asyncio.to_thread(wav)
+        codes = self._validate(np.asarray(await self._encode(wav)), key)
         try:
-            if callable(wav):
-                wav = await asyncio.to_thread(wav)
-            codes = self._validate(np.asarray(await self._encode(wav)), key)
             await asyncio.to_thread(self._write, key, codes)
-            self._remember(key, codes)
-            future.set_result(codes)
-            return codes, False
-        except BaseException as exc:
-            future.set_exception(exc if isinstance(exc, Exception) else RuntimeError("encode cancelled"))
-            future.exception()  # mark retrieved: waiters re-raise it, nobody else must
-            raise
-        finally:
+        except OSError as exc:  # a full or read-only disk: served from memory, encoded again later
+            log.warning("reference codes %s not written (%s)", key, exc)
+        self._remember(key, codes)
+        return codes
+
+    def _settled(self, key: str, task: asyncio.Task) -> None:
+        if self._in_flight.get(key) is task:
             del self._in_flight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: its waiters re-raise it, nobody else must
 
     def lookup(self, key: str) -> np.ndarray | None:
         """Memory first, then the shared directory (written by any process)."""

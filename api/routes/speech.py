@@ -191,7 +191,9 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
     if not client.ready():
         raise ApiError(503, "The engine is not ready yet", code="not_ready",
                        headers={"Retry-After": "1"})
-    voice = await resolve_voice(req, state)
+    resolving = resolve_voice(req, state)
+    # a reference's fetch, decode or encode is not waited for once the client has left
+    voice = await (_until_disconnect(resolving, receive) if req.ref_audio is not None else resolving)
     tracker.voice_at = time.monotonic()
     job = SpeechJob(text=req.input, language=req.language, instructions=req.instructions,
                     ref_codes=voice.codes, ref_text=voice.ref_text, extra_ref_codes=list(voice.extra_codes),

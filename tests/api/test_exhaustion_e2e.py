@@ -348,3 +348,26 @@ def test_a_small_batch_cannot_ask_for_unbounded_output(http):
     small = http.post("/v1/audio/speech/batch", json={"items": [{"input": "One."}, {"input": "Two."}],
                                                       "response_format": "pcm"})
     assert small.status_code == 200 and small.json()["succeeded"] == 2
+
+
+def test_a_client_that_leaves_does_not_fail_another_waiting_on_the_same_clip(server, http):
+    """A batch starts encoding a new reference and its client leaves; a speech request for the
+    same clip, sent meanwhile, shares that encode: it is served every time, and nothing is
+    counted failed."""
+    failed = requests_by_outcome(http, "failed")
+    for trial in range(5):
+        clip = data_url(tone_wav(20.0, hz=180.0 + 7 * trial))
+        body = json.dumps({"items": [{"input": "Leaving."}], "ref_audio": clip}).encode()
+        with connect_from(server, "127.0.0.1") as leaver:
+            leaver.sendall(b"POST /v1/audio/speech/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            with httpx.Client(base_url=server.url, timeout=60) as other:
+                staying = concurrent.futures.ThreadPoolExecutor(1).submit(
+                    other.post, "/v1/audio/speech", json={"input": "Staying.", "ref_audio": clip,
+                                                          "response_format": "pcm"})
+                time.sleep(0.05)
+                leaver.close()
+                r = staying.result()
+        assert r.status_code == 200 and len(r.content) > 0, r.text[:300]
+    assert requests_by_outcome(http, "failed") == failed
+    no_tracebacks(server)

@@ -150,3 +150,35 @@ async def test_waveform_function_runs_only_on_a_miss(tmp_path):
     _, hit1 = await cache.get_or_encode("lazy", prepare)
     _, hit2 = await make_cache(tmp_path, encoder).get_or_encode("lazy", prepare)
     assert (hit1, hit2) == (False, True) and len(calls) == 1 and encoder.calls == 1
+
+
+async def test_a_waiter_that_leaves_does_not_take_the_encode_from_the_others(tmp_path):
+    """The request that started an encode is cancelled (its client left) while another waits on
+    the same clip: the encode goes on, once, and the other gets its codes; so does a third that
+    arrives after the first left."""
+
+    class Slow(CountingEncoder):
+        async def __call__(self, wav):
+            await asyncio.sleep(0.2)
+            return await super().__call__(wav)
+
+    encoder = Slow()
+    cache = make_cache(tmp_path, encoder)
+    wav = np.ones((1, 300), np.float32)
+    first = asyncio.ensure_future(cache.get_or_encode("left", wav))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(cache.get_or_encode("left", wav))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    third = asyncio.ensure_future(cache.get_or_encode("left", wav))
+    (codes, hit), (again, hit_again) = await second, await third
+    assert first.cancelled() and hit and hit_again and encoder.calls == 1
+    np.testing.assert_array_equal(codes, again)
+    assert (await cache.get_or_encode("left", wav))[1] and cache.path(cache.key("left")).exists()
+
+
+async def test_codes_that_cannot_be_written_are_still_served(tmp_path):
+    cache = make_cache(tmp_path, CountingEncoder())
+    cache.path(cache.key("ro")).parent.write_bytes(b"")  # a file where its folder would go
+    codes, hit = await cache.get_or_encode("ro", np.ones((1, 300), np.float32))
+    assert not hit and codes.shape[1] == N_VQ
