@@ -116,7 +116,8 @@ def test_realtime_greedy_frames_equal_upstream_through_graph_buckets(name):
     g = golden(REALTIME, name)
     text = json.loads((REALTIME / "cases.json").read_text())["text"]
     prompt = RealtimeProcessor.from_dir(REALTIME).build_prompt(text, reference=g.get("reference_audio_codes"))
-    runner = RealtimeRunner.from_dir(REALTIME, max_running=4, num_kv_blocks=64, graph_path="eager")
+    runner = RealtimeRunner.from_dir(REALTIME, max_running=4, num_kv_blocks=64, graph_path="eager",
+                                     upstream_sampling=True)  # upstream draws any id
     frames = drive(runner, {0: [(1, prompt, SamplingParams(greedy=True, temperature=0.0, max_new_frames=13))]})
     np.testing.assert_array_equal(frames[1], g["generated_frames"])
 

@@ -26,7 +26,8 @@ def test_golden_on_cuda_fp32(name, penalty, key, graph_path):
         g = {k: z[k] for k in z.files}
     text = json.loads((GOLDEN / "cases.json").read_text())["text"]
     prompt = RealtimeProcessor.from_dir(GOLDEN).build_prompt(text, reference=g.get("reference_audio_codes"))
-    runner = RealtimeRunner.from_dir(GOLDEN, device="cuda", max_running=2, num_kv_blocks=64, graph_path=graph_path)
+    runner = RealtimeRunner.from_dir(GOLDEN, device="cuda", max_running=2, num_kv_blocks=64, graph_path=graph_path,
+                                     upstream_sampling=True)
     runner.add(1, prompt, SamplingParams(greedy=True, temperature=0.0, repetition_penalty=penalty, max_new_frames=13))
     frames = []
     while runner.num_running():

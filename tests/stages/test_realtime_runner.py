@@ -26,7 +26,7 @@ def processor() -> RealtimeProcessor:
 
 @pytest.fixture(scope="module")
 def runner() -> RealtimeRunner:
-    return RealtimeRunner.from_dir(GOLDEN, max_running=4, num_kv_blocks=64)
+    return RealtimeRunner.from_dir(GOLDEN, max_running=4, num_kv_blocks=64, upstream_sampling=True)
 
 
 def run(runner, items, max_steps=40):
@@ -58,7 +58,7 @@ def test_greedy_frames_equal_upstream(processor, runner, name, penalty, key):
 def test_teacher_forced_rows_are_what_the_runner_feeds(processor):
     """Rows fed after prefill: [next text token or text_pad | previous frame] (golden tf_input_ids)."""
     g = golden("plain")
-    runner = RealtimeRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64)
+    runner = RealtimeRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64, upstream_sampling=True)
     runner.add(3, processor.build_prompt(TEXT), SamplingParams(greedy=True, temperature=0.0, max_new_frames=100))
     for _ in range(12):
         runner.step()
@@ -85,7 +85,7 @@ def test_batch_of_mixed_requests_equals_solo_runs(processor, runner):
 def test_audio_eos_in_codebook_0_stops_and_max_new_frames_is_length(processor):
     import torch
 
-    runner = RealtimeRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64)
+    runner = RealtimeRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64, upstream_sampling=True)
     prompt = processor.build_prompt(TEXT)
     runner.add(1, prompt, SamplingParams(greedy=True, temperature=0.0, max_new_frames=3))
     events = [e for _ in range(5) for e in runner.step()]
@@ -110,7 +110,7 @@ def test_text_fed_while_it_speaks_gives_the_upstream_frames(processor):
     g = golden("plain")
     ids = processor.text_ids(TEXT)
     assert len(ids) == 14
-    runner = RealtimeRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64)
+    runner = RealtimeRunner.from_dir(GOLDEN, max_running=2, num_kv_blocks=64, upstream_sampling=True)
     params = SamplingParams(greedy=True, temperature=0.0, repetition_penalty=1.1, max_new_frames=13)
     runner.add(7, processor.prompt_of_ids(ids[:12]), params)
     runner.open_input(7)

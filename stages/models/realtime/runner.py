@@ -16,8 +16,9 @@ The request stops when codebook 0 is the audio EOS (1026; that frame is not emit
 `max_new_frames` ("length"), or after `forced_frames` ("stop"; random weights never emit EOS, and in
 that mode EOS is banned too). The other non-code ids (pad 1024, BOS 1025, and EOS outside
 codebook 0) are never sampled: the heads cover the whole 1027-id vocabulary, but a frame holding
-one of them cannot be decoded (upstream samples them; a trained model all but never does, a
-random-weight one does within a few frames).
+one of them cannot be decoded (upstream samples them, as `upstream_sampling` does for the
+comparisons with its outputs; a trained model all but never does, a random-weight one does
+within a few frames).
 
 Text while it speaks (`open_input`, then `feed`): the request's text arrives in pieces. When a
 frame is sampled and no text token is left while more may come, the frame is emitted with
@@ -70,10 +71,13 @@ class _Realtime:
 
 class RealtimeRunner(ScheduledRunner):
     def __init__(self, model: RealtimeModel, *, cuda_graphs: bool = False, graph_path: str | None = None,
-                 **capacity) -> None:
+                 upstream_sampling: bool = False, **capacity) -> None:
         """`capacity`: `ScheduledRunner`'s KV, batching and attention settings. `graph_path`:
         "off" | "eager" | "cuda" for the backbone's decode rows and the depth loop (None = "cuda"
-        with `cuda_graphs` on a CUDA device, else "off"; "cuda" off CUDA runs "eager")."""
+        with `cuda_graphs` on a CUDA device, else "off"; "cuda" off CUDA runs "eager").
+        `upstream_sampling`: every codebook samples the heads' whole vocabulary as upstream does
+        (pad, BOS and EOS anywhere, so a frame may not decode; unless the length is forced), for
+        comparisons with upstream's outputs; off, only codes and codebook 0's EOS are drawn."""
         on_cuda = next(model.parameters()).device.type == "cuda"
         graph_path = resolve_graph_path(graph_path, cuda_graphs, on_cuda)
         super().__init__(model, model.language_model.config, backbone_graphs=graph_path, **capacity)
@@ -90,7 +94,10 @@ class RealtimeRunner(ScheduledRunner):
         self.forced_bans = torch.zeros(self.scratch + 1, dtype=torch.bool, device=self.device)
         ids = torch.arange(vocab, device=self.device)
         self._non_codes = ids >= self.config.audio_pad  # [vocab]: pad, BOS, EOS
-        self._non_codes_but_eos = self._non_codes & (ids != self.config.audio_eos)  # [vocab]: pad, BOS
+        nothing = torch.zeros_like(self._non_codes)  # [vocab]
+        # [vocab] each: what codebook 0 and the others may never draw (more when the length is forced)
+        self._first_bans = nothing if upstream_sampling else self._non_codes & (ids != self.config.audio_eos)
+        self._rest_bans = nothing if upstream_sampling else self._non_codes
         self._ring = torch.arange(HISTORY_RING, device=self.device)  # [HISTORY_RING]
         self._requests: dict[int, _Realtime] = {}
         self.depth_graphs: DepthGraphs | None = None
@@ -184,11 +191,12 @@ class RealtimeRunner(ScheduledRunner):
         rows = self.sampling.rows(slots)
         # codebook 0 may end the request with EOS unless its length is forced; no codebook may
         # draw pad or BOS, nor codebooks 1.. EOS: a frame holding one cannot be decoded
-        first_bans = self._non_codes_but_eos[None] | (self.forced_bans[slots][:, None] & self._non_codes[None])  # [B, vocab]
+        forced = self.forced_bans[slots][:, None] & self._non_codes[None]  # [B, vocab]
+        first_bans, rest_bans = self._first_bans[None] | forced, self._rest_bans[None] | forced  # [B, vocab]
         kv = local.new_kv(len(slots), h.dtype, h.device)
         x, out = h, []
         for i in range(self.n_vq):
-            bans = first_bans if i == 0 else self._non_codes  # [B, vocab] or [vocab]
+            bans = first_bans if i == 0 else rest_bans  # [B, vocab]
             logits = local.step(x, i, kv).float().masked_fill(bans, float("-inf"))  # [B, vocab]
             token = sample_tokens(logits, rows, frames, stream=i, seen=seen[:, i, :vocab])  # [B]
             out.append(token)
