@@ -27,11 +27,11 @@ the rest are accepted and reported when set to anything but their defaults.
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from api.elevenlabs_request import (SOCKET_DEFAULT_FORMAT, OutputFormat, given, ignored_settings,
                                     output_format, voice_speed)
 from api.errors import ApiError, bad_request
+from api.json_body import decode_json
 from api.stream_events import SessionEvents
 from api.stream_output import Outbound
 
@@ -98,10 +98,7 @@ class ClientFrame:
 def decode_frame(raw: str) -> ClientFrame:
     """A client text message → `ClientFrame`; a 400 for one that is not a JSON object of the
     protocol's fields with the types they take."""
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise bad_request(f"message is not valid JSON: {exc}", code="invalid_input_message") from None
+    body = decode_json(raw, what="message", code="invalid_input_message")
     if not isinstance(body, dict):
         raise bad_request("a message must be a JSON object", code="invalid_input_message")
     text = _typed(body, "text", str)

@@ -26,6 +26,7 @@ import msgspec
 
 from api.audio_encoding import OUTPUT_RATES
 from api.errors import ApiError
+from api.json_body import decode_json
 from api.schemas import SpeechRequest, TextToSpeechBody
 from api.speech_job import OutputPlan
 
@@ -122,10 +123,7 @@ def voice_speed(voice_settings: dict[str, Any] | None) -> float:
 def decode_body(raw: bytes) -> tuple[TextToSpeechBody, tuple[str, ...]]:
     """A JSON body → the body and the names of its fields that are set but unused (unknown
     ones included); a 422 naming the field for a body that fails validation."""
-    try:
-        fields = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise ApiError(422, f"Request body is not valid JSON: {exc}") from None
+    fields = decode_json(raw, status=422)
     if not isinstance(fields, dict):
         raise ApiError(422, "Request body must be a JSON object")
     try:

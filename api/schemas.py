@@ -15,6 +15,7 @@ import msgspec.inspect
 from msgspec import Meta, Struct
 
 from api.errors import ApiError, bad_request
+from api.json_body import decode_typed
 
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 StreamFormat = Literal["audio", "sse"]
@@ -268,11 +269,9 @@ _speech_decoder = msgspec.json.Decoder(SpeechRequest)
 def decode_speech_request(body: bytes) -> SpeechRequest:
     """Validate a JSON body; any schema error becomes a 400 naming the field."""
     try:
-        return _speech_decoder.decode(body)
+        return decode_typed(_speech_decoder, body)
     except msgspec.ValidationError as exc:
         raise _validation_error(exc) from None
-    except msgspec.DecodeError as exc:
-        raise bad_request(f"Request body is not valid JSON: {exc}") from None
 
 
 def speech_request_from(fields: dict) -> SpeechRequest:

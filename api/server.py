@@ -43,8 +43,13 @@ def graceful_s(profile) -> float:
 
 
 def setup_logging(level: str) -> None:
+    """Every mossvox process's log: one format on stderr, query values masked (no key in a URL
+    reaches a line: ``api.log_redaction``)."""
+    from api.log_redaction import redact_handlers
+
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s: %(message)s")
+    redact_handlers()
 
 
 def codec_fingerprint(model_dir: Path, codec_path: str | None) -> str:
@@ -288,6 +293,7 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
 
     from api.app import create_app
     from api.connection_limits import ConnectionGate, gated_protocols
+    from api.log_redaction import redact_handlers
     from engine.client import EngineClient
     from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 
@@ -311,4 +317,6 @@ def api_process_main(profile, spec, sock: socket.socket, codec_id: str, parent_p
                             ws_max_size=profile.api.max_body_bytes,
                             log_level=profile.engine.log_level,
                             timeout_graceful_shutdown=graceful_s(profile))
+    for name in ("uvicorn", "uvicorn.access"):  # its own handlers (set up by Config): no query values
+        redact_handlers(logging.getLogger(name))
     uvicorn.Server(config).run(sockets=[sock])

@@ -20,12 +20,12 @@ top level as vLLM-Omni clients read it). The builders below are the one place th
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 
 from api.errors import ApiError, bad_request
+from api.json_body import decode_json
 from api.schemas import SpeechRequest, speech_request_from
 from api.stream_events import SessionEvents
 from api.stream_output import Outbound
@@ -61,10 +61,7 @@ class SessionFields:
 
 def decode_message(raw: str) -> ClientMessage:
     """A client text frame → `ClientMessage`; `ApiError` (400) for bad JSON or an unknown type."""
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise bad_request(f"message is not valid JSON: {exc}") from None
+    body = decode_json(raw, what="message")
     if not isinstance(body, dict):
         raise bad_request("a message must be a JSON object with a 'type'")
     event_id = body.pop("event_id", None)

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.errors import ApiError, bad_request, count_limit
+from api.json_body import decode_json, read_json_body
 from api.routes.speech import OutputCap, RequestTracker, new_tracker, outcome_of, start_speech, whole_file
 from api.schemas import (ErrorDetail, SpeechBatchItem, SpeechBatchResponse, SpeechRequest,
                          speech_request_from)
@@ -38,7 +39,7 @@ _json = msgspec.json.Encoder()
 
 async def create_speech_batch(request: Request) -> Response:
     state = request.state.api
-    items, defaults = parse_batch(await request.body(), max_items=state.profile.api.max_batch_items)
+    items, defaults = parse_batch(await read_json_body(request), max_items=state.profile.api.max_batch_items)
     limits = state.send_limits
     cap = OutputCap(state.profile.api.max_batch_output_bytes, "api.max_batch_output_bytes")
     holds = tuple(Hold(limits.held) for _ in items)
@@ -68,10 +69,7 @@ def _release(holds: tuple[Hold, ...]) -> None:
 
 def parse_batch(body: bytes, *, max_items: int) -> tuple[list[dict], dict]:
     """The items and the defaults of a batch body (400 when it is not one)."""
-    try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise bad_request(f"Request body is not valid JSON: {exc}") from None
+    doc = decode_json(body)
     if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
         raise bad_request('A batch is a JSON object with "items": a list of speech requests', param="items")
     items = doc.pop("items")

@@ -29,6 +29,7 @@ from api import sse
 from api.audio_encoding import AudioEncoder, FFmpegUnavailable, make_encoder
 from api.errors import ApiError, bad_request
 from api.fields import FieldReport, screen_fields
+from api.json_body import read_json_body
 from api.schemas import SpeechRequest, decode_speech_request
 from api.send_limits import Hold
 from api.speech_job import OutputPlan, check_request, output_plan, resolve_voice, sampling_overrides
@@ -259,7 +260,7 @@ async def _until_disconnect(work, receive):
 
 
 async def _create_speech(request: Request, state, tracker: RequestTracker) -> Response:
-    req = decode_speech_request(await request.body())
+    req = decode_speech_request(await read_json_body(request))
     tracker.parsed_at = time.monotonic()
     started = await start_speech(req, state, tracker, request.receive)
     plan, encoder, headers = started.plan, started.encoder, started.headers

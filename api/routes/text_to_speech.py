@@ -30,6 +30,7 @@ from api.elevenlabs_request import (HTTP_DEFAULT_FORMAT, decode_body, elevenlabs
                                     in_elevenlabs_terms, output_format, refuse_unused, speech_request,
                                     voice_speed)
 from api.errors import ApiError
+from api.json_body import read_json_body
 from api.routes.speech import RequestTracker, Started, raw_stream, start_speech, tracked, whole_answer
 from api.streaming import AudioStreamResponse, WholeAudioResponse
 
@@ -82,7 +83,7 @@ async def _start(request: Request, state, tracker: RequestTracker, *, mode: str)
     """The request parsed, mapped and started (its first chunk in), and its text."""
     query = request.query_params
     fmt = output_format(query.get("output_format"), HTTP_DEFAULT_FORMAT)
-    body, unused = decode_body(await request.body())
+    body, unused = decode_body(await read_json_body(request))
     tracker.parsed_at = time.monotonic()
     unused += tuple(name for name in ("optimize_streaming_latency",) if given(name, query.get(name)))
     req, foreign = speech_request(body.text, request.path_params["voice_id"], fmt=fmt,

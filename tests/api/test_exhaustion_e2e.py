@@ -371,3 +371,108 @@ def test_a_client_that_leaves_does_not_fail_another_waiting_on_the_same_clip(ser
         assert r.status_code == 200 and len(r.content) > 0, r.text[:300]
     assert requests_by_outcome(http, "failed") == failed
     no_tracebacks(server)
+
+
+DEEP = "[" * 1000 + "]" * 1000
+SURROGATE = "\\ud800"  # a lone UTF-16 surrogate, as JSON escapes it
+
+
+@pytest.mark.parametrize("path,body,status", [
+    ("/v1/audio/speech/batch", '{"items": ' + DEEP + "}", 400),
+    ("/v1/audio/speech/batch", '{"items": [{"input": "x", "extra_params": ' + DEEP + "}]}", 400),
+    ("/v1/audio/speech", '{"input": "x", "extra_params": {"top_k": ' + DEEP + "}}", 400),
+    ("/v1/audio/speech", DEEP, 400),
+    ("/v1/text-to-speech/default", '{"text": "x", "voice_settings": ' + DEEP + "}", 422),
+] + [("/v1/audio/speech", '{"input": "x", "%s": "a%s"}' % (field, SURROGATE), 400)
+     for field in ("input", "instructions", "language", "voice", "model")])
+def test_hostile_json_is_a_client_error_and_the_connection_lives_on(server, http, path, body, status):
+    """Nesting a thousand deep and lone surrogates get a 4xx in the error envelope: no 500, no
+    reset keep-alive connection (the same connection serves the next request), no traceback."""
+    fine = b'{"input": "Fine.", "response_format": "pcm"}'
+    with connect_from(server, "127.0.0.1") as sock:
+        for target, payload in ((path, body.encode()), ("/v1/audio/speech", fine)):
+            sock.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            head, reply = read_response(sock)
+            if payload is fine:
+                assert head.startswith(b"HTTP/1.1 200") and reply
+            else:
+                assert head.startswith(f"HTTP/1.1 {status}".encode()), head
+                assert b"error" in reply or b"detail" in reply, reply
+    no_tracebacks(server)
+
+
+def read_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 response off a keep-alive connection: its head and its (dechunked) body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b"\0"
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")[1:])}
+    if b"content-length" in lines:
+        length = int(lines[b"content-length"])
+        while len(rest) < length:
+            rest += sock.recv(65536)
+        return head, rest[:length]
+    body = b""
+    while True:
+        while b"\r\n" not in rest:
+            rest += sock.recv(65536)
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        while len(rest) < size + 2:
+            rest += sock.recv(65536)
+        body, rest = body + rest[:size], rest[size + 2:]
+        if size == 0:
+            return head, body
+
+
+@pytest.mark.parametrize("message", [
+    '{"type": "session.config", "instructions": ' + DEEP + "}",
+    DEEP,
+] + ['{"type": "session.config", "%s": "a%s"}' % (field, SURROGATE)
+     for field in ("instructions", "language", "voice", "model")]
+  + ['{"type": "input.text", "text": "a%s"}' % SURROGATE])
+async def test_hostile_websocket_messages_get_an_error_frame_and_the_session_goes_on(server, message):
+    from tests.api.stream_client import connect, next_event, read_utterance, send
+
+    async with connect(server.url) as ws:
+        await ws.send(message)
+        event = await next_event(ws)
+        assert event["type"] == "error" and event["error"]["type"] == "invalid_request_error", event
+        await send(ws, "session.config", response_format="pcm")
+        await send(ws, "input.text", text="Still speaking after that.")
+        await send(ws, "input.done")
+        utterance = await read_utterance(ws)
+        assert utterance.audio
+        await send(ws, "session.close")
+    no_tracebacks(server)
+
+
+async def test_a_hostile_elevenlabs_message_gets_an_error_and_no_traceback(server):
+    import websockets
+
+    url = server.url.replace("http://", "ws://") + "/v1/text-to-speech/default/stream-input?output_format=pcm_24000"
+    async with websockets.connect(url, max_size=None) as ws:
+        await ws.send('{"text": "a%s"}' % SURROGATE)
+        reply = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert "error" in json.dumps(reply).lower() or reply.get("message"), reply
+    no_tracebacks(server)
+
+
+@pytest.mark.parametrize("content_type,status", [
+    ("text/plain", 415), ("application/x-www-form-urlencoded", 415), ("multipart/form-data; boundary=x", 415),
+    (None, 200), ("application/json; charset=utf-8", 200), ("application/vnd.api+json", 200),
+])
+def test_only_json_reaches_the_json_routes(http, content_type, status):
+    """What a page on another origin can send without asking first (text/plain, a form) is a 415
+    that says how to send JSON; a body with no type, or any JSON type, is read."""
+    headers = {"Content-Type": content_type} if content_type else {}
+    body = json.dumps({"input": "Typed.", "response_format": "pcm"}).encode()
+    for path in ("/v1/audio/speech", "/v1/audio/speech/batch"):
+        payload = body if path.endswith("speech") else json.dumps({"items": [json.loads(body)]}).encode()
+        r = http.post(path, content=payload, headers=headers)
+        if status == 415:
+            assert_error(r, 415, contains="application/json")
+        else:
+            assert r.status_code == 200, r.text[:300]

@@ -5,6 +5,8 @@ served), and the server is still ready and serving afterwards. Ends with a fuzz 
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
 import socket
 import time
@@ -187,3 +189,22 @@ def test_the_api_key_is_never_logged(server, http):
     log = "\n".join(server.log)
     assert "<redacted>" in log  # the profile dump is there, with the key masked
     assert KEY not in log
+
+
+@pytest.mark.parametrize("key", [KEY, "sk-wrong-5e1d9b"])
+def test_a_key_in_a_websocket_query_is_never_logged(server, key):
+    """Browsers pass the key as ``?api_key=``; the server logs the socket's path, never the key
+    (right or wrong)."""
+    import websockets.sync.client
+
+    url = server.url.replace("http://", "ws://") + f"/v1/audio/speech/stream?api_key={key}"
+    with contextlib.suppress(websockets.exceptions.InvalidStatus):
+        with websockets.sync.client.connect(url, open_timeout=10) as ws:
+            ws.send(json.dumps({"type": "session.close"}))
+            with contextlib.suppress(websockets.exceptions.ConnectionClosed):
+                while True:
+                    ws.recv(timeout=10)
+    time.sleep(0.2)
+    log = "\n".join(server.log)
+    assert "/v1/audio/speech/stream?api_key=<redacted>" in log  # the line is there, masked
+    assert key not in log
