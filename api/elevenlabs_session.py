@@ -30,7 +30,7 @@ from api.elevenlabs_protocol import (ClientFrame, ElevenLabsEvents, SocketQuery,
                                      error_message, socket_query)
 from api.elevenlabs_request import (elevenlabs_names, in_elevenlabs_terms, refuse_unused,
                                     speech_request)
-from api.errors import ApiError
+from api.errors import ApiError, count_limit
 from api.stream_output import Outbound, PeerGone
 from api.stream_protocol import SessionFields
 from api.stream_session import SpeechSession, TextBudget
@@ -121,6 +121,7 @@ class ElevenLabsSocket(SocketSession):
         try:
             return await (self._multi(frame) if self.multi else self._single(frame))
         except ApiError as exc:
+            count_limit(self.state, exc)
             await self.out.send_json(error_message(in_elevenlabs_terms(exc), context_id))
             return True
 
@@ -162,7 +163,8 @@ class ElevenLabsSocket(SocketSession):
                 return True
             if len(self.streams) >= self.state.profile.stream.max_contexts:
                 raise ApiError(400, f"this socket has {len(self.streams)} contexts open already "
-                                    f"(stream.max_contexts): close one first", code="too_many_contexts")
+                                    f"(stream.max_contexts): close one first", code="too_many_contexts",
+                               limit="stream.max_contexts")
             stream = await self._open_stream(frame.context_id, frame)
         stream.take(frame)
         return True

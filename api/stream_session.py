@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 
-from api.errors import ApiError, bad_request
+from api.errors import ApiError, bad_request, count_limit
 from api.stream_events import SessionEvents
 from api.stream_incremental import IncrementalPipeline
 from api.stream_pipeline import SentencePipeline, close_quietly
@@ -44,7 +44,7 @@ class TextBudget:
         if self.used + chars > self.limit:
             raise ApiError(400, f"this text would bring the session to {self.used + chars} "
                                 f"characters; the limit is {self.limit} (stream.max_session_chars)",
-                           param="text", code="session_text_limit")
+                           param="text", code="session_text_limit", limit="stream.max_session_chars")
         self.used += chars
 
 
@@ -84,6 +84,7 @@ class SpeechSession:
                     await self.finish()
                     return False
         except ApiError as exc:
+            count_limit(self.state, exc)
             await self.events.error(exc, msg.event_id)
         return True
 

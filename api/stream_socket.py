@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from api.errors import ApiError, bad_request
+from api.errors import ApiError, bad_request, count_limit
 from api.stream_output import Outbound, PeerGone
 
 log = logging.getLogger("mossvox.api")
@@ -58,6 +58,7 @@ class SocketSession(ABC):
 
     idle_s: float                  # close after this long without a message while not busy
     idle_source: str               # what sets idle_s, for the message that closes the socket
+    idle_limit: str | None = None  # the profile field, when a server limit sets it (counted)
     idle_close: int = CLOSE_NORMAL  # the close code then
 
     @property
@@ -90,9 +91,11 @@ async def serve_socket(websocket: WebSocket, make_session: Callable[[Outbound], 
     out = Outbound(websocket, state.profile.stream.send_timeout_s)
     session = make_session(out)
     if not state.streams.take():
-        await _refuse(out, session.error_message(ApiError(
-            503, f"this server holds {state.streams.limit} speech sessions already "
-                 f"(stream.max_sessions); try again later", code="too_many_sessions")))
+        refused = ApiError(503, f"this server holds {state.streams.limit} speech sessions already "
+                                f"(stream.max_sessions); try again later", code="too_many_sessions",
+                           limit="stream.max_sessions")
+        count_limit(state, refused)
+        await _refuse(out, session.error_message(refused))
         return
     try:
         try:
@@ -100,7 +103,7 @@ async def serve_socket(websocket: WebSocket, make_session: Callable[[Outbound], 
         except ApiError as exc:
             await _refuse(out, session.error_message(exc), code=CLOSE_POLICY)
             return
-        await _serve(websocket, out, session)
+        await _serve(websocket, out, session, state)
     except (WebSocketDisconnect, PeerGone):
         pass
     finally:
@@ -108,7 +111,7 @@ async def serve_socket(websocket: WebSocket, make_session: Callable[[Outbound], 
         state.streams.give_back()
 
 
-async def _serve(websocket: WebSocket, out: Outbound, session: SocketSession) -> None:
+async def _serve(websocket: WebSocket, out: Outbound, session: SocketSession, state) -> None:
     """Client messages to the session until it ends; returns at once when the peer is gone
     (a send failed or timed out), even while nothing is being received."""
     gone = asyncio.ensure_future(out.gone_event.wait())
@@ -124,10 +127,10 @@ async def _serve(websocket: WebSocket, out: Outbound, session: SocketSession) ->
             if receive not in done:  # nothing for idle_s
                 if session.busy:
                     continue
-                await _refuse(out, session.error_message(ApiError(
-                    400, f"no message for {session.idle_s:g} s ({session.idle_source}): closing",
-                    code="idle_timeout")),
-                    code=session.idle_close)
+                idle = ApiError(400, f"no message for {session.idle_s:g} s ({session.idle_source}): "
+                                     f"closing", code="idle_timeout", limit=session.idle_limit)
+                count_limit(state, idle)
+                await _refuse(out, session.error_message(idle), code=session.idle_close)
                 return
             message, receive = receive.result(), None
             if not await _handle(message, out, session):

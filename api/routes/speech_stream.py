@@ -22,7 +22,7 @@ class OmniSocket(SocketSession):
 
     def __init__(self, state, out: Outbound) -> None:
         self.idle_s = state.profile.stream.idle_timeout_s
-        self.idle_source = "stream.idle_timeout_s"
+        self.idle_source = self.idle_limit = "stream.idle_timeout_s"
         self.session = SpeechSession(state, OmniEvents(out))
         self.out = out
 
