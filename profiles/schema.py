@@ -247,7 +247,7 @@ class CodecConfig(_Section):
     ring_attention: Annotated[bool, doc(
         "on CUDA: streaming decode attends over the slots' ring caches in place (a Triton kernel "
         "applying the window) instead of copying each row's rings out and masking (chunks up to "
-        "ring_attention_max_frames)")] = False
+        "ring_attention_max_frames); its decode activations are far smaller")] = True
     ring_attention_max_frames: Annotated[PositiveInt | None, doc(
         "with ring_attention: only chunks of at most this many frames attend in place, longer ones "
         "copy the rings out; null = every length")] = None

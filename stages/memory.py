@@ -82,7 +82,8 @@ def replica_memory_needs(variant: Any, device: str) -> MemoryNeeds:
             decode_rows=min(profile.coalescing.max_batch, c.max_slots) + (1 if graphs else 0),
             decode_frames=headroom, lanes=c.decode_lanes if graphs else 1,
             attention_in_place=in_place, encode_batch=c.encode_batch,
-            encode_seconds=profile.api.max_ref_seconds, element_size=elem),
+            encode_seconds=profile.api.max_ref_seconds, element_size=elem,
+            encode_graphs=c.encode_graphs and graphs),
         kv_blocks=t.kv_blocks,
     )
 

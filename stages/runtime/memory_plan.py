@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 GIB = 1 << 30
 CONTEXT_BYTES = GIB  # a CUDA process's context, kernel images and library handles (outside the allocator)
-TALKER_FIXED_WORKSPACE = 3 * GIB  # compile and cuBLAS workspaces, decode and local-loop graph pools
+TALKER_FIXED_WORKSPACE = 4 * GIB  # compile and cuBLAS workspaces, decode and local-loop graph pools
 CODEC_FIXED_WORKSPACE = GIB  # cuBLAS workspaces, the pinned PCM buffer's device side, pool slack
 MIN_TOKENS_PER_STREAM = 256  # KV the plan guarantees each of `talker.max_running` streams (prompt + frames);
 #                              past it, new requests wait for blocks and the scheduler preempts
 ACTIVATION_SAFETY = 1.5  # live activations of a call as a multiple of the largest layer's own
-DECODE_GRAPH_SAFETY = 3  # the codec's decode graphs: their pool holds about twice a call's activations
+DECODE_GRAPH_SAFETY = 3.5  # the codec's decode graphs: their pool holds about twice a call's activations
 
 
 class MemoryPlanError(ValueError):
@@ -167,11 +167,13 @@ class CodecStageShape:
 
 def codec_workspace(*, decoder: Iterable[CodecStageShape], encoder: Iterable[CodecStageShape],
                     decode_rows: int, decode_frames: int, lanes: int, attention_in_place: bool,
-                    encode_batch: int, encode_seconds: float, element_size: int) -> int:
+                    encode_batch: int, encode_seconds: float, element_size: int,
+                    encode_graphs: bool = False) -> int:
     """Estimated workspace of a codec: the largest decode call (`decode_rows` streams of
     `decode_frames` frames, on each of `lanes` graph pools; `DECODE_GRAPH_SAFETY` times the largest
     stage's activations: an H100 ran out at 1.5), the largest reference-encode batch (`encode_batch`
-    clips of `encode_seconds`, `ACTIVATION_SAFETY` times), on top of `CODEC_FIXED_WORKSPACE`. Attention that copies a slot's ring
+    clips of `encode_seconds`, `ACTIVATION_SAFETY` times, or `DECODE_GRAPH_SAFETY` times with
+    `encode_graphs`), on top of `CODEC_FIXED_WORKSPACE`. Attention that copies a slot's ring
     (`attention_in_place` off) also holds the gathered keys and values and the mask."""
     decode = 0
     for s in decoder:
@@ -184,8 +186,9 @@ def codec_workspace(*, decoder: Iterable[CodecStageShape], encoder: Iterable[Cod
     for s in encoder:
         t = int(s.tokens_per_second * encode_seconds)
         encode = max(encode, t * (4 * s.d_model + 2 * s.dim_feedforward) * element_size)
+    encode_safety = DECODE_GRAPH_SAFETY if encode_graphs else ACTIVATION_SAFETY
     return int(CODEC_FIXED_WORKSPACE + DECODE_GRAPH_SAFETY * decode * decode_rows * lanes
-               + ACTIVATION_SAFETY * encode * encode_batch)
+               + encode_safety * encode * encode_batch)
 
 
 def card_memory(device: str) -> tuple[int, int]:

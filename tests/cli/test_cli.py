@@ -154,8 +154,8 @@ def test_profile_fields_documents_every_setting_with_its_default():
                 for f in msgspec.structs.fields(s.type)]
     assert listed == expected
     assert "coalescing.max_wait_ms = 0.0" in result.stdout
-    ring = result.stdout.split("codec.ring_attention = false\n", 1)[1].splitlines()
-    assert ring[1] == "    in high-concurrency: true, low-latency: true"  # the shipped profiles that set it
+    split = result.stdout.split("codec.split_chunks = false\n", 1)[1].splitlines()
+    assert split[1] == "    in high-concurrency: true"  # the shipped profiles that set it
     fp8 = result.stdout.split("talker.fp8_weights = \"none\"\n", 1)[1].splitlines()
     assert fp8[1] == '    in high-concurrency: "backbone"'
 
