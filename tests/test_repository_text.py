@@ -1,6 +1,7 @@
 """The repository speaks of the product: no document, comment or string counts the work periods
-it was built in ("the fifth session", "call 3" of a measurement day) or cites an issue number;
-the history of the figures is told by what changed (docs/performance-history.md)."""
+it was built in ("the fifth session", "call 3" of a measurement day), cites an issue number or
+says random weights never stop (their stop head fires at random); the history of the figures is
+told by what changed (docs/performance-history.md)."""
 
 import re
 import subprocess
@@ -19,6 +20,9 @@ EVERYWHERE = {
     "a session by number": re.compile(r"\bsessions? \d+\b", re.IGNORECASE),
     "an issue by number": re.compile(r"\bissues? ?#?\d+|\(#\d+\)", re.IGNORECASE),
     "the issue as a source": re.compile(r"\bthe issue'?s?\b(?! (?:of|with|is|was|here))", re.IGNORECASE),
+    # random weights' stop head fires at random, often at once (the demo model's length is forced)
+    "random weights said never to stop": re.compile(r"random weights never (?:decide to )?stop|"
+                                                    r"never stops? by (?:it|them)sel(?:f|ves)", re.IGNORECASE),
 }
 # in prose, a measurement day's runs by number ("call 3", "calls 1-4")
 IN_DOCS = {"a measurement call by number": re.compile(r"\bcalls? \d+(?:-\d+)?\b")}
@@ -52,7 +56,7 @@ def test_no_file_counts_work_periods_or_cites_an_issue() -> None:
 
 
 def test_the_rules_catch_what_they_are_for() -> None:
-    caught = ["the twenty-first session's table", "as the fifth session found", "session 12",
+    caught = ["random weights never stop by themselves", "the twenty-first session's table", "as the fifth session found", "session 12",
               "see issue #123", "(#4804)", "the issue's table", "measured in the 3rd session"]
     fine = ["a WebSocket session", "this session's config", "pytorch#190489", "no host-to-device "
             "copy is issued", "sessions per API process", "the issue of ordering"]

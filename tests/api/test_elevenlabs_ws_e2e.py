@@ -4,7 +4,7 @@ a client written to the messages of ElevenLabs' API reference for what the SDK d
 (the multi-context socket, flush, the key in the first message, close_context as barge-in).
 
 Output is `pcm_48000`, the model's own rate, so each sentence's length is exact: the cpu profile
-forces it from the sentence's text (random weights never stop by themselves).
+forces it from the sentence's text (random weights stop at random).
 """
 
 from __future__ import annotations

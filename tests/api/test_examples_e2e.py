@@ -1,7 +1,7 @@
 """The examples in `examples/` run against a real `mossvox serve` (tiny demo model, cpu profile,
 an API key) as a user runs them: the Pipecat pipeline (through its ElevenLabs and its OpenAI
 service) and the LiveKit agent's `say` command each write the reply, as long as its sentences'
-forced lengths (cpu profile: random weights never stop)."""
+forced lengths (cpu profile: random weights stop at random)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ WebSocket; whole: `/v1/text-to-speech/{voice_id}/stream`) and `livekit.plugins.o
 (`/v1/audio/speech`, which it asks for as server-sent events).
 
 Text is spoken: the plugin yields audio frames at the rate of the format it asked for, mono, as
-long as the sentences' forced lengths (cpu profile: random weights never stop). An interruption
+long as the sentences' forced lengths (cpu profile: random weights stop at random). An interruption
 (the agent closes the stream) stops the audio, and the server frees every stage: at once where
 text was still unsent or a request was still running, or once the sentences the plugin had
 already flushed are spoken (ElevenLabs' close_context speaks flushed text to its end).

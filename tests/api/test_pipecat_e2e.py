@@ -4,7 +4,7 @@ cpu profile, an API key): `ElevenLabsTTSService` (the multi-context WebSocket),
 (`/v1/audio/speech`), each the first processor of a real Pipecat pipeline.
 
 An LLM reply written in pieces is spoken: the pipeline gets audio at its own output rate, mono,
-as long as the sentences' forced lengths (cpu profile: random weights never stop, so lengths
+as long as the sentences' forced lengths (cpu profile: random weights stop at random, so lengths
 come from the text). An interruption while the bot speaks (Pipecat's barge-in) stops the audio
 and frees every stage of the server.
 """
