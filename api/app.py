@@ -31,6 +31,7 @@ from api.http_timeouts import BodyTimeoutMiddleware
 from api.limits import BodyLimitMiddleware
 from api.loop_lag import loop_lag_watched
 from api.metrics import ApiMetrics
+from api.origins import OriginCheckMiddleware
 from api.ref_cache import ReferenceCodeCache, codec_namespace
 from api.reference import ReferenceLoader, ReferencePolicy
 from api.request_limits import RequestLimits
@@ -156,6 +157,7 @@ def create_app(profile: Profile, connect: Connect, *, codec_id: str = "",
         Route("/", demo.index, methods=["GET"]),
     ]
     middleware = cors_middleware(profile.api.cors_origins) + [
+        Middleware(OriginCheckMiddleware, allowed=tuple(profile.api.cors_origins)),
         Middleware(BodyLimitMiddleware, max_bytes=profile.api.max_body_bytes),
         Middleware(BodyTimeoutMiddleware, gap_s=profile.api.body_timeout_s, total_s=profile.api.body_deadline_s),
         Middleware(BearerAuthMiddleware, keys=tuple(profile.api.keys)),

@@ -440,7 +440,8 @@ class ApiConfig(_Section):
         "go on); size it to the memory an API process may use", ge=1048576)] = 2 * 1024 * 1024 * 1024
     cors_origins: Annotated[tuple[str, ...], doc(
         "origins (scheme://host[:port], or *) whose browser pages may call the API across "
-        "origins; empty = no CORS headers, so browsers keep such pages out")] = ()
+        "origins: CORS headers for them, and their WebSocket handshakes and POST/DELETE requests "
+        "let in; empty = only the server's own pages (others get a 403 on anything that acts)")] = ()
     pcm_layout: Annotated[Literal["openai", "native"], doc(
         "response_format pcm when a request names no sample_rate or channels: openai = 24 kHz "
         "mono s16le, what OpenAI speech clients assume; native = the model's own rate and "

@@ -476,3 +476,46 @@ def test_only_json_reaches_the_json_routes(http, content_type, status):
             assert_error(r, 415, contains="application/json")
         else:
             assert r.status_code == 200, r.text[:300]
+
+
+EVIL = "http://evil.example"
+
+
+async def test_a_page_of_another_origin_cannot_open_the_websocket(server):
+    """A browser names the page's origin on the handshake: another origin is refused (403) with
+    no API key set; the server's own origin (its demo page) and clients that name none are let in."""
+    import websockets
+    from websockets.exceptions import InvalidStatus
+
+    from tests.api.stream_client import ws_url
+
+    with pytest.raises(InvalidStatus) as refused:
+        async with websockets.connect(ws_url(server.url), origin=EVIL):
+            pass
+    assert refused.value.response.status_code == 403
+    for origin in (server.url, None):
+        async with websockets.connect(ws_url(server.url), origin=origin) as ws:
+            await ws.send(json.dumps({"type": "input.text", "text": 5}))  # served: an error frame
+            assert json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] == "error"
+
+
+def test_a_page_of_another_origin_cannot_change_anything(http):
+    """A voice upload (multipart, a form any page can post), a delete, a text/plain speech
+    request: refused 403 from another origin, the registry untouched; the same from the server's
+    own origin or with no origin goes through."""
+    wav = tone_wav(1.5)
+    form = {"name": "mine", "consent": "yes"}
+    assert http.post("/v1/audio/voices", files={"audio": ("v.wav", wav)}, data=form).status_code == 200
+    evil = {"Origin": EVIL}
+    r = http.post("/v1/audio/voices", files={"audio": ("v.wav", tone_wav(2.5))},
+                  data={**form, "overwrite": "true"}, headers=evil)
+    assert_error(r, 403, contains="api.cors_origins")
+    assert http.get("/v1/audio/voices/mine").json()["duration_s"] == pytest.approx(1.5)
+    assert_error(http.delete("/v1/audio/voices/mine", headers=evil), 403)
+    assert_error(http.post("/v1/audio/speech", content=b'{"input": "Hi."}',
+                           headers={**evil, "Content-Type": "text/plain"}), 403)
+    assert_error(http.post("/v1/audio/speech", json={"input": "Hi."}, headers=evil), 403)
+    own = {"Origin": str(http.base_url).rstrip("/")}
+    r = http.post("/v1/audio/speech", json={"input": "Same origin.", "response_format": "pcm"}, headers=own)
+    assert r.status_code == 200 and r.content
+    assert http.delete("/v1/audio/voices/mine", headers=own).status_code == 200
