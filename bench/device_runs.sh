@@ -40,6 +40,10 @@
 #                                       # its downtime, the restart's phases, what the clients saw and
 #                                       # GPU memory before and after; then KILLS (5) codec kills in a
 #                                       # row without load, GPU memory after each (no leak)
+#   bash bench/device_runs.sh agents    # a voice agent's first audio after its first sentence's last
+#                                       # word over ElevenLabs' multi-context socket, the speech
+#                                       # WebSocket and HTTP (bench.agent_latency): PROFILE
+#                                       # (low-latency here) at CS (1 16 64), REPLIES (4) a client
 #   FLAGS="--set k=v" bash bench/device_runs.sh flags
 #                                       # the shipped profile against it with FLAGS (and FLAGS2,
 #                                       # FLAGS3: one server each), CS (128 64), PASSES (2)
@@ -54,7 +58,7 @@
 # (15 MB parts), CACHE=DIR restores them, so a later run's first server is ready in 70-110 s
 # instead of ~230.
 set -u
-PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|nvcompare|startup|gputests|families [NAME...]|invariant|faults|build|flags}
+PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|nvcompare|startup|gputests|families [NAME...]|invariant|faults|build|flags|agents}
 OUT=${OUT:-$PWD/device_results}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
@@ -453,5 +457,15 @@ flags)  # the shipped profile (PROFILE, high-concurrency) against it with FLAGS 
   PASSES=${PASSES:-2} compare "${CS:-128 64}" shipped "" alt "${FLAGS:?serve options}" \
     ${FLAGS2:+alt2 "$FLAGS2"} ${FLAGS3:+alt3 "$FLAGS3"}
   summaries
-  ;;*) echo "unknown phase $PHASE"; exit 2 ;;
+  ;;
+agents)  # first audio after the first sentence's last word, three protocols (bench.agent_latency):
+  # PROFILE (low-latency) with lengths forced from the text, CS (1 16 64), REPLIES (4) a client
+  checkpoint
+  start_server 8000 agents --profile "${PROFILE:-low-latency}" --set model.force_length_from_text=true
+  # shellcheck disable=SC2086  # CS is a list of levels
+  timeout $(( $(left) - 30 )) python3 -m bench.agent_latency --url http://127.0.0.1:8000 \
+    --concurrency ${CS:-1 16 64} --replies "${REPLIES:-4}" --json "$R/agents.json" 2>&1 | tee "$R/agents.txt"
+  stop_server agents
+  ;;
+*) echo "unknown phase $PHASE"; exit 2 ;;
 esac
