@@ -21,7 +21,7 @@ client sends ``--replies`` replies in a closed loop; a reply's sentences come fr
 by client and reply, so every run sends the same texts. Random weights stop at random: serve with
 ``--set model.force_length_from_text=true`` so every protocol gets the same lengths.
 
-    python -m bench.agent_latency --url http://127.0.0.1:8000 --concurrency 1 16 64
+    python -m bench.agent_latency --url http://127.0.0.1:8000 --concurrency 1,16,64
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 import httpx
 import numpy as np
 import websockets
+
+from bench.levels import add_concurrency_option, levels_of
 
 PROTOCOLS = ("elevenlabs", "stream", "http")
 SAMPLE_RATE = 24000
@@ -283,7 +285,7 @@ async def main_async(args) -> int:
             await run_pass(args.url, args.key, protocol, 1, 1, args.word_ms / 1000)
     print("| protocol | C | replies | failed | first audio after the sentence p50 ms | p90 | p99 | mean |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for concurrency in args.concurrency:
+    for concurrency in levels_of(args):
         for protocol in args.protocols:
             records = await run_pass(args.url, args.key, protocol, concurrency, args.replies, args.word_ms / 1000)
             row = summary(records)
@@ -305,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--key", default=None, help="an API key of the server, if it has any")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    add_concurrency_option(parser, [1, 16, 64], "C agents")
     parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS))
     parser.add_argument("--replies", type=int, default=4, help="replies per client")
     parser.add_argument("--word-ms", type=float, default=20.0, help="the LLM writes a word this often")

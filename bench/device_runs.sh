@@ -462,9 +462,8 @@ agents)  # first audio after the first sentence's last word, three protocols (be
   # PROFILE (low-latency) with lengths forced from the text, CS (1 16 64), REPLIES (4) a client
   checkpoint
   start_server 8000 agents --profile "${PROFILE:-low-latency}" --set model.force_length_from_text=true
-  # shellcheck disable=SC2086  # CS is a list of levels
   timeout $(( $(left) - 30 )) python3 -m bench.agent_latency --url http://127.0.0.1:8000 \
-    --concurrency ${CS:-1 16 64} --replies "${REPLIES:-4}" --json "$R/agents.json" 2>&1 | tee "$R/agents.txt"
+    --concurrency "$(echo "${CS:-1 16 64}" | tr ' ' ,)" --replies "${REPLIES:-4}" --json "$R/agents.json" 2>&1 | tee "$R/agents.txt"
   stop_server agents
   ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
