@@ -276,8 +276,8 @@ class CodecConfig(_Section):
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_batch_streaming: Annotated[PositiveInt | None, doc(
         "reference-encoding jobs batched together at most while streams are decoding: a batch "
-        "holds up every open stream's next chunk, so smaller keeps playing streams fed and makes "
-        "new voices wait longer; null = encode_batch")] = None
+        "shares the GPU with their decoding, so smaller keeps playing streams fed and makes new "
+        "voices wait longer; null = encode_batch")] = None
     encode_graphs: Annotated[bool, doc(
         "reference encoding replays CUDA graphs per (batch bucket, length bucket of 4-32 s), "
         "captured at start-up (CUDA only; seconds more start-up)")] = False
