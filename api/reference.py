@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-import httpx
 import numpy as np
 
 from api.clip_index import ClipIndex, KnownClip
 from api.errors import ApiError, bad_request
+from api.remote_fetch import (AddressCheck, RemoteFetchError, RemoteStatusError, RemoteTooLarge, fetch_remote,
+                              public_address)
 from api.reference_decode import (DecodeBounds, PyAvMissing, ReferenceDecodeError, ReferenceDecodeTooLong,
                                   ReferenceOutOfBounds, decode_reference)
 from stages.models.codec.audio_prep import prepare_reference
@@ -87,6 +88,8 @@ class ReferencePolicy:
     max_channels: int = 8  # channels a clip's file may have
     max_rate: int = 192000  # Hz a clip's file may have
     max_decodes: int = 4  # clips decoded at once by this process (threads wait for a turn)
+    remote_timeout_s: float = 10.0  # one deadline for a remote clip, redirects included
+    address_allowed: AddressCheck = public_address  # which addresses a remote clip may come from
     decode_turns: threading.BoundedSemaphore | None = None  # the turns themselves (made at once)
 
     def __post_init__(self) -> None:
@@ -104,7 +107,8 @@ class ReferencePolicy:
                    max_bytes=api_config.max_ref_bytes, allow_remote=api_config.allow_remote_ref_audio,
                    allowed_local_paths=tuple(api_config.allowed_local_paths),
                    sample_rate=sample_rate, channels=channels, max_channels=api_config.max_ref_channels,
-                   max_rate=api_config.max_ref_sample_rate, max_decodes=api_config.max_ref_decodes)
+                   max_rate=api_config.max_ref_sample_rate, max_decodes=api_config.max_ref_decodes,
+                   remote_timeout_s=api_config.remote_ref_timeout_s)
 
 
 class ReferenceLoader:
@@ -253,19 +257,20 @@ class ReferenceLoader:
         return self._check_size(_read_regular_file(path, self.policy.max_bytes, param), param)
 
     async def _fetch_remote(self, url: str, param: str) -> bytes:
+        policy = self.policy
         try:
-            async with httpx.AsyncClient(timeout=10.0, follow_redirects=True) as client:
-                async with client.stream("GET", url) as response:
-                    if response.status_code != 200:
-                        raise bad_request(f"ref_audio URL returned HTTP {response.status_code}", param=param)
-                    body = bytearray()
-                    async for piece in response.aiter_bytes():
-                        body += piece
-                        if len(body) > self.policy.max_bytes:
-                            self._check_size(bytes(body), param)
-                    return self._check_size(bytes(body), param)
-        except httpx.HTTPError as exc:
-            raise bad_request(f"ref_audio URL could not be fetched: {exc}", param=param) from None
+            data = await fetch_remote(url, max_bytes=policy.max_bytes, timeout_s=policy.remote_timeout_s,
+                                      address_allowed=policy.address_allowed)
+        except RemoteTooLarge as exc:
+            raise ApiError(413, f"Reference audio is at least {exc.size} bytes; the limit is {policy.max_bytes} "
+                                f"bytes (api.max_ref_bytes)", param=param, limit="api.max_ref_bytes") from None
+        except RemoteStatusError as exc:
+            raise bad_request(f"ref_audio URL returned HTTP {exc.status}", param=param) from None
+        except RemoteFetchError:
+            raise bad_request(f"ref_audio URL could not be fetched: this server fetches public http(s) URLs "
+                              f"that answer within {policy.remote_timeout_s:g} s (api.remote_ref_timeout_s)",
+                              param=param) from None
+        return self._check_size(data, param)
 
 
 def _read_regular_file(path: Path, max_bytes: int, param: str) -> bytes:

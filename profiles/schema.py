@@ -396,7 +396,11 @@ class ApiConfig(_Section):
         "many cores and many new voices", ge=1)] = 4
     max_voices: Annotated[int, doc("registered voices kept at most", ge=0)] = 1000
     allow_remote_ref_audio: Annotated[bool, doc(
-        "allow http(s) URLs as ref_audio (the server fetches them)")] = False
+        "allow http(s) URLs as ref_audio (the server fetches them, from public addresses only, "
+        "after every redirect too)")] = False
+    remote_ref_timeout_s: Annotated[float, doc(
+        "one deadline, in seconds, for fetching a remote ref_audio URL: every redirect and the "
+        "whole body", gt=0)] = 10.0
     allowed_local_paths: Annotated[tuple[str, ...], doc(
         "directories under which file:// or plain-path ref_audio may be read")] = ()
     data_dir: Annotated[str, doc(

@@ -40,7 +40,7 @@ def server(tmp_path_factory):
         f"api.body_timeout_s={GAP_S}", f"api.body_deadline_s={DEADLINE_S}",
         f"api.max_connections={PER_PROCESS}", f"api.max_connections_per_address={PER_ADDRESS}",
         f"api.send_timeout_s={SEND_TIMEOUT_S}", f"api.max_stream_buffer_bytes={STREAM_BUFFER}",
-        f"api.max_batch_output_bytes={BATCH_OUTPUT}",
+        f"api.max_batch_output_bytes={BATCH_OUTPUT}", "api.allow_remote_ref_audio=true",
     )).start()
     yield s
     s.stop()
@@ -519,3 +519,23 @@ def test_a_page_of_another_origin_cannot_change_anything(http):
     r = http.post("/v1/audio/speech", json={"input": "Same origin.", "response_format": "pcm"}, headers=own)
     assert r.status_code == 200 and r.content
     assert http.delete("/v1/audio/voices/mine", headers=own).status_code == 200
+
+
+def test_remote_references_cannot_reach_inside_the_servers_network(http, tmp_path):
+    """With remote references on, a URL on loopback (open port or closed), a private or a
+    link-local address is refused before any connection, with one message for all."""
+    from tests.api.test_reference import http_files
+
+    (tmp_path / "ref.wav").write_bytes(tone_wav(1.5))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]
+    with http_files(tmp_path) as (url, asked):
+        errors = set()
+        for target in (f"{url}/ref.wav", f"http://127.0.0.1:{closed_port}/ref.wav", "http://10.0.0.7/ref.wav",
+                       "http://169.254.169.254/latest/meta-data/"):
+            r = http.post("/v1/audio/speech", json={"input": "Fetch this.", "ref_audio": target})
+            errors.add(assert_error(r, 400, param="ref_audio")["message"])
+        assert asked == []
+    assert len(errors) == 1
+    assert api_process(http)

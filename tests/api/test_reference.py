@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
+import socket
 
 import numpy as np
 import pytest
@@ -111,27 +113,127 @@ async def test_oversized_reference_is_a_413():
     assert err.value.status == 413 and "4096" in err.value.message
 
 
-async def test_remote_url_fetched_when_allowed(tmp_path):
-    import functools
+def loopback_one(address) -> bool:
+    """The tests' stand-in for "public": only 127.0.0.1 (a test cannot reach a public host)."""
+    return str(address) == "127.0.0.1"
+
+
+@contextlib.contextmanager
+def http_files(root, host: str = "127.0.0.1", redirects: dict[str, str] | None = None):
+    """A static file server on ``host`` (``redirects``: path -> Location answered 302); yields its
+    base URL and the list of paths it was asked for."""
     import http.server
     import threading
 
-    (tmp_path / "ref.wav").write_bytes(wav_bytes(2.0))
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    asked: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, directory=str(root), **kw)
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            asked.append(self.path)
+            if redirects and self.path in redirects:
+                self.send_response(302)
+                self.send_header("Location", redirects[self.path])
+                self.end_headers()
+                return
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer((host, 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        loader = ReferenceLoader(policy(allow_remote=True))
+        yield f"http://{host}:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_remote_url_fetched_when_allowed(tmp_path):
+    (tmp_path / "ref.wav").write_bytes(wav_bytes(2.0))
+    with http_files(tmp_path) as (url, _):
+        loader = ReferenceLoader(policy(allow_remote=True, address_allowed=loopback_one))
         assert (await loader.load(f"{url}/ref.wav")).duration_s == pytest.approx(2.0)
         with pytest.raises(ApiError, match="HTTP 404"):
             await loader.load(f"{url}/missing.wav")
         with pytest.raises(ApiError) as err:
-            await ReferenceLoader(policy(allow_remote=True, max_bytes=4096)).load(f"{url}/ref.wav")
+            await ReferenceLoader(policy(allow_remote=True, max_bytes=4096, address_allowed=loopback_one)).load(
+                f"{url}/ref.wav")
         assert err.value.status == 413
+
+
+async def test_remote_urls_inside_the_servers_network_are_refused_alike_and_never_fetched(tmp_path):
+    """Loopback, private, link-local and unroutable hosts are refused before any connection,
+    all with the same message whether something listens there or not."""
+    (tmp_path / "ref.wav").write_bytes(wav_bytes(2.0))
+    loader = ReferenceLoader(policy(allow_remote=True))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]
+    with http_files(tmp_path) as (url, asked):
+        messages = set()
+        port = url.rsplit(":", 1)[1]
+        for target in (f"{url}/ref.wav", f"http://127.0.0.1:{closed_port}/ref.wav", f"http://localhost:{port}/ref.wav",
+                       "http://10.1.2.3/ref.wav", "http://192.168.0.1/ref.wav", "http://169.254.169.254/latest/meta-data",
+                       "http://[::1]/ref.wav", "http://[::ffff:127.0.0.1]/ref.wav", "http://0.0.0.0/ref.wav",
+                       "http://no-such-host.invalid/ref.wav"):
+            with pytest.raises(ApiError) as err:
+                await asyncio.wait_for(loader.load(target), 10)
+            assert err.value.status == 400 and err.value.param == "ref_audio"
+            messages.add(err.value.message)
+        assert asked == []  # nothing was fetched
+    assert len(messages) == 1 and "public" in messages.pop()
+
+
+async def test_a_redirect_is_checked_like_the_first_url(tmp_path):
+    (tmp_path / "ref.wav").write_bytes(wav_bytes(2.0))
+    with http_files(tmp_path, host="127.0.0.2") as (inside, inside_asked):
+        with http_files(tmp_path, redirects={"/away": f"{inside}/ref.wav", "/here": "/ref.wav"}) as (url, asked):
+            loader = ReferenceLoader(policy(allow_remote=True, address_allowed=loopback_one))
+            assert (await loader.load(f"{url}/here")).duration_s == pytest.approx(2.0)
+            with pytest.raises(ApiError, match="could not be fetched"):
+                await loader.load(f"{url}/away")
+    assert asked == ["/here", "/ref.wav", "/away"] and inside_asked == []
+
+
+async def test_a_trickling_server_is_given_one_deadline_in_all(tmp_path):
+    """A server that sends a byte every 0.2 s never stalls a read, yet the fetch ends at
+    api.remote_ref_timeout_s."""
+    async def trickle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            for _ in range(500):
+                writer.write(b"x")
+                await writer.drain()
+                await asyncio.sleep(0.2)
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        loader = ReferenceLoader(policy(allow_remote=True, address_allowed=loopback_one, remote_timeout_s=1.0))
+        with pytest.raises(ApiError, match="could not be fetched"):
+            await asyncio.wait_for(loader.load(f"http://127.0.0.1:{port}/slow.wav"), 10)
     finally:
-        server.shutdown()
+        server.close()
+
+
+@pytest.mark.parametrize("address,public", [
+    ("8.8.8.8", True), ("2001:4860:4860::8888", True),
+    ("127.0.0.1", False), ("10.0.0.1", False), ("172.16.0.1", False), ("192.168.1.1", False),
+    ("169.254.169.254", False), ("100.64.0.1", False), ("0.0.0.0", False), ("224.0.0.1", False),
+    ("255.255.255.255", False), ("::1", False), ("fe80::1", False), ("fc00::1", False), ("::", False),
+    ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False), ("ff02::1", False),
+])
+def test_public_addresses(address, public):
+    import ipaddress
+
+    from api.remote_fetch import public_address
+
+    assert public_address(ipaddress.ip_address(address)) is public
 
 
 @pytest.mark.parametrize("name", ["ok.wav\x00.txt", "file://{root}/ok.wav%00", "{root}/" + "n" * 300 + ".wav",
