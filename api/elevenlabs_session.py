@@ -155,12 +155,12 @@ class ElevenLabsSocket(SocketSession):
                 speak_rest = stream.ending is None and not stream.session.has_text
                 self._end(stream, speak_rest=speak_rest)
             return True
+        if not frame.text and not frame.flush:  # a keep-alive (of a context open, ending or gone)
+            return True
         if stream is not None and stream.ending is not None:
             raise ApiError(409, f"context {frame.context_id!r} is closing: open a new one (or send "
                                 f"text to it once its isFinal has arrived)", code="context_closing")
         if stream is None:
-            if frame.text == "" and not frame.flush:  # keep-alive of a context not open: nothing
-                return True
             if len(self.streams) >= self.state.profile.stream.max_contexts:
                 raise ApiError(400, f"this socket has {len(self.streams)} contexts open already "
                                     f"(stream.max_contexts): close one first", code="too_many_contexts",

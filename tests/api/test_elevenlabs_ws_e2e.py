@@ -62,6 +62,7 @@ async def read_until_final(ws, context: str | None = None, timeout: float = 60.0
     got: dict[str | None, int] = {}
     while True:
         message = await receive(ws, timeout)
+        assert "error" not in message, message
         if message.get("isFinal") and message.get("contextId") == context:
             return got, message
         if "audio" in message:
@@ -124,7 +125,8 @@ async def test_contexts_speak_side_by_side_and_end_with_is_final(server):
         await ws.send(json.dumps({"text": SENTENCES[1] + " ", "context_id": "b", "flush": True}))
         await ws.send(json.dumps({"context_id": "a", "flush": True}))
         await ws.send(json.dumps({"context_id": "a", "close_context": True}))
-        await ws.send(json.dumps({"text": ""}))  # a keep-alive: changes nothing
+        await ws.send(json.dumps({"text": ""}))  # keep-alives change nothing, not even of a context
+        await ws.send(json.dumps({"text": "", "context_id": "a"}))  # that is ending (Pipecat's)
         got, final_a = await read_until_final(ws, "a")
         await ws.send(json.dumps({"text": SENTENCES[2] + " ", "context_id": "b", "flush": True}))
         await ws.send(json.dumps({"close_socket": True}))
