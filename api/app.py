@@ -25,6 +25,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from api.auth import BearerAuthMiddleware
 from api.clip_index import ClipIndex
+from api.disk_budget import DiskBudget
 from api.connection_limits import ConnectionGate
 from api.errors import EXCEPTION_HANDLERS
 from api.http_timeouts import BodyTimeoutMiddleware
@@ -83,15 +84,18 @@ def build_state(profile: Profile, client: EngineClient, *, codec_id: str = "",
     limits = RequestLimits.for_engine(profile, channels=client.channels, n_vq=client.n_vq,
                                       samples_per_frame=client.variant.samples_per_frame)
     metrics = ApiMetrics(engine_counters=client.counters)
+    disk = DiskBudget(root, (root / "ref_codes", root / "ref_clips"), profile.api.ref_cache_max_bytes,
+                      on_evicted=metrics.ref_cache_evicted.inc)
     if connections is not None:
         connections.bind(metrics.connections_open.inc, metrics.limit_hit)
     return ApiState(
         profile=profile,
         client=client,
         metrics=metrics,
-        references=ReferenceLoader(policy, index=ClipIndex(root / "ref_clips")),
+        references=ReferenceLoader(policy, index=ClipIndex(root / "ref_clips", budget=disk)),
         limits=limits,
-        ref_cache=ReferenceCodeCache(root / "ref_codes", namespace, client.n_vq, client.encode_reference),
+        ref_cache=ReferenceCodeCache(root / "ref_codes", namespace, client.n_vq, client.encode_reference,
+                                     budget=disk),
         voices=VoiceRegistry(root / "voices"),
         streams=StreamSessions(profile.stream.max_sessions, metrics.stream_sessions),
         send_limits=SendLimits(profile.api.send_timeout_s, profile.api.max_stream_buffer_bytes,

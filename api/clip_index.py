@@ -7,7 +7,9 @@ wait on the same process). The index keeps each validated clip's :class:`KnownCl
 ``<data_dir>/ref_clips/``, one small file a key (the ``ReferenceLoader``'s memo key: the SHA-256 of
 an inline clip's text, or of a file's bytes), written to a temporary name and renamed into place,
 so a reader sees a whole entry or none. An entry that cannot be read or parsed is treated as
-absent (and written again by whoever decodes the clip next).
+absent (and written again by whoever decodes the clip next). With a ``DiskBudget``
+(``api.disk_budget``) each new entry is counted against ``api.ref_cache_max_bytes`` and each
+entry read is marked used, so the least used are removed first.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import uuid
 from pathlib import Path
 
 import msgspec
+
+from api.disk_budget import DiskBudget, touch
 
 log = logging.getLogger("mossvox.api")
 
@@ -38,9 +42,10 @@ _decoder = msgspec.json.Decoder(KnownClip)
 class ClipIndex:
     """``get(key) -> KnownClip | None`` and ``put(key, clip)`` over a shared directory."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, budget: DiskBudget | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.budget = budget
 
     def path(self, key: bytes) -> Path:
         name = key.hex()
@@ -48,8 +53,12 @@ class ClipIndex:
 
     def get(self, key: bytes) -> KnownClip | None:
         """The entry for ``key``, or None when there is none or it cannot be read."""
+        path = self.path(key)
         try:
-            return _decoder.decode(self.path(key).read_bytes())
+            clip = _decoder.decode(path.read_bytes())
+            if self.budget is not None:
+                touch(path)
+            return clip
         except FileNotFoundError:
             return None
         except (OSError, msgspec.DecodeError) as exc:
@@ -64,6 +73,8 @@ class ClipIndex:
             final.parent.mkdir(exist_ok=True)
             tmp.write_bytes(msgspec.json.encode(clip))
             os.replace(tmp, final)
+            if self.budget is not None:
+                self.budget.added(final)
         except OSError as exc:
             log.warning("reference-clip entry %s not written (%s)", final, exc)
             with contextlib.suppress(OSError):

@@ -140,6 +140,8 @@ class ApiMetrics:
                                    "Streams the engine could not finish after audio began (cut with an "
                                    "error event or a closed body), by reason: worker_lost, deadline, "
                                    "engine_failed, shutdown, error", ["reason"], registry=r)
+        self.ref_cache_evicted = Counter(f"{PREFIX}_ref_cache_evicted_files", "Reference-cache files removed "
+                                         "to stay within api.ref_cache_max_bytes", registry=r)
         self.stream_sessions = Gauge(f"{PREFIX}_stream_sessions_open",
                                      "Open WebSocket speech sessions (/v1/audio/speech/stream)",
                                      multiprocess_mode="livesum", registry=r)

@@ -7,7 +7,9 @@ renamed into place, so a reader in any API process (or after a restart) sees a w
 none. Concurrent misses for the same key inside one process share one encode (single flight),
 which runs as a task of its own: a waiter that leaves (its client disconnected) leaves the others
 their codes; only misses reach ``encode`` (the codec worker). A file that cannot be written (a
-full disk) is logged and the codes are still returned.
+full disk) is logged and the codes are still returned. With a ``DiskBudget``
+(``api.disk_budget``) every new file counts against ``api.ref_cache_max_bytes`` and every file
+read is marked used, so the least used are removed first.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from api.disk_budget import DiskBudget, touch
+
 log = logging.getLogger("mossvox.api")
 
 Encode = Callable[[np.ndarray], Awaitable[np.ndarray]]
@@ -37,7 +41,8 @@ class ReferenceCodeCache:
     """``get_or_encode(digest, wav) -> (codes [T, n_vq] int64, hit)``."""
 
     def __init__(self, directory: str | Path, namespace: str, n_vq: int, encode: Encode,
-                 *, memory_entries: int = 256) -> None:
+                 *, memory_entries: int = 256, budget: DiskBudget | None = None) -> None:
+        self.budget = budget
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.namespace = namespace
@@ -110,6 +115,8 @@ class ReferenceCodeCache:
         if codes.dtype != np.int64 or codes.ndim != 2 or codes.shape[1] != self.n_vq:
             log.warning("reference-code file %s has %s %s; re-encoding", path, codes.dtype, codes.shape)
             return None
+        if self.budget is not None:
+            touch(path)
         self._remember(key, codes)
         return codes
 
@@ -127,6 +134,8 @@ class ReferenceCodeCache:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, final)  # atomic: readers see the old state or the whole file
+        if self.budget is not None:
+            self.budget.added(final)
 
     def _remember(self, key: str, codes: np.ndarray) -> None:
         codes.setflags(write=False)

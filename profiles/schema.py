@@ -406,6 +406,10 @@ class ApiConfig(_Section):
     data_dir: Annotated[str, doc(
         "reference-code cache, validated clips and registered voices, shared by API processes (~ expanded)",
         min_length=1)] = "~/.cache/mossvox/data"
+    ref_cache_max_bytes: Annotated[int, doc(
+        "bytes on disk the reference cache under data_dir (codes and validated clips, ~100 KB a "
+        "clip) may take in all; past it the least recently used files are removed (voices are "
+        "not: api.max_voices bounds them)", ge=65536)] = 1024 * 1024 * 1024
     header_timeout_s: Annotated[float, doc(
         "a connection whose request headers are not complete this long after it opened (or after "
         "its previous response) is closed", gt=0)] = 10.0

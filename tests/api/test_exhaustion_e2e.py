@@ -11,6 +11,7 @@ import base64
 import contextlib
 import io
 import json
+import os
 import resource
 import socket
 import time
@@ -31,6 +32,7 @@ GAP_S, DEADLINE_S = 2, 4  # api.body_timeout_s and api.body_deadline_s here
 SEND_TIMEOUT_S = 2  # api.send_timeout_s here
 STREAM_BUFFER = 512 * 1024  # api.max_stream_buffer_bytes here
 BATCH_OUTPUT = 4 * MB  # api.max_batch_output_bytes here
+REF_CACHE = 64 * 1024  # api.ref_cache_max_bytes here
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,7 @@ def server(tmp_path_factory):
         f"api.max_connections={PER_PROCESS}", f"api.max_connections_per_address={PER_ADDRESS}",
         f"api.send_timeout_s={SEND_TIMEOUT_S}", f"api.max_stream_buffer_bytes={STREAM_BUFFER}",
         f"api.max_batch_output_bytes={BATCH_OUTPUT}", "api.allow_remote_ref_audio=true",
+        f"api.ref_cache_max_bytes={REF_CACHE}",
     )).start()
     yield s
     s.stop()
@@ -539,3 +542,23 @@ def test_remote_references_cannot_reach_inside_the_servers_network(http, tmp_pat
         assert asked == []
     assert len(errors) == 1
     assert api_process(http)
+
+
+def test_new_clips_without_end_keep_the_reference_cache_within_its_size(server, http):
+    """Twenty new clips (two files each on disk): the cache's directories stay within
+    api.ref_cache_max_bytes, the oldest files removed and counted; the newest clip is a hit."""
+    from api.disk_budget import disk_bytes
+
+    def cache_bytes() -> int:
+        return sum(disk_bytes(os.path.join(folder, name)) for sub in ("ref_codes", "ref_clips")
+                   for folder, _, names in os.walk(server.data_dir / sub) for name in names)
+
+    evicted = metric(http.get("/metrics").text, "mossvox_ref_cache_evicted_files_total")
+    for i in range(20):
+        clip = data_url(tone_wav(1.2, hz=300.0 + 11 * i))
+        r = http.post("/v1/audio/speech", json={"input": "New voice.", "ref_audio": clip, "response_format": "pcm"})
+        assert r.status_code == 200 and r.headers["X-Ref-Cache"] == "miss"
+    wait_for(lambda: cache_bytes() <= REF_CACHE)
+    assert metric(http.get("/metrics").text, "mossvox_ref_cache_evicted_files_total") > evicted
+    r = http.post("/v1/audio/speech", json={"input": "Again.", "ref_audio": clip, "response_format": "pcm"})
+    assert r.status_code == 200 and r.headers["X-Ref-Cache"] == "hit"
