@@ -95,7 +95,13 @@ class ElevenLabsSocket(SocketSession):
         return error_message(in_elevenlabs_terms(exc))
 
     async def open(self) -> None:
-        """The handshake's query and voice: the settings every stream starts from."""
+        """The handshake's query and voice: the settings every stream starts from (once the
+        first message has brought the key, when the handshake had none: nothing is looked up
+        for a client without one)."""
+        if self.key_check is None:
+            await self._settings()
+
+    async def _settings(self) -> None:
         state = self.state
         self.query = query = socket_query(self.websocket.query_params)
         self.idle_s = query.inactivity_s
@@ -115,8 +121,15 @@ class ElevenLabsSocket(SocketSession):
         except ApiError as exc:
             await self.out.send_json(error_message(exc))
             return True
-        if self.key_check is not None and not await self._authorized(frame):
-            return False
+        if self.key_check is not None:
+            if not await self._authorized(frame):
+                return False
+            try:
+                await self._settings()
+            except ApiError as exc:
+                await self.out.send_json(self.error_message(exc))
+                await self.out.close(CLOSE_POLICY, exc.code or "")
+                return False
         context_id = frame.context_id if self.multi else None
         try:
             return await (self._multi(frame) if self.multi else self._single(frame))

@@ -114,6 +114,17 @@ async def test_a_missing_or_wrong_key_closes_the_socket(server):
     with pytest.raises(websockets.InvalidStatus):  # a wrong key in the handshake: refused there
         async with connect(server, key="wrong"):
             pass
+    # a voice is looked up only for a client with the key: without one, no name is confirmed
+    keyless = server.url.replace("http://", "ws://") + "/v1/text-to-speech/nobody-here/stream-input"
+    async with websockets.connect(keyless) as ws:
+        await ws.send(json.dumps({"text": " "}))
+        assert (await receive(ws))["error"] == "invalid_api_key"
+    async with websockets.connect(keyless) as ws:
+        await ws.send(json.dumps({"text": " ", "xi-api-key": KEY}))
+        assert (await receive(ws))["error"] == "voice_not_found"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await receive(ws)
+        assert closed.value.rcvd.code == 1008
 
 
 async def test_contexts_speak_side_by_side_and_end_with_is_final(server):
