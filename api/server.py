@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ipc.shm import pid_exists
+
 log = logging.getLogger("mossvox.server")
 
 STOP_TIMEOUT_S = 10.0
@@ -107,21 +109,12 @@ def sweep_metrics_dirs(folder: Path) -> list[Path]:
     removed = []
     for path in folder.glob(f"{METRICS_DIR_PREFIX}*"):
         pid = path.name[len(METRICS_DIR_PREFIX):].split("-", 1)[0]
-        if path.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+        if path.is_dir() and pid.isdigit() and not pid_exists(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     if removed:
         log.info("removed %d metrics folder(s) of servers that are gone", len(removed))
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

@@ -88,12 +88,13 @@ def sweep_orphans(instance: str | None = None) -> list[str]:
         parts = name[len(SEGMENT_PREFIX):].split("-", 2)
         if len(parts) != 3 or not parts[1].isdigit():
             continue
-        if not _pid_exists(int(parts[1])) and unlink_segment(name):
+        if not pid_exists(int(parts[1])) and unlink_segment(name):
             removed.append(name)
     return removed
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
+    """Whether process `pid` is alive (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
