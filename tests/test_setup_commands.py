@@ -2,6 +2,7 @@
 backend, and each install step of `make serve` / `make test` names itself in one line while pip
 prints nothing unless it fails. (The installs themselves need the network; CI runs them.)"""
 
+import os
 import re
 import shutil
 import subprocess
@@ -27,8 +28,9 @@ def test_the_package_metadata_builds_without_a_warning() -> None:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_every_install_step_is_quiet_and_announced() -> None:
-    steps = subprocess.run(["make", "-n", "-B", "venv"], cwd=REPO, capture_output=True, text=True,
-                           check=True).stdout.splitlines()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    steps = subprocess.run(["make", "--no-print-directory", "-n", "-B", "venv"], cwd=REPO, env=env,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
     installs = [i for i, line in enumerate(steps) if " pip install " in line]
     assert len(installs) >= 3
     for i in installs:
