@@ -127,7 +127,10 @@ def test_a_worker_death_fails_its_streams_visibly_and_the_server_recovers(server
     name, data = events[-1]
     assert name == "speech.audio.error"
     assert data["partial_audio"] is True and data["error"]["type"] == "server_error"
-    assert any("failed after" in line for line in server.log), "the failure was not logged"
+    deadline = time.monotonic() + 10  # the server's log reaches the test through a pipe
+    while not any("failed after" in line for line in server.log):
+        assert time.monotonic() < deadline, "the failure was not logged"
+        time.sleep(0.05)
     deadline = time.monotonic() + 10
     while http.get("/ready").status_code != 503:
         assert time.monotonic() < deadline, "/ready never noticed the dead worker"

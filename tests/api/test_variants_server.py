@@ -42,7 +42,7 @@ ACCEPTED = {
     "ttsd": ({"input": "[S1] Hello there. [S2] Hi, how are you?"}, 150),
     "sound-effect": ({"input": "rain on a tin roof"}, 150),
     "voice-generator": ({"input": "Hello there.", "instructions": "a calm, low voice"}, 150),
-    "realtime": ({"input": "Hello from the realtime model."}, 60),
+    "realtime": ({"input": "Hello from the realtime model."}, 150),  # long enough to outlast its first audio under load
 }
 # talker steps beyond one per frame: Delay opens audio (1 row) and drains n_vq - 1 delay rows;
 # Realtime emits a frame from its prefill step on
