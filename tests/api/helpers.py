@@ -18,8 +18,9 @@ FRAMES_PER_CHAR = 0.87  # the cpu profile forces each request's length from its 
 FRAME_S = 0.08
 
 
-def expected_seconds(text: str) -> float:
-    return max(1, round(FRAMES_PER_CHAR * len(text))) * FRAME_S
+def expected_seconds(*texts: str) -> float:
+    """The audio the cpu profile makes of these texts, one request each."""
+    return sum(max(1, round(FRAMES_PER_CHAR * len(text))) * FRAME_S for text in texts)
 
 
 def tone_wav(seconds: float, rate: int = 16000, hz: float = 220.0) -> bytes:

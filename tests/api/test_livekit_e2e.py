@@ -21,7 +21,7 @@ import pytest
 from livekit.agents import APIConnectOptions
 from livekit.plugins import elevenlabs, openai
 
-from tests.api.helpers import FRAMES_PER_CHAR, FRAME_S, aborted, engine_gauges, wait_idle
+from tests.api.helpers import aborted, engine_gauges, expected_seconds, wait_idle
 from tests.api.server_process import ServerProcess
 
 KEY = "livekit-test-key"
@@ -29,10 +29,6 @@ REPLY = ["Hello, I am the voice of this agent.", "I speak each sentence as it is
          "Then I stop."]
 LONG = "This sentence goes on and on " * 12 + "until it ends."
 PATIENT = APIConnectOptions(timeout=60)  # a busy test machine may be slow to the first audio
-
-
-def seconds(*sentences: str) -> float:
-    return sum(max(1, round(FRAMES_PER_CHAR * len(s))) * FRAME_S for s in sentences)
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +66,14 @@ async def test_the_elevenlabs_plugin_streams_words_in_and_audio_out(server):
         stream.end_input()
         frames = [event.frame async for event in stream]
         await stream.aclose()
-    assert abs(frame_seconds(frames, 24000) - seconds(*REPLY)) < 0.05
+    assert abs(frame_seconds(frames, 24000) - expected_seconds(*REPLY)) < 0.05
 
 
 @pytest.mark.parametrize("encoding,rate", [("pcm_16000", 16000), ("mp3_44100_128", 44100)])
 async def test_the_elevenlabs_plugin_synthesizes_whole_texts(server, encoding, rate):
     async with eleven(server, encoding=encoding) as tts:
         frames = [event.frame async for event in tts.synthesize(REPLY[0], conn_options=PATIENT)]
-    assert abs(frame_seconds(frames, rate) - seconds(REPLY[0])) < (0.05 if encoding.startswith("pcm") else 0.1)
+    assert abs(frame_seconds(frames, rate) - expected_seconds(REPLY[0])) < (0.05 if encoding.startswith("pcm") else 0.1)
 
 
 @pytest.mark.parametrize("words", [False, True], ids=["sentences", "words"])
@@ -101,7 +97,7 @@ async def test_an_interruption_stops_the_elevenlabs_stream_and_frees_the_server(
         again.end_input()
         frames = [event.frame async for event in again]
         await again.aclose()
-    assert abs(frame_seconds(frames, 16000) - seconds(REPLY[0])) < 0.05
+    assert abs(frame_seconds(frames, 16000) - expected_seconds(REPLY[0])) < 0.05
     if words:
         assert aborted(server.url) > before, "the context was stopped, not spoken to its end"
 
@@ -114,7 +110,7 @@ async def test_the_openai_plugin_speaks_through_server_sent_events(server):
     finally:
         await tts.aclose()
     # one request: the whole text as one input, its length forced from all of it
-    assert abs(frame_seconds(frames, 24000) - seconds(" ".join(REPLY))) < 0.05
+    assert abs(frame_seconds(frames, 24000) - expected_seconds(" ".join(REPLY))) < 0.05
 
 
 async def test_an_interruption_stops_the_openai_plugin_and_frees_the_server(server):

@@ -26,7 +26,7 @@ from pipecat.services.elevenlabs.tts import ElevenLabsHttpTTSService, ElevenLabs
 from pipecat.services.openai.tts import OpenAITTSService
 from pipecat.workers.runner import WorkerRunner
 
-from tests.api.helpers import FRAMES_PER_CHAR, FRAME_S, aborted, engine_gauges, wait_idle
+from tests.api.helpers import aborted, engine_gauges, expected_seconds, wait_idle
 from tests.api.server_process import ServerProcess
 
 KEY = "pipecat-test-key"
@@ -35,10 +35,6 @@ REPLY = ["Hello, I am the voice of this agent.", "I speak each sentence as it is
 LONG = ["This sentence goes on and on " * 12 + "until it ends.", "Nobody hears this one."]
 SERVICES = ["elevenlabs-websocket", "elevenlabs-http", "openai"]
 RATES = {"elevenlabs-websocket": 16000, "elevenlabs-http": 22050, "openai": 24000}
-
-
-def seconds(*sentences: str) -> float:
-    return sum(max(1, round(FRAMES_PER_CHAR * len(s))) * FRAME_S for s in sentences)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +127,7 @@ async def test_a_reply_is_spoken_at_the_pipelines_rate(server, service):
         await asyncio.wait_for(recorder.reply_ended.wait(), 120)
     assert not recorder.errors, recorder.errors
     assert {(f.sample_rate, f.num_channels) for f in recorder.audio} == {(RATES[service], 1)}
-    assert abs(recorder.seconds - seconds(*REPLY)) < 0.05, recorder.seconds
+    assert abs(recorder.seconds - expected_seconds(*REPLY)) < 0.05, recorder.seconds
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -150,5 +146,5 @@ async def test_an_interruption_stops_the_audio_and_frees_the_server(server, serv
             "every stage freed its state"
         assert aborted(server.url) > before, "the sentence was stopped, not spoken to its end"
         heard = recorder.seconds
-    assert heard < seconds(LONG[0]) / 2
+    assert heard < expected_seconds(LONG[0]) / 2
     assert not recorder.errors, recorder.errors
