@@ -188,6 +188,11 @@ print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "m
       "| steps over 100 ms", t.get("steps_over_100ms"), "graphs recorded", t.get("graphs_recorded"),
       "compiles", t.get("compiles"), "triton kernels", t.get("triton_kernels"), "gc ms", round(t.get("gc_ms", 0.0), 1),
       "allocating steps", t.get("allocating_steps"), "longest", round(t.get("allocating_step_max_ms", 0.0), 1))
+e = d.get("encode")
+if e:
+    print("   ", sys.argv[2], "encode |", e["batches"], "batches of", round(e["clips_per_batch"], 1), "clips,",
+          ms(e["batch_ms"]), "ms a batch (p90", ms(e["batch_ms"], "p90"), "max", ms(e["batch_ms"], "max"), "),",
+          round(e["ms_per_clip"], 1), "ms a clip, in flight", round(e["busy"], 2), "of the pass")
 for part in ("requests", "requests_first_wave", "requests_later"):
     r = d.get(part, {})
     parts = (f"(parsed {ms(r.get('received_to_parsed_ms', {}))}, voice {ms(r.get('parsed_to_voice_ms', {}))},"

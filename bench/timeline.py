@@ -14,6 +14,8 @@ and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) an
   taken from the prefix cache;
 - the codec: dispatches, busy share, chunks per dispatch, distinct chunk lengths per dispatch,
   decode time per dispatch and per decoded frame, time between dispatch starts;
+- the codec's reference encodes: batches, clips per batch, time per batch and per clip, and the
+  share of the pass with a batch in flight;
 - the two together: share of the pass with both busy, with only one, with neither;
 - a request's life: admission → first frame (prefill), first frame → last frame (decode), last
   frame → its final chunk decoded (codec tail), first frame → first chunk decoded (first audio's
@@ -184,6 +186,17 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             "period_ms": statistics.fmean(b - a for a, b in zip(starts, starts[1:])) * 1e3 if len(disp) > 1 else 0,
             "chunks_by_frames": dict(sorted(lengths.items())),
             "frames": frames,
+        }
+    encodes = [e for e in events if e["k"] == "codec_encode"]
+    if encodes:  # reference-encode batches (the codec's encoder thread)
+        clips = sum(e.get("n", 1) for e in encodes)
+        out["encode"] = {
+            "batches": len(encodes),
+            "clips": clips,
+            "clips_per_batch": clips / len(encodes),
+            "batch_ms": _scale(_stats([e["dur"] for e in encodes]), 1e3),
+            "ms_per_clip": sum(e["dur"] for e in encodes) / clips * 1e3,
+            "busy": _length(_busy([(e["t"], e["t"] + e["dur"]) for e in encodes])) / window,
         }
     out["requests"] = _request_life(events)
     if first_wave:

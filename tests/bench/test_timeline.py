@@ -132,7 +132,7 @@ def test_steps_timed_on_the_gpu_give_their_spans_and_the_idle_time_between_them(
 def test_over_http_the_api_process_marks_the_body_and_the_voice_before_submit(tmp_path):
     """A request with an inline reference clip, twice (a miss, then a hit), through the real server:
     each request's received -> parsed -> voice -> submit parts are all there, in order, and add
-    up to its received -> submit."""
+    up to its received -> submit, and the clip's one encode is in the codec's figures."""
     timelines = tmp_path / "timelines"
     server = ServerProcess(tmp_path / "data", sets=(f"engine.timeline_dir={timelines}",)).start()
     try:
@@ -144,7 +144,12 @@ def test_over_http_the_api_process_marks_the_body_and_the_voice_before_submit(tm
                 assert response.status_code == 200 and response.content
     finally:
         server.stop()
-    life = summarize(read_events(timelines))["requests"]
+    summary = summarize(read_events(timelines))
+    life = summary["requests"]
+    # the clip was encoded once, in one batch of one (the second request's voice was a cache hit)
+    encode = summary["encode"]
+    assert (encode["batches"], encode["clips"]) == (1, 1)
+    assert encode["ms_per_clip"] == pytest.approx(encode["batch_ms"]["mean"]) and 0 < encode["busy"] <= 1
     for name in ("received_to_parsed_ms", "parsed_to_voice_ms", "voice_to_submit_ms", "received_to_submit_ms"):
         assert life[name]["n"] == 2 and life[name]["p50"] >= 0, (name, life[name])
     parts = sum(life[name]["mean"] for name in ("received_to_parsed_ms", "parsed_to_voice_ms", "voice_to_submit_ms"))
