@@ -20,6 +20,9 @@
 #                                       # every voice new, the shipped server against FLAGS
 #   bash bench/device_runs.sh startup   # PROFILES (default low-latency) each from its start, a short
 #                                       # pass, then the refusal of a 24 and a 48 GB card
+#   bash bench/device_runs.sh encoder   # the reference encoder alone (bench.encoder): BATCHES (1,8,16,32)
+#                                       # of 6 s clips in MODES (eager,compiled,graphs), a kernel
+#                                       # profile of each eager batch, a small loop beside each mode
 #   bash bench/device_runs.sh gputests  # the GPU-marked tests of TESTS (tests/stages), K: -k filter
 #   bash bench/device_runs.sh families [NAME...]
 #                                       # every model family (default: delay, ttsd, sound-effect,
@@ -58,7 +61,7 @@
 # (15 MB parts), CACHE=DIR restores them, so a later run's first server is ready in 70-110 s
 # instead of ~230.
 set -u
-PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|nvcompare|startup|gputests|families [NAME...]|invariant|faults|build|flags|agents}
+PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|nvcompare|startup|encoder|gputests|families [NAME...]|invariant|faults|build|flags|agents}
 OUT=${OUT:-$PWD/device_results}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
@@ -354,6 +357,10 @@ startup)  # each of PROFILES (default low-latency) from its start: time to /read
     el "a ${gb} GB card (gpu_utilization $u): exit $? after $(( $(date +%s) - s0 )) s"
     grep -E "MemoryPlanError|needs at least|memory plan" "$R/serve_refuse$gb.log" | cut -c1-500 | head -3
   done
+  ;;
+encoder)  # the reference encoder alone, full size: BATCHES of 6 s clips in MODES, profiles, a loop beside
+  timeout $(( $(left) - 10 )) python3 -m bench.encoder --size full --batches "${BATCHES:-1,8,16,32}" \
+    --modes "${MODES:-eager,compiled,graphs}" --profile --top 8 --beside 5 2>&1 | grep -v -i warn | tee "$R/encoder.txt"
   ;;
 gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
   timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS:-tests/stages} \

@@ -2,8 +2,8 @@
 
 Before attending over its rings in place (`ring_attention`), each layer of a streaming chunk
 rotates its queries and keys (interleaved RoPE, fp32 math) and writes the keys and values into
-the slots' rings. Done with torch ops that is five kernels a layer (a cast to fp32, the complex
-product, the cast back, two `index_copy_`), which at a few rows is five launches of nearly
+the slots' rings. Done with torch ops that is five kernels a layer (a cast to fp32, the rotation's
+arithmetic, the cast back, two `index_copy_`), which at a few rows is five launches of nearly
 nothing, and at many rows the fp32 copies' traffic: in a small replay of the full v2 decoder (92
 layers) the fixed cost of such launches is most of the replay. Here one kernel a layer: a
 program takes a tile of rows of one head, reads their packed q, k, v straight from the input
@@ -60,9 +60,9 @@ def _rope_ring_write_kernel(
 
 
 def rope_table(rotor: torch.Tensor) -> torch.Tensor:
-    """A plan's rotor [B, T, 1, 1, Dh/2] complex -> the kernel's table [B * T, Dh/2, 2] fp32 (cos, sin)."""
+    """A plan's rotor [B, T, 1, 1, Dh/2, 2] (cos, sin) -> the kernel's table [B * T, Dh/2, 2] fp32."""
     B, T = rotor.shape[:2]
-    return torch.view_as_real(rotor).reshape(B * T, -1, 2).contiguous()
+    return rotor.reshape(B * T, -1, 2).contiguous()
 
 
 def rope_ring_write(qkv: torch.Tensor, table: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor,

@@ -41,24 +41,31 @@ class LayerCache:
 
 
 def rope_rotor(positions: torch.Tensor, head_dim: int, max_period: float) -> torch.Tensor:
-    """positions [B, T] (long) -> cos + i sin, complex64 [B, T, 1, 1, Dh/2], angles in fp32 as upstream."""
+    """positions [B, T] (long) -> (cos, sin) fp32 [B, T, 1, 1, Dh/2, 2], angles in fp32 as upstream.
+
+    Real-valued rather than complex: torch.compile fuses real arithmetic into the layer's other
+    elementwise work; it cannot generate code for complex tensors."""
     ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))  # [Dh/2]
     angles = positions.float()[:, :, None, None, None] * freqs  # [B, T, 1, 1, Dh/2]
-    return torch.polar(torch.ones_like(angles), angles)
+    return torch.stack((torch.cos(angles), torch.sin(angles)), dim=-1)
 
 
 def apply_interleaved_rope(x: torch.Tensor, rotor: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (2i, 2i+1) of x [B, T, n, H, Dh] as complex numbers by rotor [B, T, 1, 1, Dh/2]; fp32 math."""
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # [B, T, n, H, Dh/2]
-    return torch.view_as_real(pairs * rotor).flatten(-2).to(x.dtype)
+    """Rotate pairs (2i, 2i+1) of x [B, T, n, H, Dh] by the angles of rotor [B, T, 1, 1, Dh/2, 2]
+    (cos, sin): (a, b) -> (a cos - b sin, a sin + b cos), the product of complex numbers a + ib
+    and cos + i sin; fp32 math."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # [B, T, n, H, Dh/2, 2]
+    a, b = pairs[..., 0], pairs[..., 1]
+    cos, sin = rotor[..., 0], rotor[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).to(x.dtype)
 
 
 @dataclass
 class WindowPlan:
     """What every layer of one stage shares for one call: RoPE tables and the visibility mask.
 
-    rotor [B, T, 1, 1, Dh/2] complex. mask, an additive bias (0 visible, -inf hidden) in the compute
+    rotor [B, T, 1, 1, Dh/2, 2] (cos, sin) fp32. mask, an additive bias (0 visible, -inf hidden) in the compute
     dtype, made once per stage rather than converted from bool in every layer: [T, T] (whole
     sequence), [2, blk, blk + context - 1]
     (whole sequence in query blocks of `block`: the first block's mask, then every later one's, over
