@@ -41,11 +41,19 @@ T = TypeVar("T")
 
 
 def in_kernel_mode(method: Callable[..., T]) -> Callable[..., T]:
-    """Run a runner method inside its `kernel_mode()` (steps, graph captures)."""
+    """Run a runner method (steps, graph captures) inside its `kernel_mode()` and inference mode.
+
+    Inference mode for the whole method, not only its model calls: every tensor a step or capture
+    makes (packed inputs, graphs' static buffers) is then an inference tensor, so the compiled
+    parts always meet one kind. Dynamo guards on a tensor's dispatch keys, and a frame graph's
+    static input made outside inference mode beside a decode body's hidden states made inside it
+    compiled the local loop (and the row embedding) once for each kind: two compiles more at
+    warm-up. Methods called between steps (`add`, `remove`, `feed`) may write only what the runner
+    made at construction (or host state): an inference tensor is read-only outside inference mode."""
 
     @functools.wraps(method)
     def wrapper(self: ScheduledRunner, *args, **kwargs) -> T:
-        with self.kernel_mode():
+        with self.kernel_mode(), torch.inference_mode():
             return method(self, *args, **kwargs)
 
     return wrapper

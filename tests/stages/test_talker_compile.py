@@ -1,6 +1,8 @@
 """`LocalV15Talker.compile_hot_paths`: the compiled serving path traces without breaking and emits
 the eager path's codes (dynamo with the `eager` backend on CPU; inductor itself runs on the GPU)."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -108,3 +110,30 @@ def test_inductor_compiled_talker_with_fused_backbone_parts_matches_eager_on_cud
         fuse_projections(compiled.transformer)
     compiled.transformer.store_kv_in_layers("kv_writes" in fused)
     assert_same_codes(_codes(eager, greedy=True), _codes(compiled, greedy=True))
+
+
+@pytest.mark.slow
+def test_the_first_warm_up_batches_compile_the_local_loop_once_a_shape():
+    """A runner's steps and graph bodies run in inference mode, so every tensor the compiled parts
+    meet is of one kind: dynamo guards on a tensor's dispatch keys, and a frame graph's static
+    input made outside inference mode next to a decode body's hidden states made inside compiled
+    the local loop once more for each kind. The warm-up's batch of one and batch of two compile
+    it twice in all: for one row (torch specialises a size of 1) and shape-generic."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    from stages.workers.talker import run_together
+
+    torch.manual_seed(0)
+    model = build_talker_module(tiny_config()).eval()
+    model.compile_hot_paths(backend="eager")
+    runner = LocalV15Runner(model, max_running=4, num_kv_blocks=64, prefill_chunk_tokens=32,
+                            max_prefill_tokens_per_step=64, graph_path="eager")
+    prompt = np.full((20, 13), 1024, np.int64)
+    prompt[:, 0] = np.arange(20) % 600
+    request = SimpleNamespace(prompt=prompt, sampling=SamplingParams(seed=1, forced_frames=3))
+    before = get_compilation_metrics()
+    run_together(runner, [(-1, request)], max_steps=8)
+    run_together(runner, [(-2, request), (-3, request)], max_steps=8)
+    new = [m for m in get_compilation_metrics() if not any(m is b for b in before)]
+    assert not [m.recompile_reason for m in new if "dispatch key" in (m.recompile_reason or "")]
+    assert [m.co_name for m in new].count("decode_frame") == 2
