@@ -21,8 +21,8 @@
 #   bash bench/device_runs.sh startup   # PROFILES (default low-latency) each from its start, a short
 #                                       # pass, then the refusal of a 24 and a 48 GB card
 #   bash bench/device_runs.sh encoder   # the reference encoder alone (bench.encoder): BATCHES (1,8,16,32)
-#                                       # of 6 s clips in MODES (eager,compiled,graphs), a kernel
-#                                       # profile of each eager batch, a small loop beside each mode
+#                                       # of 6 s clips in MODES (eager,fused,graphs,fused+graphs), a
+#                                       # kernel profile of each batch, a small loop beside each mode
 #   bash bench/device_runs.sh gputests  # the GPU-marked tests of TESTS (tests/stages), K: -k filter
 #   bash bench/device_runs.sh families [NAME...]
 #                                       # every model family (default: delay, ttsd, sound-effect,
@@ -360,7 +360,7 @@ startup)  # each of PROFILES (default low-latency) from its start: time to /read
   ;;
 encoder)  # the reference encoder alone, full size: BATCHES of 6 s clips in MODES, profiles, a loop beside
   timeout $(( $(left) - 10 )) python3 -m bench.encoder --size full --batches "${BATCHES:-1,8,16,32}" \
-    --modes "${MODES:-eager,compiled,graphs}" --profile --top 8 --beside 5 2>&1 | grep -v -i warn | tee "$R/encoder.txt"
+    --modes "${MODES:-eager,fused,graphs,fused+graphs}" --profile --top 8 --beside 5 2>&1 | grep -v -i warn | tee "$R/encoder.txt"
   ;;
 gputests)  # GPU-marked tests: TESTS (tests/stages) filtered by K (every test when empty)
   timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS:-tests/stages} \

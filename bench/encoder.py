@@ -3,8 +3,9 @@
 A new voice costs one encode of its reference clip. This times `CodecModel.encode` on a
 random-weight codec (speed does not depend on the values) for batches of clips of `--seconds`:
 
-- per mode (`eager`; `compiled`: the encoder's layers through torch.compile; `graphs`: replayed
-  from the encode graphs): ms a batch, ms a clip, clip seconds encoded a second, and the model
+- per mode (`eager`; `fused`: through the streaming kernels, `CodecModel.use_fused_encoder`;
+  `compiled`: the encoder's layers through torch.compile; `graphs`: replayed from the encode
+  graphs; `fused+graphs`: both): ms a batch, ms a clip, clip seconds encoded a second, and the model
   FLOP/s it reached (`encoder_flops`);
 - `--profile`: one eager batch under the torch profiler: the GPU time of its kernels against the
   call's wall time (a call whose kernels take much less than its wall time waits on the host's
@@ -54,7 +55,7 @@ def clips(cfg: CodecConfig, batch: int, seconds: float, device: str) -> tuple[li
 def encoder_call(model: CodecModel, mode: str, batch: int, seconds: float, n_vq: int, device: str):
     """A no-argument call that encodes `batch` clips in `mode` (made and warmed up)."""
     wavs, stacked, lengths = clips(model.cfg, batch, seconds, device)
-    if mode == "graphs":
+    if mode.endswith("graphs"):
         from stages.models.codec.encode_graphs import EncodeGraphs
 
         graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=batch, lengths_s=(seconds,), capture=True)
@@ -150,10 +151,11 @@ def main() -> None:
     parser.add_argument("--n-vq", type=int, default=12)
     parser.add_argument("--batches", default="1,8,16,32")
     parser.add_argument("--seconds", type=float, default=6.0, help="each clip's length")
-    parser.add_argument("--modes", default="eager,compiled,graphs",
-                        help="eager, compiled (the encoder's layers through torch.compile), graphs (CUDA)")
+    parser.add_argument("--modes", default="eager,fused,graphs,fused+graphs",
+                        help="eager, fused (the streaming kernels), compiled (the encoder's layers through "
+                             "torch.compile), graphs (CUDA), fused+graphs")
     parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--profile", action="store_true", help="a kernel profile of one eager call at each batch")
+    parser.add_argument("--profile", action="store_true", help="a kernel profile of one call at each batch (not graphs)")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--beside", type=float, default=0.0, metavar="S",
                         help="S seconds of a small GPU loop alone and beside each mode's encodes at the last batch")
@@ -166,11 +168,12 @@ def main() -> None:
           f"({flop / 1e9:.0f} GFLOP a clip)")
     last_calls = {}
     for mode in args.modes.split(","):
-        if mode == "graphs" and not args.device.startswith("cuda"):
+        if mode.endswith("graphs") and not args.device.startswith("cuda"):
             continue
         model = random_codec(cfg, args.device, getattr(torch, args.dtype))
         if mode == "compiled":
             model.compile_layers(encoder=True, decoder=False)
+        model.use_fused_encoder(mode.startswith("fused"))
         for batch in batches:
             t0 = time.perf_counter()
             call = encoder_call(model, mode, batch, args.seconds, args.n_vq, args.device)
@@ -179,7 +182,7 @@ def main() -> None:
             print(f"{mode:>8} batch {batch:3d}: {ms:8.1f} ms a batch, {ms / batch:6.2f} ms a clip, "
                   f"{batch * args.seconds / (ms / 1e3):7.0f} clip-s/s, {batch * flop / (ms / 1e3) / 1e12:6.1f} TFLOP/s "
                   f"(made in {made:.1f} s)", flush=True)
-            if args.profile and mode == "eager":
+            if args.profile and not mode.endswith("graphs"):
                 kernel_profile(call, args.device, args.top)
             last_calls[mode] = call
     if args.beside:

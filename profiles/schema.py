@@ -272,6 +272,11 @@ class CodecConfig(_Section):
         "the decoder's FFN GELU as the tanh approximation inside the first matmul (cuBLASLt's "
         "epilogue on CUDA) instead of the checkpoint's erf GELU; a fidelity change "
         "(docs/performance.md); the encoder keeps erf")] = False
+    fused_encoder: Annotated[bool, doc(
+        "on CUDA: reference encodes run the encoder through the streaming Triton kernels (the "
+        "window applied in the attention kernel, RoPE with the key writes, residual adds with the "
+        "norms) instead of masked attention and separate elementwise ops; same arithmetic, less "
+        "GPU time a new voice")] = True
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_batch_streaming: Annotated[PositiveInt | None, doc(

@@ -258,3 +258,27 @@ def test_a_chunk_cut_into_rows_of_its_slot_decodes_as_one(in_place):
     for got, want in ((got_a, want_a), (got_b, want_b)):
         assert got.shape == want.shape
         assert (got - want).abs().max().item() <= AUDIO_TOL * want.abs().max().item()
+
+
+def test_a_reference_encoded_through_the_streaming_kernels_gives_the_same_codes():
+    """`use_fused_encoder`: two references of different lengths (the shorter padded, as a batch
+    is) through the tiny v2 encoder, the whole sequence as one chunk of the streaming kernels,
+    against the masked-attention path: the same hidden states (fp32) and the same codes. The
+    second clip is longer than every stage's window, so the window is applied, not just causality."""
+    cfg = CodecConfig.from_json(tiny_v2_config())
+    model = random_codec(cfg, DEVICE, torch.float32, seed=5)
+    gen = torch.Generator().manual_seed(11)
+    hop = cfg.downsample_rate
+    wav = (0.3 * torch.randn(2, cfg.channels, 40 * hop, generator=gen)).to(DEVICE)
+    lengths = torch.tensor([23 * hop, 40 * hop], device=DEVICE)
+    want = model.encode(wav, lengths, 12)
+    model.use_fused_encoder()
+    try:
+        got = model.encode(wav, lengths, 12)
+    finally:
+        model.use_fused_encoder(False)
+    assert torch.equal(got.lengths, want.lengths)
+    scale = want.hidden.abs().max().item()
+    assert (got.hidden - want.hidden).abs().max().item() <= AUDIO_TOL * scale
+    for row, frames in enumerate(want.lengths.tolist()):
+        assert torch.equal(got.codes[:, row, :frames], want.codes[:, row, :frames])

@@ -50,7 +50,7 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     `codec.compile_encoder`) and attention over the rings in place
     (`codec.ring_attention`, up to `codec.ring_attention_max_frames`; `codec.fused_ring_writes`,
     `codec.fused_norms`, `codec.fused_attention`), the decoder's GELU in its first matmul
-    (`codec.gelu_epilogue`),
+    (`codec.gelu_epilogue`), reference encodes through the streaming kernels (`codec.fused_encoder`),
     CUDA devices only, from the profile.
     dtype: None = `model.dtype` resolved for the device."""
     from stages.models.codec.loader import load_codec
@@ -67,6 +67,7 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
                                  fused_norms=profile.codec.fused_norms,
                                  fused_attention=profile.codec.fused_attention)
     model.use_gelu_epilogue(profile.codec.gelu_epilogue)
+    model.use_fused_encoder(profile.codec.fused_encoder and str(device).startswith("cuda"))
     return CodecRunner(model, n_vq=n_vq,
                        max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),

@@ -314,6 +314,23 @@ class ProjectedTransformer(nn.Module):
             x = layer(x, plan, parts=self.transformer.parts)
         return self.output_proj(x)
 
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole sequence from position 0, as `forward` computes it, through the streaming
+        kernels: x [B, T, in] is one chunk starting at position 0 of each row, its keys written
+        into one scratch ring per row that every layer reuses (a layer's keys are read only by
+        that layer), long enough that nothing wraps; the window is applied in the attention kernel
+        (no mask, no padded key blocks), RoPE and the ring writes in one kernel, each residual add
+        and the LayerNorm after it in one. CUDA, or Triton's CPU interpreter."""
+        B, T, _ = x.shape
+        st = self.stage
+        capacity = T + st.context - 1  # a chunk of T positions fits beside a full window: no wrap
+        k = torch.empty(B, capacity, st.num_heads, st.head_dim, dtype=self.transformer_dtype, device=x.device)
+        ring = LayerCache(k, torch.empty_like(k))  # [B, C, H, Dh] each
+        slots = torch.arange(B, device=x.device)
+        start = torch.zeros(B, dtype=torch.long, device=x.device)
+        return self.forward_streaming(x, start, [ring] * len(self.transformer.layers), slots,
+                                      in_place=True, fused=True, fused_norms=True)
+
     def forward_streaming(self, x: torch.Tensor, start: torch.Tensor, caches: list[LayerCache],
                           slots: torch.Tensor, *, in_place: bool = False, fused: bool = False,
                           fused_norms: bool = False, one_kernel: bool = False) -> torch.Tensor:
