@@ -6,7 +6,9 @@ cleaning up). With `engine.replicas: R` it starts R talker+codec pairs, replica 
 `engine.devices[k]` (or the derived device, `stages.workers.placement.replica_devices`), its rings named
 `r{k}-...` under the instance id; each codec owns one PCM ring per client, so every client reads
 one SPSC ring per replica. Every worker inherits the NVLink-multicast-off variables
-(`stages.workers.placement.worker_environment`), set in this process's environment before spawning.
+(`stages.workers.placement.worker_environment`), set in this process's environment before spawning,
+and runs with its compile caches in `engine.compile_cache_dir` (`compile_cache_environment`: in its
+spec, set before it imports a model), which the launch logs.
 The coordinator runs as tasks on the caller's loop, in the caller's process.
 `handle.client(i)` is an in-process `EngineClient`; `handle.client_spec(i)` is the picklable spec
 a spawned API process passes to `EngineClient.connect`. `await handle.stop()` shuts down (drain or
@@ -48,7 +50,8 @@ from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segmen
 from profiles import Profile
 from stages.registry import load_variant
 from stages.variant import Variant
-from stages.workers.placement import replica_devices, worker_environment
+from stages.workers.placement import (INDUCTOR_CACHE_VAR, TRITON_CACHE_VAR, compile_cache_environment,
+                                      replica_devices, worker_environment)
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +334,7 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
                            for stage in ("talker", "codec")):
         log.warning("talker/codec sm_percent and mps_priority need MPS (engine.mps on cuda): ignored")
     os.environ.update(worker_environment())  # inherited by every worker spawned below
+    log_compile_caches(profile)
     ctx = mp.get_context("spawn")
     workers = [ReplicaWorkers() for _ in devices]
     coordinator = Coordinator(profile, replicas=wiring.replicas, to_clients=wiring.to_clients,
@@ -366,6 +370,19 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
     return EngineHandle(profile, model_dir, variant, instance, wiring, coordinator, counters,
                         procs, _SpawnSettings(ctx, devices, env, ref_bytes), mps,
                         pipes={n: c for w in workers for n, c in w.pipes.items()})
+
+
+def log_compile_caches(profile: Profile) -> None:
+    """Say where the workers' compile caches are (`engine.compile_cache_dir`, or the server's
+    environment), or why torch's own places are used."""
+    env = {**os.environ, **compile_cache_environment(profile)}
+    inductor, triton = env.get(INDUCTOR_CACHE_VAR), env.get(TRITON_CACHE_VAR)
+    if profile.engine.compile_cache_dir is not None and inductor is None:
+        log.warning("engine.compile_cache_dir %s cannot be made: the workers compile into torch's own "
+                    "places, and a new machine compiles everything again", profile.engine.compile_cache_dir)
+        return
+    log.info("compile caches: inductor %s, triton %s", inductor or "torch's own place",
+             triton or "Triton's own place")
 
 
 def _remove_segments(instance: str) -> None:

@@ -26,6 +26,7 @@ from profiles import Profile
 from stages.variant import Variant
 from stages.workers import codec, talker
 from stages.workers.common import WorkerSpec
+from stages.workers.placement import compile_cache_environment
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +84,17 @@ def spawn_worker(ctx: Any, profile: Profile, variant: type[Variant], model_dir: 
                  replica: int, device: str, stage: str, inbox: Channel, outbox: Channel,
                  clients: int, env: tuple[tuple[str, str], ...], workers: ReplicaWorkers) -> None:
     """Start worker `stage` of `replica` on its coordinator channels (`inbox`: coordinator →
-    worker); the spec is the same at every start of that worker but for the channels."""
+    worker); the spec is the same at every start of that worker but for the channels. Its
+    environment: `env` with its stage's MPS settings, and its compile caches' places
+    (`engine.compile_cache_dir`)."""
     mine, theirs = ctx.Pipe()
     spec = WorkerSpec(stage=stage, variant=variant, model_dir=model_dir, profile=profile,
                       device=device, instance=instance, inbox=inbox.spec(),
                       to_coord=outbox.spec(), setup=theirs, parent_pid=os.getpid(),
                       num_clients=clients if stage == "codec" else 0,
-                      env=client_env(env, getattr(profile, stage).sm_percent,
-                                     getattr(profile, stage).mps_priority),
+                      env=(*client_env(env, getattr(profile, stage).sm_percent,
+                                       getattr(profile, stage).mps_priority),
+                           *compile_cache_environment(profile).items()),
                       replica=replica)
     name = worker_name(stage, replica)
     proc = ctx.Process(target=codec.main if stage == "codec" else talker.main, args=(spec,),

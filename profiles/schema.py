@@ -66,6 +66,7 @@ PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Bytes = Annotated[int, msgspec.Meta(ge=4096)]
 Device = Annotated[str, msgspec.Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$")]
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class ModelConfig(_Section):
@@ -533,6 +534,12 @@ class EngineConfig(_Section):
         "write a timeline of the workers' steps, codec dispatches and request events as JSON "
         "lines under this directory (one file per process; read it with `python -m "
         "bench.timeline DIR`); null = off")] = None
+    compile_cache_dir: Annotated[NonEmptyStr | None, doc(
+        "the workers' torch.compile and Triton caches (inductor/, triton/ inside; ~ expanded; keyed "
+        "by graph, settings and versions: profiles share it); on a persistent volume a restart "
+        "reuses what was compiled; TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR set for the server "
+        "wins; null = torch's places"
+    )] = "~/.cache/mossvox/compile"
     devices: Annotated[tuple[Device, ...], doc(
         "device of each replica (its talker's first TP rank and its codec), e.g. [cuda:0, "
         "cuda:1]; a TP group takes the consecutive GPUs from there; empty = derive: cuda:i*tp "

@@ -64,7 +64,7 @@ def test_probes_and_graceful_drain(docs, profile) -> None:
     assert grace > pre_stop + profile.engine.drain_timeout_s
 
 
-def test_data_dir_is_shared_storage_and_shm_is_memory(docs, profile) -> None:
+def test_data_dir_and_compile_caches_are_shared_storage_and_shm_is_memory(docs, profile) -> None:
     c = container(docs)
     spec = docs["Deployment/mossvox"]["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -73,6 +73,8 @@ def test_data_dir_is_shared_storage_and_shm_is_memory(docs, profile) -> None:
     assert docs[f"PersistentVolumeClaim/{data}"]["spec"]["accessModes"] == ["ReadWriteMany"]
     assert profile.model.path.startswith(next(p for p, n in mounts.items() if n == "models"))
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    # the compile caches outlive the pod: a pod started later skips the compiles others made
+    assert profile.engine.compile_cache_dir.startswith(f"{profile.api.data_dir}/")
 
 
 def test_service_and_ingress_reach_the_pods(docs) -> None:
