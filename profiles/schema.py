@@ -278,6 +278,10 @@ class CodecConfig(_Section):
         "window applied in the attention kernel, RoPE with the key writes, residual adds with the "
         "norms) instead of masked attention and separate elementwise ops; same arithmetic, less "
         "GPU time a new voice")] = True
+    priority_stream: Annotated[bool, doc(
+        "on CUDA: the codec's decode loop runs on a CUDA stream of the highest priority, its "
+        "reference encodes on one of the default priority, so the GPU schedules the playing "
+        "streams' decode kernels ahead of a new voice's encode")] = False
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_batch_streaming: Annotated[PositiveInt | None, doc(

@@ -45,7 +45,7 @@ from stages.models.codec.serving import chunk_lengths
 from stages.runtime.coalescer import Coalescer
 from stages.workers.common import (CodecRings, WorkerSpec, apply_memory_plan, attach_codec,
                                   beat_interval, drain, kernel_names, memory_report, payload_array,
-                                  prepare_process, triton_kernel_counter)
+                                  prepare_process, triton_kernel_counter, use_priority_stream)
 from stages.workers.encoder_thread import EncoderThread
 from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 from stages.workers.timeline import Timeline, open_timeline
@@ -524,6 +524,8 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
 def main(spec: WorkerSpec) -> None:
     """Process entry: load the codec, warm up, say Ready, loop until shutdown."""
     variant = prepare_process(spec, spec.profile.codec.torch_threads)
+    if spec.profile.codec.priority_stream:
+        use_priority_stream(spec.device)  # the decode loop's thread; the encoder thread keeps its own
     from_talker, from_coord, to_coord, to_clients = attach_codec(spec)
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"codec{spec.replica}")
     gc_pauses: GcPauses | None = None

@@ -89,6 +89,22 @@ def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Variant:
     return spec.variant(spec.model_dir, spec.profile)
 
 
+STREAM_PRIORITY = -100  # below any device's range: torch maps it to the highest priority there is
+
+
+def use_priority_stream(device: str) -> bool:
+    """Make a stream of the highest priority this thread's current stream on `device` (CUDA
+    only; False elsewhere): every later launch, copy and graph replay of the thread goes there.
+    Threads that make streams of their own (the codec's encoder thread) keep the default priority,
+    so the GPU schedules this thread's kernels ahead of theirs."""
+    import torch
+
+    if not str(device).startswith("cuda"):
+        return False
+    torch.cuda.set_stream(torch.cuda.Stream(device=torch.device(device), priority=STREAM_PRIORITY))
+    return True
+
+
 def apply_memory_plan(spec: WorkerSpec, variant: Variant) -> tuple[Variant, MemoryPlan | None]:
     """On CUDA, before this worker allocates anything: its replica's memory plan (the same in
     both workers: `stages.runtime.memory_plan`), logged; this process's allocator capped at its

@@ -43,7 +43,8 @@ from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (REWIRE_TIMEOUT_S, WorkerSpec, apply_memory_plan, attach_talker,
                                   beat_interval, drain, kernel_names, memory_report, payload_array,
-                                  prepare_process, receive_spec, schedule_from, triton_kernel_counter)
+                                  prepare_process, receive_spec, schedule_from, triton_kernel_counter,
+                                  use_priority_stream)
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +415,6 @@ class TalkerLoop:
             self._slots_reported = in_use
 
 
-STREAM_PRIORITY = -100  # below any device's range: torch maps it to the highest priority there is
 WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long (largest first)
 WARM_SERVING_REQUESTS = 8  # the serving-size warm-up batch: requests prefilled together
 WARM_SERVING_TEXT_REPEATS = 12  # ... each with the warm-up text this many times over
@@ -520,17 +520,6 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
         t0 = time.perf_counter()
         made = runner.capture_prefill_graphs(WARM_CAPTURE_BUDGET_S)
         log.info("talker: captured %d prefill graphs in %.1f s", made, time.perf_counter() - t0)
-
-
-def use_priority_stream(device: str) -> bool:
-    """Make a stream of the highest priority this thread's current stream on `device` (CUDA
-    only; False elsewhere): every later launch, copy and graph replay of the process goes there."""
-    import torch
-
-    if not str(device).startswith("cuda"):
-        return False
-    torch.cuda.set_stream(torch.cuda.Stream(device=torch.device(device), priority=STREAM_PRIORITY))
-    return True
 
 
 def main(spec: WorkerSpec) -> None:

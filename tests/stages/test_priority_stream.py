@@ -1,16 +1,18 @@
-"""`talker.priority_stream`: the talker process's work goes to a stream of the highest priority
-(CUDA only)."""
+"""`talker.priority_stream` and `codec.priority_stream`: the worker's work goes to a stream of the
+highest priority (CUDA only)."""
 
 import pytest
 import torch
 
 from profiles import load_profile
-from stages.workers.talker import use_priority_stream
+from stages.workers.common import use_priority_stream
 
 
 def test_off_by_default_and_nothing_to_do_on_cpu():
     assert load_profile("high-concurrency").talker.priority_stream is False
+    assert load_profile("high-concurrency").codec.priority_stream is False
     assert load_profile("cpu", ["talker.priority_stream=true"]).talker.priority_stream is True
+    assert load_profile("cpu", ["codec.priority_stream=true"]).codec.priority_stream is True
     assert use_priority_stream("cpu") is False
 
 
