@@ -61,6 +61,8 @@ COMMANDS: tuple[Entry, ...] = (
         Command("serve", "closed-loop streaming clients against a running server",
                 "cli.commands.bench_serve", takes_profile=False),
     )),
+    Command("check-precision", "whether a profile's precision changes (float8) keep a checkpoint's outputs near bf16",
+            "cli.commands.check_precision"),
     Command("make-checkpoint", "write a random-weight checkpoint directory of a variant",
             "cli.commands.make_checkpoint", takes_profile=False),
     Command("profile", "deploy profiles: show the resolved one, list the shipped ones, list the settings",

@@ -31,18 +31,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from stages.registry import registered_variants
+from stages.tools.outlier_channels import OutlierChannels
 from stages.tools.random_weights import WrittenWeights, module_specs, write_weights
 from stages.variant import CheckpointRecipe, Size
 
 CODEC_DIR = "audio_tokenizer"
 GIB = 1 << 30
+# the talker config's delimiter tokens (a turn's start and end, an audio block's start): where
+# `outliers` puts massive activations, as released LLMs have them at such tokens
+MASSIVE_TOKEN_KEYS = ("im_start_token_id", "im_end_token_id", "audio_start_token_id")
 # real checkpoints keep shards of a few GB; tiny ones fit one file
 DEFAULT_SHARD_BYTES = {"tiny": 2 * GIB, "full": 2 * GIB}
 # stored dtype -> (talker config "dtype", codec config "codec_weight_dtype")
@@ -121,8 +125,10 @@ def write_codec(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, m
 
 
 def write_talker(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, max_shard_bytes: int,
-                 variant: str = "local-v1.5", on_file: Callable[[Path], None] | None = None) -> WrittenWeights:
-    """The talker: config.json, generation_config.json, tokenizer files and seeded weights."""
+                 variant: str = "local-v1.5", on_file: Callable[[Path], None] | None = None,
+                 outliers: OutlierChannels | None = None) -> WrittenWeights:
+    """The talker: config.json, generation_config.json, tokenizer files and seeded weights (with
+    `outliers`: its backbone's outlier channels, massive activations at the prompt's delimiters)."""
     from stages.tools.tokenizer_builder import write_tokenizer_files
 
     writer = recipe(variant)
@@ -132,8 +138,12 @@ def write_talker(out_dir: Path, config: dict, *, seed: int, dtype: torch.dtype, 
     _write_json(out_dir / "generation_config.json", {"pad_token_id": _pad_token_id(config)})
     write_tokenizer_files(config, out_dir)
     specs = module_specs(_meta_talker(config, variant), "talker")
+    adjust = None
+    if outliers is not None:
+        delimiters = [config[k] for k in MASSIVE_TOKEN_KEYS if k in config]
+        adjust = replace(outliers, massive_tokens=outliers.massive_tokens or tuple(delimiters)).adjust
     return write_weights(specs, out_dir, seed=seed, style="talker", dtype=dtype, max_shard_bytes=max_shard_bytes,
-                         on_file=on_file)
+                         on_file=on_file, adjust=adjust)
 
 
 def make_checkpoint(
@@ -145,12 +155,15 @@ def make_checkpoint(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int | None = None,
     on_file: Callable[[Path], None] | None = None,
+    outliers: OutlierChannels | None = None,
 ) -> CheckpointSummary:
     """Write a loadable random-weight checkpoint of `variant` at `size` into `out_dir`.
 
     dtype: stored dtype (default fp32 for tiny, bf16 for full). The codec gets `seed + 1` so its
     tensors differ from the talker's even where names coincide. on_file: progress callback, called
-    with each weight file written.
+    with each weight file written. outliers: the talker's backbone gets these outlier channels
+    (`stages.tools.outlier_channels`; massive activations at the chat delimiters' tokens unless
+    it names tokens).
     """
     writer = recipe(variant)
     if size not in ("tiny", "full"):
@@ -159,7 +172,7 @@ def make_checkpoint(
     shard = max_shard_bytes or DEFAULT_SHARD_BYTES[size]
     out_dir = Path(out_dir)
     talker = write_talker(out_dir, writer.talker_config(size), seed=seed, dtype=dtype, max_shard_bytes=shard,
-                          variant=variant, on_file=on_file)
+                          variant=variant, on_file=on_file, outliers=outliers)
     codec = write_codec(out_dir / CODEC_DIR, writer.codec_config(size), seed=seed + 1, dtype=dtype,
                         max_shard_bytes=shard, on_file=on_file)
     return CheckpointSummary(out_dir, talker, codec)

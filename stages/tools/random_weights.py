@@ -38,6 +38,7 @@ MAX_THREADS = 8  # tensors generated at once (each holds its fp32 noise while it
 
 Init = Literal["matrix", "norm_weight", "bias", "codebook", "layer_scale", "wn_g", "wn_v"]
 Style = Literal["talker", "codec"]
+Adjust = Callable[[str, torch.Tensor], torch.Tensor]  # (name, fp32 tensor) -> the tensor to write
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,10 @@ def _fan_in(shape: tuple[int, ...]) -> int:
     return max(1, math.prod(shape[1:]))
 
 
-def random_tensor(spec: TensorSpec, seed: int, style: Style, dtype: torch.dtype) -> torch.Tensor:
-    """The tensor of `spec`, generated in fp32 from its own seeded generator, then cast."""
+def random_tensor(spec: TensorSpec, seed: int, style: Style, dtype: torch.dtype,
+                  adjust: Adjust | None = None) -> torch.Tensor:
+    """The tensor of `spec`, generated in fp32 from its own seeded generator, given to
+    `adjust(name, tensor)` if any (e.g. `stages.tools.outlier_channels`), then cast."""
     gen = torch.Generator().manual_seed(tensor_seed(seed, spec.name))
     noise = torch.randn(spec.shape, generator=gen, dtype=torch.float32)
     if spec.init == "matrix":
@@ -88,6 +91,8 @@ def random_tensor(spec: TensorSpec, seed: int, style: Style, dtype: torch.dtype)
         t = noise.mul_(0.05)
     else:  # codebook
         t = noise
+    if adjust is not None:
+        t = adjust(spec.name, t)
     return t.to(dtype)
 
 
@@ -162,11 +167,13 @@ def write_weights(
     max_shard_bytes: int,
     on_file: Callable[[Path], None] | None = None,
     threads: int | None = None,
+    adjust: Adjust | None = None,
 ) -> WrittenWeights:
     """Generate and save `specs`: one `model.safetensors`, or numbered shards plus the index.
 
     on_file: called with each weight file's path once it is written (progress reporting).
     threads: tensors generated at once (default: the CPUs, at most `MAX_THREADS`).
+    adjust: changes each tensor before it is cast and written (`random_tensor`).
     """
     out_dir = Path(out_dir)
     shards = plan_shards(specs, dtype, max_shard_bytes)
@@ -176,7 +183,7 @@ def write_weights(
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for i, shard in enumerate(shards):
             file_name = shard_file_name(i, len(shards))
-            made = pool.map(lambda spec: random_tensor(spec, seed, style, dtype), shard)
+            made = pool.map(lambda spec: random_tensor(spec, seed, style, dtype, adjust), shard)
             tensors = {spec.name: t for spec, t in zip(shard, made)}
             total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
             save_file(tensors, str(out_dir / file_name), metadata={"format": "pt"})

@@ -195,3 +195,29 @@ def test_serve_a_missing_checkpoint_is_one_line_and_a_failure(tmp_path):
         result = mossvox("serve", str(target))
         assert result.returncode == 2 and result.stdout == ""
         assert result.stderr.count("\n") == 1 and says in result.stderr and str(target) in result.stderr
+
+
+def test_check_precision_prints_the_figures_and_its_verdict(tmp_path):
+    """`mossvox check-precision` on a tiny random checkpoint: the three comparisons, the bound and
+    PASS (exit 0), or FAIL (exit 1) against a bound nothing but bf16 itself meets; a profile
+    without precision changes has nothing to check; no checkpoint is a one-line error."""
+    from stages.tools.make_checkpoint import make_checkpoint
+
+    model_dir = tmp_path / "tiny"
+    make_checkpoint(model_dir, size="tiny")
+    fp8 = ("--profile", "cpu", "--set", "talker.fp8_weights=backbone", "--set", "talker.fp8_scheme=w8a8",
+           "--prompts", "2", "--frames", "8")
+    passed = mossvox("check-precision", str(model_dir), *fp8)
+    assert passed.returncode == 0, passed.stderr[-2000:]
+    lines = passed.stdout.splitlines()
+    assert "precision changes: talker.fp8_weights=backbone, talker.fp8_scheme=w8a8" in lines
+    table = [line for line in lines if line.startswith(("bf16 vs fp32", "candidate vs bf16", "candidate vs fp32"))]
+    assert len(table) == 3 and all(len(line.split()) == 6 for line in table)
+    assert lines[-2].startswith("bound: candidate vs bf16: mean KL") and lines[-1] == "PASS"
+    failed = mossvox("check-precision", str(model_dir), *fp8, "--max-kl", "0")
+    assert failed.returncode == 1 and failed.stdout.splitlines()[-1] == "FAIL", failed.stderr[-2000:]
+    assert "exceeded: KL" in failed.stdout
+    nothing = mossvox("check-precision", str(model_dir), "--profile", "cpu")
+    assert nothing.returncode == 0 and "nothing to check" in nothing.stdout
+    missing = mossvox("check-precision", str(tmp_path / "none"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no config.json" in missing.stderr

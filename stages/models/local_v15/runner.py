@@ -663,11 +663,10 @@ def _host_finish(r: _Request) -> str | None:
     return None
 
 
-def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> LocalV15Runner:
-    """The `LocalV15Runner` a profile asks for: `talker.*` capacity, attention kernel, graphs and
-    torch.compile (CUDA only; not with `talker.batch_invariant`: a compiled graph picks its own
-    reduction kernels and is specialised for a batch of one), `model.dtype`, the local steps'
-    attention (`talker.local_attention`), the backbone's fused projections
+def load_served_model(model_dir: str | Path, profile: Profile, device: str) -> LocalV15Talker:
+    """The talker as a profile serves it: `model.dtype`, torch.compile (CUDA only; not with
+    `talker.batch_invariant`: a compiled graph picks its own reduction kernels and is specialised
+    for a batch of one), the local steps' attention (`talker.local_attention`), the backbone's fused projections
     (`talker.fused_projections`) and KV stores (`talker.fused_kv_writes`, or with the q/k norms and
     RoPE in one kernel: `talker.fused_qk_rope_store`, and the residual sums deferred:
     `talker.deferred_residuals`) and float8 weights
@@ -697,6 +696,13 @@ def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> 
     model.transformer.use_fp8_norms(profile.talker.fp8_fused_norms)
     if profile.talker.compile and str(device).startswith("cuda") and not profile.talker.batch_invariant:
         model.compile_hot_paths()
+    return model
+
+
+def load_talker_runner(model_dir: str | Path, profile: Profile, device: str) -> LocalV15Runner:
+    """The `LocalV15Runner` a profile asks for: its model as `load_served_model` prepares it, and
+    `talker.*` capacity, attention kernel and graphs."""
+    model = load_served_model(model_dir, profile, device)
     return LocalV15Runner(model, overlap_steps=profile.talker.overlap_steps,
                           mixed_step_tokens=profile.talker.mixed_step_tokens,
                           fused_sampling=profile.talker.fused_sampling, **talker_runner_options(profile, device))
