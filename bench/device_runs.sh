@@ -19,7 +19,9 @@
 #   FLAGS="--set k=v" bash bench/device_runs.sh nvcompare
 #                                       # every voice new, the shipped server against FLAGS
 #   bash bench/device_runs.sh startup   # PROFILES (default low-latency) each from its start, a short
-#                                       # pass, then the refusal of a 24 and a 48 GB card
+#                                       # pass, then the refusal of a 24 and a 48 GB card; FLAGS:
+#                                       # serve options; COLD=1: empty compile caches a profile;
+#                                       # TWICE=1: each started again on the first start's caches
 #   bash bench/device_runs.sh encoder   # the reference encoder alone (bench.encoder): BATCHES (1,8,16,32)
 #                                       # of 6 s clips in MODES (eager,fused,graphs,fused+graphs), a
 #                                       # kernel profile of each batch, a small loop beside each mode
@@ -59,7 +61,8 @@
 # Wheels the GPU image lacks (starlette, msgspec, uvicorn, ...) are installed from $WHEELS
 # (default .whl) when it holds any. Compile caches: SAVE_CACHE=1 packs them to $OUT/cache.tgz.*
 # (15 MB parts), CACHE=DIR restores them, so a later run's first server is ready in 70-110 s
-# instead of ~230.
+# instead of ~230. These variables, set below for every server, take the place of the servers'
+# engine.compile_cache_dir.
 set -u
 PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|nvcompare|startup|encoder|gputests|families [NAME...]|invariant|faults|build|flags|agents}
 OUT=${OUT:-$PWD/device_results}
@@ -105,8 +108,8 @@ start_server() {  # start_server PORT NAME SERVE_ARGS... ; sets SPID. SERVER_TRE
 }
 stop_server() {
   kill -INT $SPID; for _ in $(seq 1 30); do kill -0 $SPID 2>/dev/null || break; sleep 1; done; kill -9 $SPID 2>/dev/null
-  grep -E "ERROR|Traceback|exited|captured|loaded in|warm-up requests|after loading|ms step|garbage collection" \
-    "$R/serve_$1.log" | head -24 | cut -c1-300
+  grep -E "ERROR|Traceback|exited|captured|loaded in|warm-up batch|compile [0-9]+:|ready in|weights:|ms step|garbage collection" \
+    "$R/serve_$1.log" | head -48 | cut -c1-300
 }
 bench() {  # bench PORT NAME C [extra bench args]
   local port=$1 name=$2 c=$3; shift 3
@@ -251,7 +254,7 @@ fault() {  # fault NAME SIGNAL PID: SIGNAL to PID while C (64) clients stream; t
     el "$name: /ready 200 again $(python3 -c "print(round($t1 - $t0, 1))") s after the signal"
   fi
   wait $bpid; cat "$R/fault_${name}_bench.txt"
-  grep -E "back in service|replaced in|replaced by pid|has not beaten|captured|loaded in|after loading began|warm-up requests|attached the new" \
+  grep -E "back in service|replaced in|replaced by pid|has not beaten|captured|loaded in|ready in|warm-up batch|attached the new" \
     "$R/serve_faults.log" | tail -12 | cut -c1-260
   clients_saw "$R/fault_${name}_c$c.json"
   el "$name: GPU memory ${m0} MiB before, $(gpumem) MiB after; 500s in the log: $(grep -c '" 500\|status 500\|HTTP 500' "$R/serve_faults.log"), tracebacks: $(grep -c Traceback "$R/serve_faults.log")"
@@ -334,20 +337,33 @@ nvcompare)  # every voice new, server against server: PROFILE as shipped (nv), t
   [ -n "${FLAGS2:-}" ] && new_voices alt2 "$FLAGS2"
   summaries
   ;;
-startup)  # each of PROFILES (default low-latency) from its start: time to /ready, its memory plan
-  # and use, one short pass of C (16) new voices; then the refusal of a card too small: the
-  # default profile with memory.gpu_utilization set so the plan sees 24 and 48 GB
+startup)  # each of PROFILES (default low-latency) from its start, with FLAGS (serve options) when
+  # set: time to /ready and where it went (the workers' weights, warm-up batches, compiles,
+  # captures and the engine's breakdown line), its memory plan and use, one short pass of C (16)
+  # new voices; COLD=1: each server with empty compile caches of its own (a fresh machine's
+  # start), TWICE=1: each started again after, finding the first start's caches; then the
+  # refusal of a card too small: the default profile with memory.gpu_utilization set so the plan
+  # sees 24 and 48 GB
   checkpoint
   for p in ${PROFILES:-default low-latency}; do
-    [ "$(left)" -lt 120 ] && { el "$p: no time left to start it"; break; }
-    s0=$(date +%s)
-    start_server 8000 "$p" --profile "$p"
-    el "$p: /ready $(( $(date +%s) - s0 )) s after the start"
-    grep -E "memory plan|planned" "$R/serve_$p.log" | cut -c1-400 | head -4
-    NP=$(( ${C:-16} * 2 )) bench 8000 "$p" "${C:-16}" --no-warmup
-    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-    stop_server "$p"
+    for round in 1 ${TWICE:+2}; do
+      n=$p${FLAGS:+_flags}${TWICE:+_start$round}
+      [ "$(left)" -lt 120 ] && { el "$n: no time left to start it"; break 2; }
+      if [ -n "${COLD:-}" ]; then  # the caches of this profile's first start, empty then
+        export TORCHINDUCTOR_CACHE_DIR=/tmp/cold/$p${FLAGS:+_flags}/inductor TRITON_CACHE_DIR=/tmp/cold/$p${FLAGS:+_flags}/triton
+        [ "$round" = 1 ] && rm -rf "/tmp/cold/$p${FLAGS:+_flags}"
+      fi
+      s0=$(date +%s)
+      start_server 8000 "$n" --profile "$p" ${FLAGS:-}
+      el "$n: /ready $(( $(date +%s) - s0 )) s after the start"
+      grep -E "engine ready in|warm-up batch|compile [0-9]+:|: captured|weights:|memory plan|planned" \
+        "$R/serve_$n.log" | cut -c1-400 | head -60
+      NP=$(( ${C:-16} * 2 )) bench 8000 "$n" "${C:-16}" --no-warmup
+      nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+      stop_server "$n"
+    done
   done
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
   total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)  # MiB
   for gb in 24 48; do
     u=$(python3 -c "print(round($gb * 1e9 / ($total * 2**20), 4))")

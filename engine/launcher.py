@@ -45,7 +45,7 @@ from engine.worker_procs import (ReplicaWorkers, close_spec, join_or_kill, recei
                                  relay_specs, replica_channels, spawn_replica, spawn_worker,
                                  worker_channels)
 from ipc.channel import Channel, ChannelSpec
-from ipc.messages import ClientInbox, CoordinatorInbox, Rewire
+from ipc.messages import ClientInbox, CoordinatorInbox, Ready, Rewire
 from ipc.shm import list_segments, new_instance_id, sweep_orphans, unlink_segment
 from profiles import Profile
 from stages.registry import load_variant
@@ -316,7 +316,9 @@ class EngineHandle:
 
 
 async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -> EngineHandle:
-    """Spawn every replica's workers and start the coordinator; returns when all are Ready."""
+    """Spawn every replica's workers and start the coordinator; returns when all are Ready (and
+    has logged where each worker's start-up time went, `log_startup`)."""
+    t0 = time.monotonic()
     model_dir = Path(model_dir)
     variant = load_variant(model_dir, profile)  # fails fast on an unknown model
     devices = replica_devices(profile)  # fails fast when the replicas do not fit the GPUs
@@ -349,7 +351,7 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
         timeout = profile.engine.ready_timeout_s
         for k in range(len(devices)):
             wiring.client_pcm.append(await relay_specs(workers[k], k, timeout))
-        await coordinator.wait_ready(timeout)
+        readies = await coordinator.wait_ready(timeout)
     except BaseException:
         await coordinator.close()
         await join_or_kill({n: p for w in workers for n, p in w.procs.items()}, grace_s=0.0)
@@ -367,9 +369,22 @@ async def launch(profile: Profile, model_dir: str | Path, *, clients: int = 1) -
         log.info("engine %s replica %d ready: talker pid %d, codec pid %d, %d client slot(s), "
                  "device %s", instance, k, procs[worker_name("talker", k)].pid,
                  procs[worker_name("codec", k)].pid, clients, device)
+    log_startup(time.monotonic() - t0, readies)
     return EngineHandle(profile, model_dir, variant, instance, wiring, coordinator, counters,
                         procs, _SpawnSettings(ctx, devices, env, ref_bytes), mps,
                         pipes={n: c for w in workers for n, c in w.pipes.items()})
+
+
+def log_startup(seconds: float, readies: dict[str, Ready]) -> None:
+    """The start-up's last line: seconds from `launch` to every worker's Ready, and each worker's
+    phases from its spawn (`Ready.startup`), which add up to its own total."""
+    parts = []
+    for name, ready in readies.items():
+        t = ready.startup
+        if t is not None:
+            parts.append(f"{name.replace('.', '')} {t.total:.1f} s (start {t.start:.1f}, load {t.load:.1f}, "
+                         f"compile {t.compile:.1f}, capture {t.capture:.1f}, warm-up {t.warm_up:.1f})")
+    log.info("engine ready in %.1f s after launch; %s", seconds, "; ".join(parts) or "no worker timed its start-up")
 
 
 def log_compile_caches(profile: Profile) -> None:

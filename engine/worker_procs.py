@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +96,7 @@ def spawn_worker(ctx: Any, profile: Profile, variant: type[Variant], model_dir: 
                       env=(*client_env(env, getattr(profile, stage).sm_percent,
                                        getattr(profile, stage).mps_priority),
                            *compile_cache_environment(profile).items()),
-                      replica=replica)
+                      replica=replica, spawned_at=time.time())
     name = worker_name(stage, replica)
     proc = ctx.Process(target=codec.main if stage == "codec" else talker.main, args=(spec,),
                        name=f"mossvox-{name}", daemon=True)

@@ -174,16 +174,36 @@ class MemoryReport(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     kv_tokens: int = 0
 
 
+class StartupTimes(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Where a worker's start-up went, in seconds from its spawn to its Ready:
+    `total` = `start` (the process, its imports, CUDA's context, the memory plan) + `load` (the
+    model and its weights) + `compile` (torch.compile, wherever it ran) + `capture` (CUDA graphs
+    recorded ahead, their compiles apart) + `warm_up` (the rest of the warm-up: its requests,
+    kernel launches, timings). `compiles`: the compiles torch.compile made; `graphs`: the graphs
+    recorded ahead."""
+
+    total: float
+    start: float
+    load: float
+    compile: float
+    capture: float
+    warm_up: float
+    compiles: int = 0
+    graphs: int = 0
+
+
 class Ready(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):
     """A worker loaded its model and warmed up; `capacity` is its slot count. A talker also says
     how many prompt rows its KV cache can hold at most (`max_prompt_rows`; 0 = no limit known).
-    On CUDA, `memory` reports the worker's memory share and use after warm-up."""
+    On CUDA, `memory` reports the worker's memory share and use after warm-up; `startup` where
+    its start-up time went."""
 
     stage: StageName
     pid: int
     capacity: int
     max_prompt_rows: int = 0
     memory: MemoryReport | None = None  # CUDA workers: the memory plan's share and its use
+    startup: StartupTimes | None = None
 
 
 class Slots(msgspec.Struct, frozen=True, kw_only=True, tag=True, array_like=True):

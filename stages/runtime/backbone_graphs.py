@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import (StaticCall, batch_bucket, decode_metadata, make_missing,
+from stages.runtime.graph_capture import (CaptureProgress, StaticCall, batch_bucket, decode_metadata, make_missing,
                                           pack_decode_inputs, replay_or_build, table_bucket)
 
 
@@ -68,9 +68,11 @@ class BackboneGraphs:
         g = replay_or_build(self._graphs, key, host, self._build)
         return g.hidden[:n]
 
-    def capture_ahead(self, batches: list[int], blocks: list[int], budget_s: float | None = None) -> int:
+    def capture_ahead(self, batches: list[int], blocks: list[int], budget_s: float | None = None,
+                      progress: CaptureProgress | None = None) -> int:
         """Make the (B, M) buckets of these batch sizes and block counts not made yet (padding rows
-        only: id 0 on the scratch block), largest first, stopping after `budget_s`; returns how many."""
+        only: id 0 on the scratch block), largest first, stopping after `budget_s`; returns how many
+        (each counted in `progress`)."""
         keys = {(batch_bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
                 for b in batches for m in blocks}
 
@@ -80,7 +82,7 @@ class BackboneGraphs:
                                         scratch_block=self.scratch_block, block_size=self.block_size)
             self._build(torch.cat([torch.zeros(B, self.width, dtype=torch.int64), packed], dim=1), key)
 
-        return make_missing(keys, self._graphs, make, budget_s)
+        return make_missing(keys, self._graphs, make, budget_s, progress)
 
     def _build(self, host: torch.Tensor, key: tuple[int, int]) -> _Graph:
         """The bucket's static tensors, its graph recorded (with capture) and this call's result."""

@@ -9,13 +9,17 @@ used (or explicitly ignored); all problems are reported together in one `Checkpo
 from __future__ import annotations
 
 import json
+import logging
 import re
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -51,16 +55,36 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 def read_state_dict(
     model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint; floating tensors are cast to `dtype` when given."""
+    """All tensors of a checkpoint; floating tensors are cast to `dtype` when given. Logged: each
+    file of several as it is read (n of N, bytes so far, rate), then the whole."""
     state: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(model_dir):
+    files = safetensors_files(model_dir)
+    total = sum(path.stat().st_size for path in files)
+    done, t0 = 0, time.perf_counter()
+    for i, path in enumerate(files, 1):
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():
                 t = f.get_tensor(name)
                 if dtype is not None and t.is_floating_point():
                     t = t.to(dtype)
                 state[name] = t
+        done += path.stat().st_size
+        if len(files) > 1:
+            log.info("weights: file %d of %d (%s): %s of %s, %s", i, len(files), path.name, size(done),
+                     size(total), rate(done, time.perf_counter() - t0))
+    log.info("weights: %s from %d file(s) of %s to %s in %.1f s, %s", size(total), len(files), model_dir,
+             device, time.perf_counter() - t0, rate(total, time.perf_counter() - t0))
     return fold_weight_norm(state)
+
+
+def size(n: int) -> str:
+    """Bytes for a log line: '812 MB', '16.20 GB'."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def rate(n: int, seconds: float) -> str:
+    """Bytes a second for a log line: '1.43 GB/s'."""
+    return f"{size(int(n / seconds))}/s" if seconds > 0 else "at once"
 
 
 def fold_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -162,17 +162,73 @@ def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) 
     return graph
 
 
+class CaptureProgress:
+    """The graphs one warm-up call records ahead (`what`, e.g. "talker: decode graphs"), counted
+    and reported as they are made: a line at about every tenth of them or every `every_s`
+    seconds, whichever comes first, then one for the whole (`finish`). The total is known before
+    the first capture: `plan(call)` runs the capture call once with `make_missing` only counting
+    what it would make. `report` takes each line (the worker's log)."""
+
+    def __init__(self, what: str, report: Callable[[str], None], every_s: float = 10.0) -> None:
+        self.what, self.report, self.every_s = what, report, every_s
+        self.planning = False  # `make_missing` counts into `planned` instead of making
+        self.planned = 0
+        self.made = 0
+        self._t0 = self._last_line = time.perf_counter()
+        self._last_tenth = 0
+
+    def plan(self, call: Callable[[CaptureProgress], object]) -> int:
+        """Run `call(self)` (a runner's capture method given this progress) with nothing made:
+        how many graphs it would make, which is then the total reported."""
+        self.planning = True
+        try:
+            call(self)
+        finally:
+            self.planning = False
+        self._t0 = self._last_line = time.perf_counter()
+        return self.planned
+
+    def count(self, n: int) -> None:
+        """A capture call would make `n` graphs (while planning)."""
+        self.planned += n
+
+    def one_made(self) -> None:
+        """A graph was made: a progress line when a tenth more of the total is done or `every_s`
+        seconds have passed since the last line (the last graph waits for `finish`)."""
+        self.made += 1
+        now, total = time.perf_counter(), max(self.planned, self.made)
+        tenth = 10 * self.made // total
+        if self.made < total and (tenth > self._last_tenth or now - self._last_line >= self.every_s):
+            self._last_tenth, self._last_line = tenth, now
+            self.report(f"{self.what}: {self.made} of {total} ({100 * self.made // total}%), "
+                        f"{now - self._t0:.1f} s")
+
+    def finish(self) -> None:
+        """The whole: how many of the planned graphs were made (fewer when the time budget ran
+        out: the rest are recorded when serving first meets them) and in how long."""
+        short = " (the time budget ran out: the rest when first needed)" if self.made < self.planned else ""
+        self.report(f"{self.what}: captured {self.made} of {self.planned} in "
+                    f"{time.perf_counter() - self._t0:.1f} s{short}")
+
+
 def make_missing(keys: Iterable[K], made: Container[K], make: Callable[[K], object],
-                 budget_s: float | None) -> int:
+                 budget_s: float | None, progress: CaptureProgress | None = None) -> int:
     """`make(key)` for each of `keys` not in `made`, largest first (later, smaller captures reuse
-    the pool's memory), stopping once `budget_s` has passed (None: no limit); how many were made."""
+    the pool's memory), stopping once `budget_s` has passed (None: no limit); how many were made.
+    With `progress`, each one is counted there; while it plans, nothing is made (only counted)."""
+    missing = sorted(set(keys) - set(made), reverse=True)
+    if progress is not None and progress.planning:
+        progress.count(len(missing))
+        return 0
     deadline = None if budget_s is None else time.monotonic() + budget_s
     count = 0
-    for key in sorted(set(keys) - set(made), reverse=True):
+    for key in missing:
         if deadline is not None and time.monotonic() > deadline:
             break
         make(key)
         count += 1
+        if progress is not None:
+            progress.one_made()
     return count
 
 

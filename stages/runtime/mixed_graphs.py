@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import (StaticCall, batch_bucket, bucket, make_missing, replay_or_build,
+from stages.runtime.graph_capture import (CaptureProgress, StaticCall, batch_bucket, bucket, make_missing, replay_or_build,
                                           sections)
 from stages.runtime.prefill_graphs import PrefillChunk
 
@@ -112,13 +112,16 @@ class MixedGraphs:
         host = self._pack(key, dec_slots, dec_frames, dec_positions, dec_kv_slots, dec_tables, chunks, ready)
         return replay_or_build(self._graphs, key, host, self._build).outputs
 
-    def capture_ahead(self, batches: Sequence[int], tokens: Sequence[int], budget_s: float | None = None) -> int:
+    def capture_ahead(self, batches: Sequence[int], tokens: Sequence[int], budget_s: float | None = None,
+                      progress: CaptureProgress | None = None) -> int:
         """Make the (B, T) buckets of these decode batches and token counts not made yet (every row
-        padding: scratch slot and block), largest first, stopping after `budget_s`; how many."""
+        padding: scratch slot and block), largest first, stopping after `budget_s`; how many (each
+        counted in `progress`)."""
         keys = {(batch_bucket(b, self.max_batch), self.token_bucket(t)) for b in batches for t in tokens
                 if 1 <= b <= self.max_batch and 1 <= t <= self.max_tokens}
         return make_missing(keys, self._graphs,
-                            lambda key: self._build(self._pack(key, [], [], [], [], [], [], []), key), budget_s)
+                            lambda key: self._build(self._pack(key, [], [], [], [], [], [], []), key), budget_s,
+                            progress)
 
     # ---- static layout -------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import StaticCall, bucket, make_missing, replay_or_build, sections
+from stages.runtime.graph_capture import CaptureProgress, StaticCall, bucket, make_missing, replay_or_build, sections
 
 MIN_TOKENS = 16  # the smallest token bucket
 TOKEN_STEP = 256  # token buckets past this are its multiples
@@ -114,14 +114,15 @@ class PrefillGraphs:
         lay = self._layout(*key)
         return g.hidden, g.packed[lay["last"]][: len(chunks)]
 
-    def capture_ahead(self, tokens: Sequence[int], blocks: Sequence[int], budget_s: float | None = None) -> int:
+    def capture_ahead(self, tokens: Sequence[int], blocks: Sequence[int], budget_s: float | None = None,
+                      progress: CaptureProgress | None = None) -> int:
         """Make the (T, M) buckets of these token counts and block-table widths not made yet, with
         one scratch-only chunk each (its keys go to the scratch block), largest first, stopping
-        after `budget_s`; returns how many."""
+        after `budget_s`; returns how many (each counted in `progress`)."""
         scratch = PrefillChunk(np.zeros((1, self.width), dtype=np.int64), 0, [self.scratch_block * self.block_size],
                                [self.scratch_block])
         return make_missing({self.key(t, b) for t in tokens for b in blocks}, self._graphs,
-                            lambda key: self._build(self._pack([scratch], *key), key), budget_s)
+                            lambda key: self._build(self._pack([scratch], *key), key), budget_s, progress)
 
     # ---- static layout -------------------------------------------------------------------------
 

@@ -31,7 +31,8 @@ from stages.runtime.attention.backends import PaddedBatchAttention, ReferenceAtt
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.backbone_graphs import BackboneGraphs
 from stages.runtime.batch_invariant import BatchInvariantKernels, batch_invariant_supported, invariant_attention
-from stages.runtime.graph_capture import GRAPH_AHEAD_TOKENS, GRAPH_PATHS, batch_buckets, powers_up_to
+from stages.runtime.graph_capture import (GRAPH_AHEAD_TOKENS, GRAPH_PATHS, CaptureProgress, batch_buckets,
+                                          powers_up_to)
 from stages.runtime.kv_cache import BackboneShape, PagedKVCache
 from stages.runtime.prefill_graphs import PrefillGraphs
 from stages.runtime.row_scheduler import RowRequest, RowScheduler, ScheduledBatch, default_num_blocks
@@ -167,24 +168,25 @@ class ScheduledRunner:
         spec = self.cache.spec
         return (spec.num_blocks - self._spare_blocks) * spec.block_size - 1
 
-    def capture_ahead(self, budget_s: float) -> int:
+    def capture_ahead(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """Every graph serving can replay, made now: here the backbone's decode graphs
-        (`capture_decode_graphs`) and the prefill graphs (`capture_prefill_graphs`); a runner with
-        more overrides this."""
+        (`capture_decode_graphs`) and the prefill graphs (`capture_prefill_graphs`), each counted
+        in `progress`; a runner with more overrides this."""
         deadline = time.monotonic() + budget_s
-        made = self.capture_decode_graphs(budget_s)
-        return made + self.capture_prefill_graphs(deadline - time.monotonic())
+        made = self.capture_decode_graphs(budget_s, progress)
+        return made + self.capture_prefill_graphs(deadline - time.monotonic(), progress)
 
     @in_kernel_mode
-    def capture_prefill_graphs(self, budget_s: float) -> int:
+    def capture_prefill_graphs(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """The prefill graphs of every token bucket (and block-table bucket up to
         `GRAPH_AHEAD_TOKENS` tokens, when widths are bucketed), within `budget_s`: how many were
-        made (0 without prefill graphs, or before the first prefill made the set)."""
+        made (0 without prefill graphs, or before the first prefill made the set), each counted in
+        `progress`."""
         g = self.prefill_graphs
         if g is None:
             return 0
         widest = self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
-        return g.capture_ahead(g.token_buckets(), powers_up_to(min(widest, g.max_blocks)), budget_s)
+        return g.capture_ahead(g.token_buckets(), powers_up_to(min(widest, g.max_blocks)), budget_s, progress)
 
     def graph_table_width(self) -> int | None:
         """The one block-table width of decode graphs (tables of up to `GRAPH_AHEAD_TOKENS` tokens),
@@ -205,15 +207,15 @@ class ScheduledRunner:
             return warm(self.cache.spec, self.dtype, self._query_heads, self.device, kv_dtype=self.cache.dtype)
 
     @in_kernel_mode
-    def capture_decode_graphs(self, budget_s: float) -> int:
+    def capture_decode_graphs(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """With one table width (`graph_table_width`), the backbone decode graph of every batch
         bucket not made yet, largest first, within `budget_s` (a capture while serving stalls
         every stream; one width makes them few). Needs a decode step run first (warm-up), which
-        makes the graph set. Returns how many were made."""
+        makes the graph set. Returns how many were made, each counted in `progress`."""
         graphs, width = self._backbone_graphs, self.graph_table_width()
         if graphs is None or width is None:
             return 0
-        return graphs.capture_ahead(batch_buckets(self.max_running), [width], budget_s)
+        return graphs.capture_ahead(batch_buckets(self.max_running), [width], budget_s, progress)
 
     def num_running(self) -> int:
         return len(self._requests)

@@ -12,6 +12,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from speech.sampling import SamplingParams
+from stages.runtime.graph_capture import CaptureProgress
 
 FinishReason = Literal["stop", "length"]
 
@@ -63,13 +64,16 @@ class TalkerRunner(Protocol):
     def max_prompt_rows(self) -> int:
         """The longest prompt (rows) it can ever take; 0 = no limit. The API refuses longer ones."""
 
-    def capture_ahead(self, budget_s: float) -> int:
+    def capture_ahead(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """Record, at warm-up and within `budget_s`, the graphs serving may need that requests
-        have not made yet (so none is captured while requests wait); returns how many (0: none)."""
+        have not made yet (so none is captured while requests wait); returns how many (0: none).
+        Each graph made is counted in `progress`; while it plans, none is made
+        (`graph_capture.make_missing`)."""
 
-    def capture_decode_graphs(self, budget_s: float) -> int:
+    def capture_decode_graphs(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """Record, at warm-up and within `budget_s`, the decode graphs of every batch bucket when
-        they are few (one block-table width), for what the warm-up met; returns how many (0: none)."""
+        they are few (one block-table width), for what the warm-up met; returns how many (0: none),
+        each counted in `progress` as `capture_ahead` does."""
 
     def close(self) -> None:
         """Release what the runner holds besides memory (a tensor-parallel runner stops its follower

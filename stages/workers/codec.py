@@ -48,6 +48,7 @@ from stages.workers.common import (CodecRings, WorkerSpec, apply_memory_plan, at
                                   prepare_process, triton_kernel_counter, use_priority_stream)
 from stages.workers.encoder_thread import EncoderThread
 from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
+from stages.workers.startup import StartupLog, describe
 from stages.workers.timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
@@ -490,35 +491,52 @@ WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long
 
 
 def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = max(WARM_BATCHES),
-            capture_budget_s: float = WARM_CAPTURE_BUDGET_S) -> None:
+            capture_budget_s: float = WARM_CAPTURE_BUDGET_S, startup: StartupLog | None = None) -> None:
     """Decode and encode once so the first request does not pay for lazy set-up; with decode graphs,
     capture every batch bucket up to `max_batch` (the coalescing window's) for the schedule's chunk
     lengths (initial, ramp, steady) too, within the budget: a capture while serving stalls every
     stream for a device sync, a collection and three decodes (seen as multi-second coalescing
     waits on the H200 at C=128-256); then time a few replays to fit the dispatch planner's cost
-    model. With encode graphs, their buckets are captured too."""
-    runner.open(-1)
+    model. With encode graphs, their buckets are captured too. Each capture is a line every
+    tenth or 10 s; the times go into `startup`'s phases (a log of its own when none is given)."""
+    own = startup is None
+    startup = startup or StartupLog("codec", log.info)
     try:
-        runner.decode([(-1, np.zeros((1, runner.n_vq), dtype=np.int64))])
+        with startup.phase("warm-up", "the first decode"):
+            runner.open(-1)
+            try:
+                runner.decode([(-1, np.zeros((1, runner.n_vq), dtype=np.int64))])
+            finally:
+                runner.close(-1)
+        capture = getattr(runner, "capture", None)
+        if capture is not None and chunk_lengths:
+            _capture(startup, "decode graphs",
+                     lambda progress: capture(range(1, max_batch + 1), chunk_lengths, capture_budget_s, progress))
+            with startup.phase("warm-up", "the decode cost's calibration"):
+                cost = runner.calibrate()
+            if cost is not None:
+                log.info("codec: decode call cost %.2f ms + %.3f ms per row + %.4f ms per row and frame",
+                         cost.fixed_ms, cost.row_ms, cost.row_frame_ms)
+        with startup.phase("warm-up", "the first reference encode"):
+            runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
+        capture_encode = getattr(runner, "capture_encode", None)
+        if capture_encode is not None:
+            _capture(startup, "reference-encode graphs", lambda progress: capture_encode(capture_budget_s, progress))
     finally:
-        runner.close(-1)
-    capture = getattr(runner, "capture", None)
-    if capture is not None and chunk_lengths:
-        t0 = time.perf_counter()
-        made = capture(range(1, max_batch + 1), chunk_lengths, capture_budget_s)  # every batch bucket
-        if made:
-            log.info("codec: captured %d decode graphs in %.1f s", made, time.perf_counter() - t0)
-        cost = runner.calibrate()
-        if cost is not None:
-            log.info("codec: decode call cost %.2f ms + %.3f ms per row + %.4f ms per row and frame",
-                     cost.fixed_ms, cost.row_ms, cost.row_frame_ms)
-    runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
-    capture_encode = getattr(runner, "capture_encode", None)
-    if capture_encode is not None:
-        t0 = time.perf_counter()
-        made = capture_encode(capture_budget_s)
-        if made:
-            log.info("codec: captured %d reference-encode graphs in %.1f s", made, time.perf_counter() - t0)
+        if own:
+            startup.close()
+
+
+def _capture(startup: StartupLog, what: str, capture: Callable[[Any], int]) -> int:
+    """`capture(progress)` planned, then made in the capture phase with a progress line every
+    tenth or 10 s; how many graphs it made (no line when it plans none)."""
+    progress = startup.capture_progress(what)
+    if not progress.plan(capture):
+        return 0
+    with startup.phase("capture", f"the capture of {what}"):
+        made = capture(progress)
+    startup.finish_capture(progress)
+    return made
 
 
 def main(spec: WorkerSpec) -> None:
@@ -529,18 +547,19 @@ def main(spec: WorkerSpec) -> None:
     from_talker, from_coord, to_coord, to_clients = attach_codec(spec)
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"codec{spec.replica}")
     gc_pauses: GcPauses | None = None
+    startup = StartupLog("codec", log.info, spec.spawned_at)
     try:
         variant, plan = apply_memory_plan(spec, variant)
-        t0 = time.perf_counter()
-        runner = variant.make_codec_runner(spec.device)
-        log.info("codec: loaded in %.1f s", time.perf_counter() - t0)
-        warm_up(runner, chunk_lengths(spec.profile), spec.profile.coalescing.max_batch)
+        with startup.phase("load", "the model's load") as span:
+            runner = variant.make_codec_runner(spec.device)
+        log.info("codec: loaded in %.1f s", span.seconds)
+        warm_up(runner, chunk_lengths(spec.profile), spec.profile.coalescing.max_batch, startup=startup)
         frozen = freeze_heap()
-        log.info("codec: ready %.1f s after loading began (%d objects frozen out of garbage collection)",
-                 time.perf_counter() - t0, frozen)
+        times = startup.times()
+        log.info("codec: ready in %s (%d objects frozen out of garbage collection)", describe(times), frozen)
         gc_pauses = GcPauses("codec")  # a long collection goes to the log
         to_coord.send(Ready(stage="codec", pid=os.getpid(), capacity=runner.max_slots,
-                            memory=memory_report("codec", plan, spec.device)))
+                            memory=memory_report("codec", plan, spec.device), startup=times))
         c = spec.profile.coalescing
         coalescer = Coalescer(min_batch=c.min_batch, max_wait_s=c.max_wait_ms / 1000.0,
                               max_batch=c.max_batch, policy=c.policy)
@@ -563,6 +582,7 @@ def main(spec: WorkerSpec) -> None:
         to_coord.send(StageError(stage="codec", message=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        startup.close()
         if gc_pauses is not None:
             gc_pauses.close()
         thaw_heap()

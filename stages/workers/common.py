@@ -61,6 +61,7 @@ class WorkerSpec:
     num_clients: int = 0            # codec: rings to create, one per client
     env: tuple[tuple[str, str], ...] = ()  # set before CUDA initialises (e.g. the MPS pipe)
     replica: int = 0                # which talker+codec pair this worker belongs to (ring names)
+    spawned_at: float | None = None  # wall-clock time of its spawn (`time.time()`): its start-up's zero
 
     @property
     def ring_prefix(self) -> str:

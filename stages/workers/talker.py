@@ -40,6 +40,7 @@ from ipc.messages import (Abort, CodeChunk, Feed, PeerLost, Ready, Rewire, Shutd
 from stages.runtime.chunk_policy import ChunkAccumulator, ChunkSchedule
 from stages.variant import AdapterError, TalkerRequest, Variant
 from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
+from stages.workers.startup import StartupLog, describe
 from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (REWIRE_TIMEOUT_S, WorkerSpec, apply_memory_plan, attach_talker,
                                   beat_interval, drain, kernel_names, memory_report, payload_array,
@@ -473,53 +474,79 @@ def wide_batch(runner: Any, serving: list[Any]) -> list[tuple[int, Any]]:
     return [(-100 - j, serving[j % len(serving)]) for j in range(wide)]
 
 
-def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False) -> None:
-    """Run short requests through the runner so first requests do not pay for lazy set-up: one
+def warm_up_batches(runner: Any, variant: Variant) -> list[tuple[str, list[tuple[int, Any]], int]]:
+    """The warm-up's batches of requests, in order: (name, [(rid, request)], most steps): one
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
     what compiles the shape-generic code), then a serving-size batch (`serving_size_request`:
     prefill steps of about a thousand rows over several prompts, as under load, so the kernels of
     those shapes are compiled before the first request rather than during it), then a wide batch
     (`wide_batch`: those prompts again, many at once, as a burst of requests for known voices
-    comes). The jobs are the variant's (`warm_up_job`). Then every attention kernel variant a step
-    can launch (`warm_attention`: the eager path's split counts follow its batch). Then, with
-    `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead;
-    without it, the decode graphs of every batch bucket when one block-table width serves them
-    all (`capture_decode_graphs`: a few per sampler mode met) and the prefill graphs
-    (`talker.prefill_graphs`), so no capture stalls the streams of the first requests."""
+    comes; run with the scheduler's chunk cap lifted). The jobs are the variant's
+    (`warm_up_job`); a runner of one or two slots gets the first ones only."""
     request = variant.build_request(variant.warm_up_job())
-    batches = [[-1], [-2, -3]] if runner.max_running >= 2 else [[-1]]
-    took: dict[str, float] = {}  # warm-up stage -> seconds (start-up time, in the log)
-    for name, rids in zip(("alone", "two"), batches):
-        t0 = time.perf_counter()
-        run_together(runner, [(rid, request) for rid in rids], max_steps=8)
-        took[name] = time.perf_counter() - t0
+    batches = [("alone", [(-1, request)], 8)]
+    if runner.max_running >= 2:
+        batches.append(("two", [(-2, request), (-3, request)], 8))
     n = min(WARM_SERVING_REQUESTS, runner.max_running)
     if n > 2:
         serving = [serving_size_request(variant, i) for i in range(n)]
-        t0 = time.perf_counter()
-        run_together(runner, [(-10 - i, request) for i, request in enumerate(serving)], max_steps=64)
-        took["serving"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        uncapped = getattr(getattr(runner, "scheduler", None), "chunks_uncapped", nullcontext)
-        with uncapped():  # all its chunks in one step: the runner's eager call
-            run_together(runner, wide_batch(runner, serving), max_steps=64)
-        took["wide"] = time.perf_counter() - t0
-    log.info("talker: warm-up requests %s", ", ".join(f"{k} {v:.1f} s" for k, v in took.items()))
-    t0 = time.perf_counter()
-    if warmed := getattr(runner, "warm_attention", lambda: 0)():
-        log.info("talker: %d attention kernel variants launched in %.1f s", warmed, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    if capture_ahead:
-        made = runner.capture_ahead(WARM_CAPTURE_BUDGET_S)
-        log.info("talker: captured %d graphs ahead in %.1f s", made, time.perf_counter() - t0)
-        return
-    made = runner.capture_decode_graphs(WARM_CAPTURE_BUDGET_S)
-    if made:
-        log.info("talker: captured %d decode graphs in %.1f s", made, time.perf_counter() - t0)
-    if getattr(runner, "prefill_graphs", None) is not None:  # one per token bucket: seconds, not minutes
-        t0 = time.perf_counter()
-        made = runner.capture_prefill_graphs(WARM_CAPTURE_BUDGET_S)
-        log.info("talker: captured %d prefill graphs in %.1f s", made, time.perf_counter() - t0)
+        batches.append(("serving", [(-10 - i, r) for i, r in enumerate(serving)], 64))
+        batches.append(("wide", wide_batch(runner, serving), 64))
+    return batches
+
+
+def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False, startup: StartupLog | None = None) -> None:
+    """Run short requests through the runner so first requests do not pay for lazy set-up
+    (`warm_up_batches`), then launch every attention kernel variant a step can launch
+    (`warm_attention`: the eager path's split counts follow its batch). Then, with
+    `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead;
+    without it, the decode graphs of every batch bucket when one block-table width serves them
+    all (`capture_decode_graphs`: a few per sampler mode met) and the prefill graphs
+    (`talker.prefill_graphs`), so no capture stalls the streams of the first requests.
+
+    Each batch is a line (n of N, its requests and prompt rows, its seconds and the compiles in
+    them), each compile a line, each capture a line every tenth or 10 s; the times go into
+    `startup`'s phases (a log of its own when none is given)."""
+    own = startup is None
+    startup = startup or StartupLog("talker", log.info)
+    try:
+        batches = warm_up_batches(runner, variant)
+        for i, (name, requests, max_steps) in enumerate(batches, 1):
+            rows = sum(len(r.prompt) for _, r in requests)
+            doing = (f"warm-up batch {i} of {len(batches)} ({name}: {len(requests)} "
+                     f"request{'s' if len(requests) > 1 else ''}, {rows} prompt rows)")
+            uncapped = getattr(getattr(runner, "scheduler", None), "chunks_uncapped", nullcontext)
+            with startup.phase("warm-up", doing) as span, (uncapped() if name == "wide" else nullcontext()):
+                run_together(runner, requests, max_steps)  # wide: all its chunks in one step, the eager call
+            compiled = (f", {span.compile_seconds:.1f} s of it compiling ({span.compiles} "
+                        f"compile{'s' if span.compiles > 1 else ''})" if span.compiles else "")
+            log.info("talker: %s: %.1f s%s", doing, span.seconds, compiled)
+        with startup.phase("warm-up", "the attention kernel variants") as span:
+            warmed = getattr(runner, "warm_attention", lambda: 0)()
+        if warmed:
+            log.info("talker: %d attention kernel variants launched in %.1f s", warmed, span.seconds)
+        if capture_ahead:
+            _capture(startup, "graphs ahead", runner.capture_ahead)
+            return
+        _capture(startup, "decode graphs", runner.capture_decode_graphs)
+        if getattr(runner, "prefill_graphs", None) is not None:  # one per token bucket: seconds, not minutes
+            _capture(startup, "prefill graphs", runner.capture_prefill_graphs)
+    finally:
+        if own:
+            startup.close()
+
+
+def _capture(startup: StartupLog, what: str, capture: Callable[..., int]) -> int:
+    """`capture(budget_s, progress)` (a runner's capture method) planned, then made within
+    `WARM_CAPTURE_BUDGET_S`, in the capture phase with a progress line every tenth or 10 s; how
+    many graphs it made (no line when it plans none)."""
+    progress = startup.capture_progress(what)
+    if not progress.plan(lambda p: capture(WARM_CAPTURE_BUDGET_S, p)):
+        return 0
+    with startup.phase("capture", f"the capture of {what}"):
+        made = capture(WARM_CAPTURE_BUDGET_S, progress)
+    startup.finish_capture(progress)
+    return made
 
 
 def main(spec: WorkerSpec) -> None:
@@ -531,19 +558,20 @@ def main(spec: WorkerSpec) -> None:
     runner = None
     timeline = open_timeline(spec.profile.engine.timeline_dir, f"talker{spec.replica}")
     gc_pauses: GcPauses | None = None
+    startup = StartupLog("talker", log.info, spec.spawned_at)
     try:
         variant, plan = apply_memory_plan(spec, variant)
-        t0 = time.perf_counter()
-        runner = variant.make_talker_runner(spec.device)
-        log.info("talker: loaded in %.1f s", time.perf_counter() - t0)
-        warm_up(runner, variant, spec.profile.talker.capture_ahead)
+        with startup.phase("load", "the model's load") as span:
+            runner = variant.make_talker_runner(spec.device)
+        log.info("talker: loaded in %.1f s", span.seconds)
+        warm_up(runner, variant, spec.profile.talker.capture_ahead, startup)
         frozen = freeze_heap()
-        log.info("talker: ready %.1f s after loading began (%d objects frozen out of garbage collection)",
-                 time.perf_counter() - t0, frozen)
+        times = startup.times()
+        log.info("talker: ready in %s (%d objects frozen out of garbage collection)", describe(times), frozen)
         gc_pauses = GcPauses("talker")
         ready = Ready(stage="talker", pid=os.getpid(), capacity=spec.profile.talker.max_running,
                       max_prompt_rows=runner.max_prompt_rows(),
-                      memory=memory_report("talker", plan, spec.device))
+                      memory=memory_report("talker", plan, spec.device), startup=times)
         to_coord.send(ready)
         loop = TalkerLoop(runner, inbox, to_codec, to_coord, schedule_from(spec.profile),
                           variant.n_vq, timeline, allocator_counter(spec.device), gc_pauses,
@@ -556,6 +584,7 @@ def main(spec: WorkerSpec) -> None:
         to_coord.send(StageError(stage="talker", message=f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        startup.close()
         if runner is not None:  # a tensor-parallel runner stops its follower ranks
             runner.close()
         if gc_pauses is not None:

@@ -70,10 +70,10 @@ class ToyRunner:
     def num_running(self) -> int:
         return len(self.requests)
 
-    def capture_ahead(self, budget_s: float) -> int:
+    def capture_ahead(self, budget_s: float, progress=None) -> int:
         return 0
 
-    def capture_decode_graphs(self, budget_s: float) -> int:
+    def capture_decode_graphs(self, budget_s: float, progress=None) -> int:
         return 0
 
     def max_prompt_rows(self) -> int:

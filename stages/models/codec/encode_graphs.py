@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from stages.models.codec.model import CodecModel
-from stages.runtime.graph_capture import StaticCall, bucket, make_missing
+from stages.runtime.graph_capture import CaptureProgress, StaticCall, bucket, make_missing
 
 DEFAULT_LENGTHS_S = (4.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # reference clips are 3-10 s as a rule
 
@@ -82,11 +82,11 @@ class EncodeGraphs:
         entry.call()
         return entry.codes[:, :n], entry.frames[:n]
 
-    def capture_ahead(self, batches, budget_s: float | None = None) -> int:
+    def capture_ahead(self, batches, budget_s: float | None = None, progress: CaptureProgress | None = None) -> int:
         """Make the entries of every (bucket(b), S) not made yet, largest first, within `budget_s`;
-        returns how many were made."""
+        returns how many were made (each counted in `progress`)."""
         keys = {(bucket(min(b, self.max_batch), self.max_batch), s) for b in batches for s in self.lengths}
-        return make_missing(keys, self._entries, self._make, budget_s)
+        return make_missing(keys, self._entries, self._make, budget_s, progress)
 
     def _make(self, key: tuple[int, int]) -> _Entry:
         """The bucket's static tensors (silence, full lengths) and its first call (recorded with capture)."""

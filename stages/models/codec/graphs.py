@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from stages.models.codec.streaming import StreamingDecoder
-from stages.runtime.graph_capture import make_missing
+from stages.runtime.graph_capture import CaptureProgress, make_missing
 
 WARMUP_CALLS = 1  # eager calls on a side stream before recording (kernels, cuBLAS workspaces, allocator)
 
@@ -150,13 +150,15 @@ class DecodeGraphs:
             self._body(entry)
         return entry.out[:n]
 
-    def capture(self, batches: Iterable[int], chunk_lengths: Iterable[int], budget_s: float | None = None) -> int:
+    def capture(self, batches: Iterable[int], chunk_lengths: Iterable[int], budget_s: float | None = None,
+                progress: CaptureProgress | None = None) -> int:
         """Make the entries (record the graphs) of every (bucket(b), T) not made yet, largest first
         (later, smaller captures reuse the pool); stops after `budget_s`. Returns how many were made.
-        Safe while requests hold slots: only the scratch slot is touched."""
+        Safe while requests hold slots: only the scratch slot is touched. Each is counted in
+        `progress` (`graph_capture.make_missing`)."""
         keys = {(bucket(min(b, self.max_batch), self.max_batch), T) for b in batches for T in chunk_lengths
                 if self.fits(min(b, self.max_batch), T)}
-        return make_missing(keys, self._entries, lambda key: self._make(*key), budget_s)
+        return make_missing(keys, self._entries, lambda key: self._make(*key), budget_s, progress)
 
     def _body(self, entry: _Entry) -> None:
         entry.out.copy_(self.decoder.decode(entry.codes, entry.slots, entry.valid, entry.offset))

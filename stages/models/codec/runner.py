@@ -41,6 +41,7 @@ from stages.models.codec.dispatch_plan import CallCost, Piece, plan, plan_pieces
 from stages.models.codec.graphs import DecodeGraphs, bucket
 from stages.models.codec.model import CodecModel
 from stages.models.codec.streaming import StreamingDecoder
+from stages.runtime.graph_capture import CaptureProgress
 
 
 class SlotsExhausted(RuntimeError):
@@ -270,9 +271,10 @@ class CodecRunner:
             torch.cuda.synchronize(self.device)
 
     def capture(self, batches: list[int] | tuple[int, ...], chunk_lengths: list[int] | tuple[int, ...],
-                budget_s: float | None = None) -> int:
+                budget_s: float | None = None, progress: CaptureProgress | None = None) -> int:
         """Capture ahead the graphs of these batch sizes (their buckets) and chunk lengths, within
-        `budget_s`; returns how many were captured (0 without graphs). Open requests are untouched."""
+        `budget_s`; returns how many were captured (0 without graphs), each counted in `progress`.
+        Open requests are untouched."""
         if self.graphs is None:
             return 0
         lengths = sorted({t for t in chunk_lengths if 1 <= t <= self.graphs.max_frames} | {self.graphs.max_frames})
@@ -281,15 +283,16 @@ class CodecRunner:
         made = 0
         for lane in self.lanes:  # every lane the same keys: a call's replay may go to any of them
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            made += lane.capture(batches, lengths, left)
+            made += lane.capture(batches, lengths, left, progress)
         return made
 
-    def capture_encode(self, budget_s: float | None = None) -> int:
+    def capture_encode(self, budget_s: float | None = None, progress: CaptureProgress | None = None) -> int:
         """Capture ahead the reference-encoding graphs of every batch and length bucket, within
-        `budget_s`; returns how many were made (0 without encode graphs)."""
+        `budget_s`; returns how many were made (0 without encode graphs), each counted in
+        `progress`."""
         if self.encode_graphs is None:
             return 0
-        return self.encode_graphs.capture_ahead(range(1, self.encode_graphs.max_batch + 1), budget_s)
+        return self.encode_graphs.capture_ahead(range(1, self.encode_graphs.max_batch + 1), budget_s, progress)
 
     def _check_codes(self, rid: int, codes: np.ndarray) -> None:
         if rid not in self._slot_of:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from stages.runtime.attention.metadata import AttentionMetadata
-from stages.runtime.graph_capture import (StaticCall, batch_bucket, decode_metadata, make_missing,
+from stages.runtime.graph_capture import (CaptureProgress, StaticCall, batch_bucket, decode_metadata, make_missing,
                                           pack_decode_inputs, replay_or_build, table_bucket)
 
 
@@ -73,9 +73,11 @@ class DecodeGraphs:
                                   blocks=key[1], scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
                                   block_size=self.block_size), key
 
-    def capture_ahead(self, batches: list[int], blocks: list[int], budget_s: float | None = None) -> int:
+    def capture_ahead(self, batches: list[int], blocks: list[int], budget_s: float | None = None,
+                      progress: CaptureProgress | None = None) -> int:
         """Make the (B, M) buckets of these batch sizes and block counts not made yet, every row
-        on the scratch slot and block, largest first, stopping after `budget_s`; returns how many."""
+        on the scratch slot and block, largest first, stopping after `budget_s`; returns how many
+        (each counted in `progress`: `graph_capture.make_missing`)."""
         keys = {(batch_bucket(b, self.max_batch), table_bucket(m, self.max_blocks, self.table_width))
                 for b in batches for m in blocks}
 
@@ -84,7 +86,7 @@ class DecodeGraphs:
                                            scratch_slot=self.scratch_slot, scratch_block=self.scratch_block,
                                            block_size=self.block_size), key)
 
-        return make_missing(keys, self._graphs, make, budget_s)
+        return make_missing(keys, self._graphs, make, budget_s, progress)
 
     def run(self, packed_host: torch.Tensor, key: tuple[int, int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (capturing first if new) the bucket's graph; returns stop [n], codes [n, n_vq]."""
@@ -133,12 +135,13 @@ class FrameGraphs:
         """Batch buckets made so far."""
         return list(self._graphs)
 
-    def capture_ahead(self, batches: list[int], budget_s: float | None = None) -> int:
+    def capture_ahead(self, batches: list[int], budget_s: float | None = None,
+                      progress: CaptureProgress | None = None) -> int:
         """Make the batch buckets of these sizes not made yet (every row on the scratch slot),
-        largest first, stopping after `budget_s`; returns how many."""
+        largest first, stopping after `budget_s`; returns how many (each counted in `progress`)."""
         none = torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device)
         return make_missing({batch_bucket(b, self.max_batch) for b in batches}, self._graphs,
-                            lambda B: self.run(none, [], [], batch=B), budget_s)
+                            lambda B: self.run(none, [], [], batch=B), budget_s, progress)
 
     def run(self, hidden: torch.Tensor, slots: list[int], frames: list[int],
             batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,7 +55,7 @@ from stages.models.qwen3 import fuse_projections
 from stages.runtime.attention.backends import PaddedBatchAttention
 from stages.runtime.attention.metadata import AttentionBackend
 from stages.runtime.fp8_linear import has_fp8_matmuls
-from stages.runtime.graph_capture import (GRAPH_AHEAD_TOKENS, batch_bucket, batch_buckets, powers_up_to,
+from stages.runtime.graph_capture import (GRAPH_AHEAD_TOKENS, CaptureProgress, batch_bucket, batch_buckets, powers_up_to,
                                           resolve_graph_path)
 from stages.runtime.mixed_graphs import MixedGraphs, MixedInputs
 from stages.runtime.prefill_graphs import PrefillGraphs
@@ -226,14 +226,14 @@ class LocalV15Runner(ScheduledRunner):
         self.sampling.write(sched.slot, params)  # with its slot's resets, at the next launch (`_flush_slots`)
 
     @in_kernel_mode
-    def capture_ahead(self, budget_s: float) -> int:
+    def capture_ahead(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """Every graph serving can replay, made now (a capture while serving stalls every stream):
         for each sampler mode (those met so far first: the warm-up requests' at start-up), the
         decode graphs of every (batch, KV-blocks) bucket and the local-loop graphs of every batch
         bucket; then the
         prefill graphs of every token bucket (with `prefill_graphs`). Block tables of up to
         `GRAPH_AHEAD_TOKENS` tokens (longer ones are captured when met); largest first, within
-        `budget_s`. Returns how many were made (0 without graphs)."""
+        `budget_s`. Returns how many were made (0 without graphs), each counted in `progress`."""
         if self.graph_path == "off":
             return 0
         deadline = time.monotonic() + budget_s
@@ -244,44 +244,45 @@ class LocalV15Runner(ScheduledRunner):
         for mode in list(self._graph_sets) + [m for m in every if m not in self._graph_sets]:
             decode, frame = self._graph_set(mode)
             made += decode.capture_ahead(batch_buckets(self.max_running), powers_up_to(min(widest, decode.max_blocks)),
-                                         deadline - time.monotonic())
-            made += frame.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic())
+                                         deadline - time.monotonic(), progress)
+            made += frame.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic(), progress)
         g = self.prefill_graphs
         if g is not None:
-            made += self.capture_prefill_graphs(deadline - time.monotonic())
+            made += self.capture_prefill_graphs(deadline - time.monotonic(), progress)
         return made
 
     @in_kernel_mode
-    def capture_decode_graphs(self, budget_s: float) -> int:
+    def capture_decode_graphs(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """With one table width (`graph_table_width`), the decode and local-loop graphs of every
         batch bucket for the sampler modes met so far (the warm-up requests'), and with
         `mixed_step_tokens` their mixed graphs of every decode bucket from `MIXED_MIN_DECODE` and
         token bucket, largest first, within `budget_s`; 0 when widths are bucketed. Returns how
-        many were made."""
+        many were made, each counted in `progress`."""
         width = self.graph_table_width()
         if self.graph_path == "off" or width is None:
             return 0
         deadline = time.monotonic() + budget_s
         made = 0
         for mode, (decode, frame) in list(self._graph_sets.items()):
-            made += decode.capture_ahead(batch_buckets(self.max_running), [width], deadline - time.monotonic())
-            made += frame.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic())
+            made += decode.capture_ahead(batch_buckets(self.max_running), [width], deadline - time.monotonic(),
+                                         progress)
+            made += frame.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic(), progress)
             if self.mixed_step_tokens:
                 mixed = self._mixed_graphs(mode)
                 made += mixed.capture_ahead([b for b in batch_buckets(self.max_running) if b >= MIXED_MIN_DECODE],
-                                            mixed.token_buckets(), deadline - time.monotonic())
+                                            mixed.token_buckets(), deadline - time.monotonic(), progress)
         return made
 
     @in_kernel_mode
-    def capture_prefill_graphs(self, budget_s: float) -> int:
+    def capture_prefill_graphs(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """The prefill graphs of every token bucket (and block-table bucket up to
         `GRAPH_AHEAD_TOKENS` tokens, when widths are bucketed), within `budget_s`: how many were
-        made (0 without prefill graphs)."""
+        made (0 without prefill graphs), each counted in `progress`."""
         g = self.prefill_graphs
         if g is None:
             return 0
         widest = self.cache.spec.blocks_for(GRAPH_AHEAD_TOKENS)
-        return g.capture_ahead(g.token_buckets(), powers_up_to(min(widest, g.max_blocks)), budget_s)
+        return g.capture_ahead(g.token_buckets(), powers_up_to(min(widest, g.max_blocks)), budget_s, progress)
 
     # ---- one step ------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.runtime.graph_capture import StaticCall, batch_bucket, make_missing
+from stages.runtime.graph_capture import CaptureProgress, StaticCall, batch_bucket, make_missing
 
 # body(hidden [B, H], slots [B], frames [B], writes [B]) -> (codes [B, n_vq],)
 DepthBody = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor]]
@@ -57,12 +57,13 @@ class DepthGraphs:
         """Batch buckets made so far."""
         return list(self._graphs)
 
-    def capture_ahead(self, batches: list[int], budget_s: float | None = None) -> int:
+    def capture_ahead(self, batches: list[int], budget_s: float | None = None,
+                      progress: CaptureProgress | None = None) -> int:
         """Make the buckets of these batch sizes not made yet (every row a padding row), largest
-        first, stopping after `budget_s`; returns how many."""
+        first, stopping after `budget_s`; returns how many (each counted in `progress`)."""
         none = torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device)
         return make_missing({batch_bucket(b, self.max_batch) for b in batches}, self._graphs,
-                            lambda B: self.run(none, [], [], [], batch=B), budget_s)
+                            lambda B: self.run(none, [], [], [], batch=B), budget_s, progress)
 
     def run(self, hidden: torch.Tensor, slots: list[int], frames: list[int], writes: list[int],
             batch: int | None = None) -> torch.Tensor:

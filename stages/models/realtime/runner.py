@@ -48,7 +48,7 @@ from speech.sampling import SamplingParams
 from stages.models.realtime.graphs import DepthGraphs
 from stages.models.realtime.model import RealtimeModel
 from stages.models.realtime.processor import split_prompt
-from stages.runtime.graph_capture import batch_buckets, resolve_graph_path
+from stages.runtime.graph_capture import CaptureProgress, batch_buckets, resolve_graph_path
 from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.sampling import SamplingSlots, sample_tokens
 from stages.runtime.scheduled_runner import ScheduledRunner
@@ -150,16 +150,17 @@ class RealtimeRunner(ScheduledRunner):
         self.sampling.flush()  # the settings of the requests added since the last step
         return super().step()
 
-    def capture_decode_graphs(self, budget_s: float) -> int:
+    def capture_decode_graphs(self, budget_s: float, progress: CaptureProgress | None = None) -> int:
         """The backbone's decode graphs of every batch bucket (with one table width,
         `ScheduledRunner.capture_decode_graphs`), then the depth-loop graphs of every batch bucket
         not made yet (one per bucket: always few), largest first, within `budget_s`; how many
-        were made (0 without graphs)."""
+        were made (0 without graphs), each counted in `progress`."""
         deadline = time.monotonic() + budget_s
-        made = super().capture_decode_graphs(budget_s)
+        made = super().capture_decode_graphs(budget_s, progress)
         if self.depth_graphs is not None:
             with self.kernel_mode(), torch.inference_mode():
-                made += self.depth_graphs.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic())
+                made += self.depth_graphs.capture_ahead(batch_buckets(self.max_running), deadline - time.monotonic(),
+                                                        progress)
         return made
 
     def _sample(self, ready: list[_Realtime], h: torch.Tensor) -> torch.Tensor:
