@@ -148,6 +148,10 @@ class TalkerConfig(_Section):
     compile: Annotated[bool, doc(
         "on CUDA: the backbone layers, row embedding and the local loop + sampling through "
         "torch.compile (fused kernels, compiled at warm-up: tens of seconds)")] = True
+    compile_size_oblivious: Annotated[bool, doc(
+        "with compile: the shape-generic graphs serve a batch or prompt chunk of one row too, "
+        "instead of graphs specialised for it (torch's size-oblivious shapes, an experimental "
+        "switch): fewer compiles at warm-up; one row runs the generic kernels")] = False
     prefill_interval: Annotated[int, doc(
         "while streams are decoding, new prompts are prefilled at most every this many steps "
         "(1 = every step; larger = more decode steps replayed from graphs between prefills, "

@@ -155,6 +155,22 @@ def attention_without_plans() -> None:
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def compile_size_oblivious() -> bool:
+    """Make torch.compile's dynamic sizes size-oblivious in this process
+    (`talker.compile_size_oblivious`): a size of 1 is no longer specialised, so the shape-generic
+    graph serves a batch (or prompt chunk) of one row too. The talker's warm-up then compiles the
+    local loop once instead of twice (for one row, then shape-generic), and each other compiled
+    part at most twice. False (nothing changed) where this torch has no such switch
+    (`torch.fx.experimental._config.backed_size_oblivious`, which torch marks experimental)."""
+    from torch.fx.experimental import _config as fx_config
+
+    if not hasattr(fx_config, "backed_size_oblivious"):
+        log.warning("talker.compile_size_oblivious: this torch has no size-oblivious switch; ignored")
+        return False
+    fx_config.backed_size_oblivious = True
+    return True
+
+
 class TritonKernelCounter:
     """Called: how many Triton kernels this process has specialised since the counter was made
     (compiled, or loaded from the disk cache, for argument types or constants not met before).

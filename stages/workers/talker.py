@@ -43,9 +43,9 @@ from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 from stages.workers.startup import StartupLog, describe
 from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (REWIRE_TIMEOUT_S, WorkerSpec, apply_memory_plan, attach_talker,
-                                  beat_interval, drain, kernel_names, memory_report, payload_array,
-                                  prepare_process, receive_spec, schedule_from, triton_kernel_counter,
-                                  use_priority_stream)
+                                  beat_interval, compile_size_oblivious, drain, kernel_names,
+                                  memory_report, payload_array, prepare_process, receive_spec,
+                                  schedule_from, triton_kernel_counter, use_priority_stream)
 
 log = logging.getLogger(__name__)
 
@@ -552,6 +552,8 @@ def _capture(startup: StartupLog, what: str, capture: Callable[..., int]) -> int
 def main(spec: WorkerSpec) -> None:
     """Process entry: load the talker, warm up, say Ready, loop until shutdown."""
     variant = prepare_process(spec, spec.profile.talker.torch_threads)
+    if spec.profile.talker.compile_size_oblivious:
+        compile_size_oblivious()
     if spec.profile.talker.priority_stream:
         use_priority_stream(spec.device)
     inbox, to_codec, to_coord = attach_talker(spec)

@@ -119,10 +119,45 @@ def test_the_first_warm_up_batches_compile_the_local_loop_once_a_shape():
     input made outside inference mode next to a decode body's hidden states made inside compiled
     the local loop once more for each kind. The warm-up's batch of one and batch of two compile
     it twice in all: for one row (torch specialises a size of 1) and shape-generic."""
+    new = _first_warm_up_batches_compiles()
+    assert not [m.recompile_reason for m in new if "dispatch key" in (m.recompile_reason or "")]
+    assert [m.co_name for m in new].count("decode_frame") == 2
+
+
+@pytest.mark.slow
+def test_size_oblivious_shapes_compile_the_local_loop_once():
+    """`talker.compile_size_oblivious` (the talker worker's `compile_size_oblivious`): a batch of
+    one is not specialised, so one shape-generic compile of the local loop serves both batches,
+    and each backbone half compiles at most twice, and the same codes come out as eagerly."""
+    from torch.fx.experimental import _config as fx_config
+
+    from stages.workers.common import compile_size_oblivious
+
+    before = fx_config.backed_size_oblivious
+    try:
+        assert compile_size_oblivious()
+        new = _first_warm_up_batches_compiles()
+        torch.manual_seed(0)
+        eager = build_talker_module(tiny_config()).eval()
+        compiled = build_talker_module(tiny_config()).eval()
+        compiled.load_state_dict(eager.state_dict())
+        compiled.compile_hot_paths(backend="eager")
+        assert_same_codes(_codes(eager), _codes(compiled))
+    finally:
+        fx_config.backed_size_oblivious = before
+    names = [m.co_name for m in new]
+    assert names.count("decode_frame") == 1 and names.count("embed_rows") == 1
+    assert max(names.count(name) for name in names) <= 2
+
+
+def _first_warm_up_batches_compiles() -> list:
+    """Dynamo's records of the compiles of a new tiny compiled talker (the eager backend) through
+    the warm-up's first two batches (one request alone, then two) on the eager graph path."""
     from torch._dynamo.utils import get_compilation_metrics
 
     from stages.workers.talker import run_together
 
+    torch._dynamo.reset()  # what earlier tests compiled (the same functions) is compiled anew
     torch.manual_seed(0)
     model = build_talker_module(tiny_config()).eval()
     model.compile_hot_paths(backend="eager")
@@ -134,6 +169,4 @@ def test_the_first_warm_up_batches_compile_the_local_loop_once_a_shape():
     before = get_compilation_metrics()
     run_together(runner, [(-1, request)], max_steps=8)
     run_together(runner, [(-2, request), (-3, request)], max_steps=8)
-    new = [m for m in get_compilation_metrics() if not any(m is b for b in before)]
-    assert not [m.recompile_reason for m in new if "dispatch key" in (m.recompile_reason or "")]
-    assert [m.co_name for m in new].count("decode_frame") == 2
+    return [m for m in get_compilation_metrics() if not any(m is b for b in before)]
