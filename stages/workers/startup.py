@@ -12,6 +12,7 @@ in its Ready (the launcher logs every worker's in one line) and logs it itself (
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,8 @@ from typing import Any, Literal
 
 from ipc.messages import StartupTimes
 from stages.runtime.graph_capture import CaptureProgress
+
+log = logging.getLogger(__name__)
 
 Phase = Literal["load", "warm-up", "capture"]
 REASON_CHARS = 160  # of dynamo's reason for a compile again, in its line
@@ -56,14 +59,15 @@ class CompileLog:
             self._last = records[-1]
 
     def _log(self, record: Any) -> None:
-        seconds = record.entire_frame_compile_time_s or (record.duration_us or 0) / 1e6
+        seconds = (getattr(record, "entire_frame_compile_time_s", None)
+                   or (getattr(record, "duration_us", None) or 0) / 1e6)
         self.count += 1
         self.seconds += seconds
-        why = record.recompile_reason or ""
+        why = getattr(record, "recompile_reason", None) or ""
         again = f"; again: {why[:REASON_CHARS]}" if why else ""
-        failed = f"; failed: {record.fail_type}" if record.fail_type else ""
-        self.report(f"{self.stage}: compile {self.count}: {record.co_name} in {seconds:.1f} s, "
-                    f"during {self.doing}{again}{failed}")
+        failed = getattr(record, "fail_type", None)
+        self.report(f"{self.stage}: compile {self.count}: {getattr(record, 'co_name', '?')} in {seconds:.1f} s, "
+                    f"during {self.doing}{again}{f'; failed: {failed}' if failed else ''}")
 
     def _hook(self, callback: Any) -> None:
         """Once: flush at the start of every later compile, so each compile's line comes as the
@@ -73,8 +77,13 @@ class CompileLog:
         self._hooked = callback.callback_handler
         self._hooked.register_start_callback(self._on_compile_start)
 
-    def _on_compile_start(self, _args: Any) -> None:
-        self.flush()
+    def _on_compile_start(self, *_args: Any) -> None:
+        """Dynamo's start-of-compile callback (with its arguments or, in older torch, none): a
+        failure here must not fail the compile, so it is only logged."""
+        try:
+            self.flush()
+        except Exception:  # noqa: BLE001 - the compile goes on; the line comes at the span's end
+            log.exception("%s: the compile log could not read dynamo's records", self.stage)
 
     def close(self) -> None:
         if self._hooked is not None:

@@ -25,24 +25,33 @@ def test_each_compile_is_a_line_and_its_time_leaves_the_span_it_ran_in():
     def doubled_sine(x):
         return torch.sin(x) * 2
 
+    def halved_cosine(x):
+        return torch.cos(x) / 2
+
     compiled = torch.compile(doubled_sine, backend="eager", dynamic=True)
+    other = torch.compile(halved_cosine, backend="eager", dynamic=True)
     lines: list[str] = []
     startup = StartupLog("talker", lines.append)
     try:
         with startup.phase("warm-up", "warm-up batch 1 of 2 (alone)") as alone:
             compiled(torch.ones(1))  # torch specialises a size of 1
+        assert len(lines) == 1  # at the span's end
         with startup.phase("warm-up", "warm-up batch 2 of 2 (two)") as two:
             compiled(torch.ones(2))  # the shape-generic graph ...
             compiled(torch.ones(3))  # ... which serves this one too
+            assert len(lines) == 1
+            other(torch.ones(2))
+            assert len(lines) == 2  # the compile before came out as this one began
         times = startup.times()
     finally:
         startup.close()
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert lines[0].startswith("talker: compile 1: doubled_sine in ")
     assert lines[0].endswith("s, during warm-up batch 1 of 2 (alone)")
     assert lines[1].startswith("talker: compile 2: doubled_sine in ")
     assert "during warm-up batch 2 of 2 (two); again: " in lines[1]  # dynamo's reason follows
-    assert (alone.compiles, two.compiles, times.compiles) == (1, 1, 2)
+    assert lines[2].startswith("talker: compile 3: halved_cosine in ")
+    assert (alone.compiles, two.compiles, times.compiles) == (1, 2, 3)
     assert times.compile == pytest.approx(alone.compile_seconds + two.compile_seconds)
     assert times.warm_up == pytest.approx(alone.seconds + two.seconds - times.compile)
     assert adds_up(times) and times.start >= 0
