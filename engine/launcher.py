@@ -379,10 +379,11 @@ def log_startup(seconds: float, readies: dict[str, Ready]) -> None:
     """The start-up's last line: seconds from `launch` to every worker's Ready, and each worker's
     phases from its spawn (`Ready.startup`), which add up to its own total."""
     parts = []
-    for name, ready in readies.items():
+    for name, ready in readies.items():  # keys `talker`, `codec`, `talker.1`, ...: named as the workers log
+        stage, _, replica = name.partition(".")
         t = ready.startup
         if t is not None:
-            parts.append(f"{name.replace('.', '')} {t.total:.1f} s (start {t.start:.1f}, load {t.load:.1f}, "
+            parts.append(f"{stage}{replica or 0} {t.total:.1f} s (start {t.start:.1f}, load {t.load:.1f}, "
                          f"compile {t.compile:.1f}, capture {t.capture:.1f}, warm-up {t.warm_up:.1f})")
     log.info("engine ready in %.1f s after launch; %s", seconds, "; ".join(parts) or "no worker timed its start-up")
 

@@ -49,7 +49,7 @@ def test_the_start_up_says_what_it_does_in_order(log):
 def test_the_last_line_breaks_each_worker_down_and_the_phases_add_up(log):
     line = log[index(log, r"engine ready in [\d.]+ s after launch; ")]
     total = float(re.search(r"engine ready in ([\d.]+) s", line).group(1))
-    workers = re.findall(rf"(talker|codec) ([\d.]+) s \({PHASES}\)", line)
+    workers = re.findall(rf"(talker|codec)0 ([\d.]+) s \({PHASES}\)", line)  # named as their log lines
     assert sorted(w[0] for w in workers) == ["codec", "talker"]
     for name, worker_total, *phases in workers:
         assert abs(sum(map(float, phases)) - float(worker_total)) <= 0.26  # five parts rounded to 0.1 s
