@@ -33,7 +33,8 @@ class CompileLog:
     """torch.compile's compiles in this process, one line each to `report`, with their count and
     seconds so far. Read from dynamo's own records of them
     (`torch._dynamo.utils.get_compilation_metrics`, kept for the last 64), once torch.compile has
-    been used (dynamo is not imported here: seconds of import for a worker that compiles nothing)."""
+    been used (dynamo is not imported here: about a second of import for a worker that compiles
+    nothing)."""
 
     def __init__(self, stage: str, report: Callable[[str], None]) -> None:
         self.stage, self.report = stage, report
