@@ -52,6 +52,9 @@
 #   FLAGS="--set k=v" bash bench/device_runs.sh flags
 #                                       # the shipped profile against it with FLAGS (and FLAGS2,
 #                                       # FLAGS3: one server each), CS (128 64), PASSES (2)
+#   bash bench/device_runs.sh precision # mossvox check-precision of the opt-in float8 backbone
+#                                       # (FP8_FLAGS) on a full-size random checkpoint with outlier
+#                                       # channels, then on the plain one; eager unless COMPILED=1
 #
 # Common settings: PROFILE (high-concurrency) the profile served; PASSES measured passes a level
 # (one server's passes differ by ~2%, servers by up to ~8%, so a change under ~5% needs several);
@@ -64,7 +67,7 @@
 # instead of ~230. These variables, set below for every server, take the place of the servers'
 # engine.compile_cache_dir.
 set -u
-PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|nvcompare|startup|encoder|gputests|families [NAME...]|invariant|faults|build|flags|agents}
+PHASE=${1:?usage: device_runs.sh table|ceilings|sweep|peer|newvoices|nvcompare|startup|encoder|gputests|families [NAME...]|invariant|faults|build|flags|agents|precision}
 OUT=${OUT:-$PWD/device_results}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
@@ -299,12 +302,13 @@ table)  # the headline table as shipped: high-concurrency at HC_LEVELS (1 16 64 
   ;;
 ceilings)  # the stage ceilings beside the server's figures, as high-concurrency ships them: the codec's
   # B=128 replays of 1 and 15 frames (ring attention in place, fused ring writes and norms), then
-  # the talker's decode step alone at ROWS (128) rows of CONTEXT (300) keys (steps_as_shipped with
-  # the float8 backbone and its kernels; CEIL_FLAGS replaces those flags)
+  # the talker's decode step alone at ROWS (128) rows of CONTEXT (300) keys (steps_as_shipped, bf16
+  # weights; CEIL_FLAGS adds flags, e.g. the opt-in float8 backbone's
+  # "--fp8 backbone --fp8-scheme w8a8 --fp8-swiglu --fp8-scales")
   timeout $(( $(left) * 2 / 5 )) python3 -m bench.codec --version v2 --size full --batches 128 --grid 1,15 --iters 5 \
     --ring-attention --fused-writes --fused-norms 2>&1 | grep -v "^exactness" | tee "$R/ceiling_codec.txt" | tail -6
   ROWS=${ROWS:-128} CONTEXT=${CONTEXT:-300} steps_as_shipped \
-    "${CEIL_FLAGS:---fp8 backbone --fp8-scheme w8a8 --fp8-swiglu --fp8-scales}"
+    "${CEIL_FLAGS-}"
   ;;
 sweep)  # both profiles over their levels (HC_LEVELS, LL_LEVELS; empty skips a profile)
   checkpoint
@@ -431,11 +435,10 @@ for name in names:
                   f"| {', '.join(f'{k} ({n})' for k, n in r['ignored_fields'].items()) or '-'} |")
 PY
   ;;
-invariant)  # batch invariance needs the paths it has kernels for: bf16 weights, sdpa local attention
-  # (without the float8 layer's kernels); both servers run those, one with it off, one with it on
+invariant)  # batch invariance needs the paths it has kernels for: bf16 weights (as shipped), sdpa
+  # local attention; both servers run those, one with it off, one with it on
   checkpoint
-  inv="--set talker.fp8_weights=none --set talker.fp8_fused_swiglu=false --set talker.fp8_fused_scales=false"
-  inv="$inv --set talker.local_attention=sdpa"
+  inv="--set talker.local_attention=sdpa"
   [ -z "${SKIP_TESTS:-}" ] && timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
     tests/stages/test_batch_invariant_gpu.py tests/stages/test_batch_invariant.py \
     tests/stages/test_attention_triton.py 2>&1 | tail -8 | tee "$R/invariant_tests.txt"
@@ -445,6 +448,23 @@ invariant)  # batch invariance needs the paths it has kernels for: bf16 weights,
   start_server 8001 inv_on --profile high-concurrency $inv --set talker.batch_invariant=true
   pair 8001 inv_on "1 64 128"
   stop_server inv_on
+  ;;
+precision)  # the opt-in float8 backbone (FP8_FLAGS) against bf16 by mossvox check-precision: 8 prompts
+  # x 256 frames, fp32's sampled codes read by each way, PASS when the mean KL from bf16 is at most
+  # 1e-3 nats a code; a full-size checkpoint with outlier channels (/tmp/l15o), then the plain one
+  [ -f /tmp/l15o/config.json ] || mossvox make-checkpoint --variant local-v1.5 --size full --out /tmp/l15o \
+    --outlier-channels > "$R/mkck_outliers.log" 2>&1 || { tail "$R/mkck_outliers.log"; exit 1; }
+  el "checkpoint with outlier channels written"
+  fp8="--set talker.fp8_weights=backbone --set talker.fp8_scheme=w8a8 --set talker.fp8_fused_swiglu=true"
+  fp8=${FP8_FLAGS:-"$fp8 --set talker.fp8_fused_scales=true"}
+  [ -z "${COMPILED:-}" ] && fp8="$fp8 --set talker.compile=false"
+  timeout $(( $(left) * 3 / 5 )) mossvox check-precision /tmp/l15o --profile high-concurrency $fp8 --device cuda \
+    2>&1 | grep -v -i warn | tee "$R/precision_outliers.txt" | tail -12
+  el "outlier channels: rc=${PIPESTATUS[0]}"
+  checkpoint
+  timeout $(( $(left) - 10 )) mossvox check-precision /tmp/l15 --profile high-concurrency $fp8 --device cuda \
+    2>&1 | grep -v -i warn | tee "$R/precision_plain.txt" | tail -12
+  el "plain: rc=${PIPESTATUS[0]}"
   ;;
 faults)  # each process kind killed under load: PROFILE (high-concurrency) with API_SERVERS (2) API
   # processes and engine.liveness_timeout_s LIVENESS (10), C (64) clients; FAULTS (codec talker api

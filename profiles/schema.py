@@ -187,11 +187,12 @@ class TalkerConfig(_Section):
     kv_cache_dtype: Annotated[Literal["auto", "fp8"], doc(
         "the talker's paged KV cache: auto (model.dtype) or fp8 (float8 e4m3, no scale, "
         "saturating): half the bytes attention reads and twice the tokens in the same memory; a "
-        "precision change (docs/performance.md)")] = "auto"
+        "precision change: only where `mossvox check-precision` says PASS (docs/model_facts.md)")] = "auto"
     fp8_weights: Annotated[Literal["none", "backbone", "all"], doc(
         "Local-v1.5 talker: matmuls from float8 e4m3 weights (a scale per output channel): "
-        "backbone (the Qwen3 layers) or all (the local block too); a precision change "
-        "(docs/performance.md); CUDA sm89+ or the CPU, else as loaded")] = "none"
+        "backbone (the Qwen3 layers) or all (the local block too); CUDA sm89+ or the CPU, else as "
+        "loaded; a precision change: only where `mossvox check-precision` says PASS for the "
+        "checkpoint served (docs/model_facts.md)")] = "none"
     fp8_scheme: Annotated[Literal["w8a16", "w8a8"], doc(
         "with fp8_weights: w8a8 quantizes each input row too and multiplies float8 by float8 "
         "(cuBLAS), the scales applied after; w8a16 multiplies the inputs as they are by the upcast "
@@ -275,8 +276,9 @@ class CodecConfig(_Section):
         "and writes the rings (the same keys and results, a kernel fewer a layer); experimental")] = False
     gelu_epilogue: Annotated[bool, doc(
         "the decoder's FFN GELU as the tanh approximation inside the first matmul (cuBLASLt's "
-        "epilogue on CUDA) instead of the checkpoint's erf GELU; a fidelity change "
-        "(docs/performance.md); the encoder keeps erf")] = False
+        "epilogue on CUDA) instead of the checkpoint's erf GELU; a precision change, opt-in "
+        "(docs/model_facts.md; python -m bench.kernels.codec_gelu measures it); the encoder keeps "
+        "erf")] = False
     fused_encoder: Annotated[bool, doc(
         "on CUDA: reference encodes run the encoder through the streaming Triton kernels (the "
         "window applied in the attention kernel, RoPE with the key writes, residual adds with the "

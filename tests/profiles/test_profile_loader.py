@@ -1,10 +1,12 @@
 """Profile loading: shipped profiles, base inheritance, --set precedence, hashing, round trip."""
 
 import textwrap
+from pathlib import Path
 
 import msgspec
 import pytest
 
+import profiles
 from profiles import Profile, load_profile, parse_override, shipped_profiles
 
 
@@ -39,6 +41,28 @@ def test_tuned_profiles_differ_from_default_where_they_say():
     assert low.coalescing.max_wait_ms < high.coalescing.max_wait_ms
     assert low.coalescing.min_batch < high.coalescing.min_batch
     assert low.model == default.model == high.model  # inherited untouched
+
+
+@pytest.mark.parametrize("name", ["default", "low-latency", "high-concurrency", "cpu"])
+def test_no_shipped_profile_changes_precision(name):
+    """Precision changes are opt-in until `mossvox check-precision` shows them safe: every shipped
+    profile serves the model's dtype, no float8 weights or KV cache, the checkpoint's erf GELU."""
+    t, c = load_profile(name).talker, load_profile(name).codec
+    assert (t.fp8_weights, t.kv_cache_dtype, c.gelu_epilogue) == ("none", "auto", False)
+    assert not (t.fp8_fused_swiglu or t.fp8_fused_scales or t.fp8_fused_norms)
+
+
+def test_the_float8_backbone_stays_one_opt_in_away():
+    """high-concurrency's comment names the settings that opt in; with them it loads, its fused
+    layers as the float8 kernels need them."""
+    text = (Path(profiles.__file__).parent / "high-concurrency.yaml").read_text()
+    line = next(x for x in text.splitlines() if "fp8_weights:" in x)
+    sets = [f"talker.{kv.strip().replace(': ', '=')}" for kv in line.lstrip("# ").split(",")]
+    assert sets == ["talker.fp8_weights=backbone", "talker.fp8_scheme=w8a8", "talker.fp8_fused_swiglu=true",
+                    "talker.fp8_fused_scales=true"]
+    assert "mossvox check-precision" in text
+    p = load_profile("high-concurrency", sets).talker
+    assert (p.fp8_weights, p.fp8_scheme, p.fp8_fused_swiglu, p.fp8_fused_scales) == ("backbone", "w8a8", True, True)
 
 
 def test_base_chain_merges_mappings_and_replaces_scalars_and_lists(tmp_path):

@@ -108,8 +108,8 @@ def test_float8_matmuls_need_the_cpu_or_cuda_from_sm89(monkeypatch):
 
 
 def test_without_float8_matmuls_the_runner_keeps_its_weights_and_says_so(local_v15_dir, monkeypatch, caplog):
-    """A profile asking for float8 weights on a device without float8 matmuls (high-concurrency on
-    an A100) serves the loaded weights instead of failing at the first step, with a warning."""
+    """A profile asking for float8 weights on a device without float8 matmuls (the opt-in float8
+    backbone on an A100) serves the loaded weights instead of failing at the first step, with a warning."""
     from stages.models.local_v15 import runner as runner_module
 
     seen = []
