@@ -142,7 +142,7 @@ def check_precision(model_dir: str | Path, profile: Profile, device: str, *, pro
                            between("fp32", "candidate"), bound, prompts, frames, str(device))
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as the runners' steps: the compiled parts meet inference tensors alone
 def way_logits(model: LocalV15Talker, profile: Profile, device: str, prompts: list[np.ndarray], frames: int,
                params: SamplingParams, seeds: torch.Tensor,
                codes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
