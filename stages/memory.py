@@ -81,8 +81,10 @@ def replica_memory_needs(variant: Any, device: str) -> MemoryNeeds:
             encoder=_stage_shapes(codec_cfg.encoder, codec_cfg, None),
             decode_rows=min(profile.coalescing.max_batch, c.max_slots) + (1 if graphs else 0),
             decode_frames=headroom, lanes=c.decode_lanes if graphs else 1,
-            attention_in_place=in_place, encode_batch=c.encode_batch,
-            encode_seconds=profile.api.max_ref_seconds, element_size=elem,
+            attention_in_place=in_place,
+            # a batch bounded in seconds: one clip of that length; else encode_batch of the longest
+            encode_batch=1 if c.encode_batch_seconds is not None else c.encode_batch,
+            encode_seconds=c.encode_batch_seconds or profile.api.max_ref_seconds, element_size=elem,
             encode_graphs=c.encode_graphs and graphs),
         kv_blocks=t.kv_blocks,
     )

@@ -86,13 +86,15 @@ class CodecLoop:
                  timeline: Timeline | None = None, express_first_chunks: bool = False,
                  express_joins_dispatch: bool = False, patient_wait_s: float = 0.0,
                  buffer_margin_s: float = 0.2, final_wait_s: float | None = None,
-                 encode_batch_streaming: int | None = None,
+                 encode_batch_streaming: int | None = None, encode_batch_samples: int | None = None,
                  kernels: Callable[[], int] | None = None, setup: Any = None,
                  rings: CodecRings | None = None, beat_s: float | None = None,
                  encoder: EncoderThread | None = None) -> None:
         """`encode_batch`: reference-encode jobs run together at most; `encode_batch_streaming`:
         at most while any stream is open (the batch shares the GPU with their decoding), None =
-        `encode_batch`; `encoder`: where batches are encoded (an `EncoderThread` over
+        `encode_batch`; `encode_batch_samples`: a batch's clips padded to its longest hold at
+        most this many samples a channel in all (clips x longest; a first clip always goes), None =
+        no bound but the count; `encoder`: where batches are encoded (an `EncoderThread` over
         `runner.encode` unless given); `kernels`: `triton_kernel_counter`'s function (a
         dispatch over `SLOW_DISPATCH_S` says how many Triton kernels it specialised); `setup` and
         `rings`: the set-up pipe and the ring maker for replaced peers (`Rewire`); `beat_s`: the
@@ -112,6 +114,7 @@ class CodecLoop:
         self.encode_batch = encode_batch
         self.encode_batch_streaming = encode_batch if encode_batch_streaming is None \
             else min(encode_batch, encode_batch_streaming)
+        self.encode_batch_samples = encode_batch_samples
         self.clock = clock
         self.streams: dict[int, _Stream] = {}
         self.encodes: deque[tuple[EncodeRequest, np.ndarray]] = deque()  # waiting for a batch
@@ -446,7 +449,14 @@ class CodecLoop:
         if not self.encodes or self.encoder.in_flight:
             return
         most = self.encode_batch_streaming if self.streams else self.encode_batch
-        batch = [self.encodes.popleft() for _ in range(min(most, len(self.encodes)))]
+        batch = [self.encodes.popleft()]
+        longest = batch[0][1].shape[1]  # samples a channel
+        while self.encodes and len(batch) < most:
+            wider = max(longest, self.encodes[0][1].shape[1])  # the batch is padded to its longest
+            if self.encode_batch_samples is not None and (len(batch) + 1) * wider > self.encode_batch_samples:
+                break
+            batch.append(self.encodes.popleft())
+            longest = wider
         self.encoder.submit([job for job, _ in batch], [wav for _, wav in batch])
 
     def _finish_encodes(self) -> None:
@@ -528,6 +538,12 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
             startup.close()
 
 
+def encode_batch_samples(profile: Any, sample_rate: int) -> int | None:
+    """`codec.encode_batch_seconds` in samples a channel (None when unset)."""
+    seconds = profile.codec.encode_batch_seconds
+    return None if seconds is None else int(seconds * sample_rate)
+
+
 def _capture(startup: StartupLog, what: str, capture: Callable[[Any], int]) -> int:
     """`capture(progress)` planned, then made in the capture phase with a progress line every
     tenth or 10 s; how many graphs it made (no line when it plans none)."""
@@ -574,6 +590,7 @@ def main(spec: WorkerSpec) -> None:
                          buffer_margin_s=c.buffer_margin_ms / 1000.0,
                          final_wait_s=None if c.final_wait_ms is None else c.final_wait_ms / 1000.0,
                          encode_batch_streaming=spec.profile.codec.encode_batch_streaming,
+                         encode_batch_samples=encode_batch_samples(spec.profile, runner.sample_rate),
                          kernels=triton_kernel_counter(spec.device), setup=spec.setup,
                          rings=CodecRings(spec), beat_s=beat_interval(spec.profile))
         loop.run()

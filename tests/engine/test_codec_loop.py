@@ -395,3 +395,30 @@ def test_a_slow_dispatch_is_logged_with_the_triton_kernels_it_specialised(demo_m
         assert [(m.seq, m.final) for m in done] == [(0, False), (1, True)]
     finally:
         r.close()
+
+
+def test_an_encode_batch_holds_at_most_its_seconds_of_padded_clips(demo_model_dir) -> None:
+    """`encode_batch_samples`: jobs join a batch in arrival order while the batch, every clip
+    padded to its longest, stays within the bound; the first job of a batch always goes, even
+    alone over it. Clips of 2, 2, 2, 5 and 2 frames under a bound of 6 frames' samples: 2+2+2
+    (3 x 2 = 6), then 5 alone (2 x 5 > 6), then 2."""
+    rig = Rig(demo_model_dir)
+    try:
+        hop = rig.runner.samples_per_frame
+        rig.loop.encode_batch_samples = 6 * hop
+        sizes = []
+        submit = rig.loop.encoder.submit
+
+        def spy(jobs, wavs):
+            sizes.append([w.shape[1] // hop for w in wavs])
+            submit(jobs, wavs)
+
+        rig.loop.encoder.submit = spy
+        for job, frames in enumerate((2, 2, 2, 5, 2)):
+            wav = np.zeros((rig.runner.channels, frames * hop), dtype=np.float32)
+            rig.coord.send(EncodeRequest(job=job, client=0), wav)
+        seen = _step_until(rig, lambda got: sum(isinstance(m, EncodeResult) for m in got) == 5)
+        assert [m.job for m in seen if isinstance(m, EncodeResult)] == [0, 1, 2, 3, 4]
+        assert sizes == [[2, 2, 2], [5], [2]]
+    finally:
+        rig.close()
