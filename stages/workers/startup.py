@@ -60,6 +60,8 @@ class CompileLog:
             self._last = records[-1]
 
     def _log(self, record: Any) -> None:
+        if getattr(record, "co_name", "?") is None:  # a record of no frame's compile (on a GPU: one
+            return                                    # after most frames', 0.0 s): not a compile
         seconds = (getattr(record, "entire_frame_compile_time_s", None)
                    or (getattr(record, "duration_us", None) or 0) / 1e6)
         self.count += 1

@@ -95,3 +95,18 @@ def test_planning_makes_nothing_and_a_spent_budget_is_said():
     progress.finish()
     assert lines == [lines[0]] and lines[0].startswith("talker: decode graphs: captured 0 of 25 in ")
     assert lines[0].endswith("(the time budget ran out: the rest when first needed)")
+
+
+def test_a_record_of_no_frame_is_not_a_compile():
+    """Dynamo also keeps records that name no frame (on a GPU one followed most compiles, 0.0 s):
+    they are neither a line nor counted."""
+    from types import SimpleNamespace
+
+    from stages.workers.startup import CompileLog
+
+    lines: list[str] = []
+    compiles = CompileLog("talker", lines.append)
+    compiles._log(SimpleNamespace(co_name="decode_frame", entire_frame_compile_time_s=2.0))
+    compiles._log(SimpleNamespace(co_name=None, entire_frame_compile_time_s=0.0))
+    assert (compiles.count, compiles.seconds) == (1, 2.0)
+    assert lines == ["talker: compile 1: decode_frame in 2.0 s, during start-up"]
