@@ -225,9 +225,9 @@ class TalkerConfig(_Section):
     sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None
     mps_priority: Annotated[MpsPriority, doc(MPS_PRIORITY_DOC)] = "normal"
     batch_invariant: Annotated[bool, doc(
-        "a request's output does not depend on the batch it shares, so a seed gives the same "
-        "speech at any load (fixed-tiling Triton kernels, no torch.compile); needs CUDA, the "
-        "triton attention, one GPU, bf16 weights; much slower")] = False
+        "a seed gives the same speech at any load: fixed-tiling Triton kernels, no torch.compile, "
+        "and the codec decodes each chunk in a call of its own; needs CUDA, the triton attention, "
+        "one GPU, bf16 weights, codec.split_chunks off, codec.decode_lanes 1; much slower")] = False
     tensor_parallel: Annotated[int, doc(
         "GPUs one Delay talker is split over (tensor parallelism: heads, KV cache and FFN "
         "sharded, embeddings and heads replicated); 1 = one device", ge=1)] = 1
@@ -668,6 +668,10 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
         out.append(("talker.batch_invariant needs talker.local_attention sdpa (the plain local "
                     "attention's fused sums may be tiled by batch size; the kernel is not checked for it)",
                     ("talker.batch_invariant", "talker.local_attention")))
+    if t.batch_invariant and (p.codec.split_chunks or p.codec.decode_lanes > 1):
+        out.append(("talker.batch_invariant needs codec.split_chunks off and codec.decode_lanes 1 (the "
+                    "codec then decodes each chunk in a call of its own, never cut or packed with other "
+                    "streams' chunks)", ("talker.batch_invariant", "codec.split_chunks", "codec.decode_lanes")))
     if t.fp8_fused_swiglu and (t.fp8_weights == "none" or t.fp8_scheme != "w8a8" or not t.fused_projections):
         out.append(("talker.fp8_fused_swiglu needs talker.fp8_weights backbone or all by talker.fp8_scheme "
                     "w8a8, with talker.fused_projections (its kernel reads gate|up's float8 product)",

@@ -65,6 +65,10 @@ def test_descriptions_and_profile_comments_say_what_not_how_it_was_measured():
                                                                        "talker.local_attention")),
     (["talker.batch_invariant=true", "talker.fp8_weights=backbone"], ("talker.batch_invariant",
                                                                        "talker.fp8_weights")),
+    (["talker.batch_invariant=true", "codec.split_chunks=true"], ("talker.batch_invariant",
+                                                                   "codec.split_chunks")),
+    (["talker.batch_invariant=true", "codec.decode_lanes=2"], ("talker.batch_invariant",
+                                                                "codec.decode_lanes")),
     (["talker.overlap_steps=true", "talker.max_step_ms=20"], ("talker.max_step_ms", "talker.overlap_steps")),
 ])
 def test_cross_field_checks_name_both_fields(overrides, paths):

@@ -126,3 +126,35 @@ def test_empty_terminal_chunk_gives_empty_pcm(v2):
     runner.open(1)
     (pcm,) = runner.decode([(1, np.zeros((0, 12), dtype=np.int64))])
     assert pcm.shape == (2, 0) and pcm.dtype == np.float32
+
+
+def dispatched(model, decode_alone: bool, graphs_eager: bool, partners: int) -> list[np.ndarray]:
+    """Stream 0's PCM over three chunks, each dispatched with `partners` other streams' chunks of
+    the same length (their codes differ)."""
+    runner = CodecRunner(model, n_vq=12, max_slots=8, graphs_eager=graphs_eager, decode_alone=decode_alone)
+    codes = np.random.default_rng(3).integers(0, runner.codebook_size, (48, 12))  # [T, n_vq]
+    for rid in range(1 + partners):
+        runner.open(rid)
+    out, at = [], 0
+    for n in (1, 4, 15):
+        items = [(rid, np.ascontiguousarray(np.roll(codes, 5 * rid, axis=0)[at: at + n])) for rid in range(1 + partners)]
+        out.append(np.array(runner.decode(items)[0], copy=True))
+        at += n
+    return out
+
+
+@pytest.mark.parametrize("graphs_eager", [False, True])
+def test_decode_alone_gives_a_chunk_the_same_bits_whatever_its_dispatch_holds(v2, graphs_eager):
+    model, _ = v2
+    alone = dispatched(model, True, graphs_eager, partners=0)
+    for partners in (1, 6):
+        for a, b in zip(alone, dispatched(model, True, graphs_eager, partners)):
+            np.testing.assert_array_equal(a, b)
+    batched = dispatched(model, False, graphs_eager, partners=6)  # the same audio up to rounding
+    assert max(np.abs(a - b).max() for a, b in zip(alone, batched)) < 1e-4
+
+
+def test_decode_alone_refuses_cut_or_side_by_side_chunks(v1):
+    for kw in (dict(split_chunks=True), dict(decode_lanes=2)):
+        with pytest.raises(ValueError, match="decode_alone"):
+            CodecRunner(v1[0], n_vq=16, max_slots=2, graphs_eager=True, decode_alone=True, **kw)

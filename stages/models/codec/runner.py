@@ -59,12 +59,18 @@ class CodecRunner:
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  max_chunk_frames: int = 15, cuda_graphs: bool = False, graphs_eager: bool = False,
                  encode_graphs: bool = False, encode_graphs_eager: bool = False, encode_batch: int = 8,
-                 decode_lanes: int = 1, split_chunks: bool = False):
+                 decode_lanes: int = 1, split_chunks: bool = False, decode_alone: bool = False):
+        """`decode_alone`: every chunk of a `decode` in a call of its own (one row, padded by its
+        own length only), so its PCM does not depend on the chunks it was dispatched with: a
+        batched call's matmuls see more rows and may pick kernels that round differently (the
+        codec's side of `talker.batch_invariant`); not with `split_chunks` or `decode_lanes` > 1."""
         cfg = model.cfg
         if decode_lanes < 1:
             raise ValueError(f"decode_lanes must be >= 1, got {decode_lanes}")
         if split_chunks and decode_lanes > 1:  # a chunk's pieces share a slot: never on two lanes at once
             raise ValueError("split_chunks and decode_lanes > 1 do not go together")
+        if decode_alone and (split_chunks or decode_lanes > 1):
+            raise ValueError("decode_alone decodes one chunk a call: not with split_chunks or decode_lanes > 1")
         if not 1 <= n_vq <= cfg.quantizer.num_quantizers:
             raise ValueError(f"n_vq {n_vq} outside 1..{cfg.quantizer.num_quantizers} (the codec's quantizers)")
         if device is not None or dtype is not None:
@@ -106,6 +112,7 @@ class CodecRunner:
             self.call_frames = tuple(sorted({m} | {1 << i for i in range(m.bit_length()) if 1 << i < m}))
         self.call_cost = CallCost()
         self.split_chunks = split_chunks  # a chunk may go into a shorter replay as pieces (`plan_pieces`)
+        self.decode_alone = decode_alone  # one chunk a call, whatever the dispatch holds
         self._host: torch.Tensor | None = None  # pinned on CUDA: the planned replays' PCM
         self.last_calls: list[tuple[int, int]] = []  # (rows, frames) of each call the last decode made
         self._slot_of: dict[int, int] = {}
@@ -139,12 +146,20 @@ class CodecRunner:
         its replay's length with its real length as the row's valid frames; the PCM arrays are
         then views of one pinned host buffer (on CUDA), valid until the next `decode`. Longer
         chunks (reference priming) replay in graph-sized pieces; without graphs, chunks of equal
-        length decode in one eager call."""
+        length decode in one eager call. With `decode_alone` each chunk is decoded as if it came
+        alone (its PCM copied out of the host buffer before the next)."""
         rids = [rid for rid, _ in items]
         if len(set(rids)) != len(rids):
             raise ValueError(f"one decode call holds several chunks of one request: {rids}")
         for rid, codes in items:
             self._check_codes(rid, codes)
+        if self.decode_alone and len(items) > 1:
+            out, calls = [], []
+            for item in items:
+                out.append(np.array(self.decode([item])[0], copy=True))
+                calls += self.last_calls
+            self.last_calls = calls
+            return out
         self.last_calls = []
         out: list[np.ndarray | None] = [None] * len(items)
         graphs = self.graphs

@@ -51,7 +51,8 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
     (`codec.ring_attention`, up to `codec.ring_attention_max_frames`; `codec.fused_ring_writes`,
     `codec.fused_norms`, `codec.fused_attention`), the decoder's GELU in its first matmul
     (`codec.gelu_epilogue`), reference encodes through the streaming kernels (`codec.fused_encoder`),
-    CUDA devices only, from the profile.
+    CUDA devices only, from the profile; each chunk decoded in a call of its own with
+    `talker.batch_invariant` (`decode_alone`).
     dtype: None = `model.dtype` resolved for the device."""
     from stages.models.codec.loader import load_codec
     from stages.models.codec.runner import CodecRunner
@@ -73,4 +74,4 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),
                        encode_graphs=profile.codec.encode_graphs and str(device).startswith("cuda"),
                        encode_batch=profile.codec.encode_batch, decode_lanes=profile.codec.decode_lanes,
-                       split_chunks=profile.codec.split_chunks)
+                       split_chunks=profile.codec.split_chunks, decode_alone=profile.talker.batch_invariant)
