@@ -291,10 +291,9 @@ class CodecConfig(_Section):
     encode_batch: Annotated[int, doc(
         "reference-encoding jobs batched together at most", ge=1)] = 8
     encode_batch_seconds: Annotated[PositiveFloat | None, doc(
-        "a reference-encode batch's clips, each padded to the batch's longest, hold at most this "
-        "many seconds of audio in all: the memory plan sizes the encode for it instead of "
-        "encode_batch clips of api.max_ref_seconds, so many short clips can share a batch; "
-        "null = no bound but encode_batch")] = None
+        "a reference-encode batch, its clips padded to its longest, holds at most this many "
+        "seconds in all; the memory plan sizes encodes (and encode graphs) for it, not for "
+        "encode_batch clips of api.max_ref_seconds, so short clips share a batch; null = no bound")] = None
     encode_batch_streaming: Annotated[PositiveInt | None, doc(
         "reference-encoding jobs batched together at most while streams are decoding: a batch "
         "shares the GPU with their decoding, so smaller keeps playing streams fed and makes new "
@@ -697,10 +696,6 @@ def _cross_field_violations(p: Profile) -> list[tuple[str, tuple[str, ...]]]:
     if p.codec.split_chunks and p.codec.decode_lanes > 1:
         out.append(("codec.split_chunks needs codec.decode_lanes 1 (a cut chunk's rows share its slot; "
                     "two lanes would decode them at once)", ("codec.split_chunks", "codec.decode_lanes")))
-    if p.codec.encode_batch_seconds is not None and p.codec.encode_graphs:
-        out.append(("codec.encode_batch_seconds is not for codec.encode_graphs (the graphs are "
-                    "recorded per batch of up to encode_batch clips of up to 32 s)",
-                    ("codec.encode_batch_seconds", "codec.encode_graphs")))
     e = p.engine
     if e.devices and len(e.devices) != e.replicas:
         out.append((f"engine.devices lists {len(e.devices)} device(s) but engine.replicas is "

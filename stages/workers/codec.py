@@ -41,7 +41,7 @@ from ipc.errors import ChannelTimeout, EndOfStream, PeerGone, RingClosed
 from ipc.messages import (Abort, ChunkDone, CodecInbox, CodeChunk, Codes, DecodeBatch, EncodeDone,
                           EncodeRequest, EncodeResult, PcmChunk, PeerLost, Ready, Rewire, Shutdown,
                           Slots, StageError)
-from stages.models.codec.serving import chunk_lengths
+from stages.models.codec.serving import chunk_lengths, encode_batch_samples
 from stages.runtime.coalescer import Coalescer
 from stages.workers.common import (CodecRings, WorkerSpec, apply_memory_plan, attach_codec,
                                   beat_interval, drain, kernel_names, memory_report, payload_array,
@@ -536,12 +536,6 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
     finally:
         if own:
             startup.close()
-
-
-def encode_batch_samples(profile: Any, sample_rate: int) -> int | None:
-    """`codec.encode_batch_seconds` in samples a channel (None when unset)."""
-    seconds = profile.codec.encode_batch_seconds
-    return None if seconds is None else int(seconds * sample_rate)
 
 
 def _capture(startup: StartupLog, what: str, capture: Callable[[Any], int]) -> int:

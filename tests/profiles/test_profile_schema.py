@@ -57,8 +57,6 @@ def test_descriptions_and_profile_comments_say_what_not_how_it_was_measured():
     (["talker.batch_invariant=true", "talker.tensor_parallel=2"], ("talker.batch_invariant",
                                                                    "talker.tensor_parallel")),
     (["codec.split_chunks=true", "codec.decode_lanes=2"], ("codec.split_chunks", "codec.decode_lanes")),
-    (["codec.encode_batch_seconds=240", "codec.encode_graphs=true"],
-     ("codec.encode_batch_seconds", "codec.encode_graphs")),
     (["codec.fused_norms=true"], ("codec.fused_norms", "codec.fused_ring_writes")),
     (["codec.fused_attention=true"], ("codec.fused_attention", "codec.fused_ring_writes")),
     (["talker.batch_invariant=true", "talker.local_attention=plain"], ("talker.batch_invariant",

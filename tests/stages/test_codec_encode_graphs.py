@@ -77,3 +77,24 @@ def test_captured_encode_equals_padded_eager_on_cuda():
     for a, b in zip(eager.encode(batch), graphed.encode(batch)):
         np.testing.assert_array_equal(b, a)
     assert all(e.call.graph is not None for e in graphed.encode_graphs._entries.values())
+
+
+def test_a_bound_in_samples_keeps_only_the_buckets_within_it():
+    """`encode_batch_samples`: only buckets (B, S) with B x S within the bound are made ahead; a
+    batch whose bucket lies beyond it encodes eagerly, with the same codes."""
+    model = tiny_model()
+    plain = CodecRunner(model, n_vq=N_VQ, max_slots=2)
+    rate, hop = plain.sample_rate, plain.samples_per_frame
+    four_s, eight_s = (round(s * rate / hop) * hop for s in (4.0, 8.0))
+    graphed = CodecRunner(model, n_vq=N_VQ, max_slots=2, encode_graphs_eager=True, encode_batch=4,
+                          encode_batch_samples=2 * four_s)
+    graphs = graphed.encode_graphs
+    graphs.lengths = [four_s, eight_s]  # two length buckets keep the tiny codec's captures few
+    assert graphed.capture_encode() == 3
+    assert sorted(graphs.keys) == [(1, four_s), (1, eight_s), (2, four_s)]
+    wide = clips(rate, (1.0, 1.1, 0.9))  # three 1 s clips: a batch of 4 at 4 s, beyond the bound
+    assert not graphs.fits(len(wide), max(w.shape[1] for w in wide))
+    got = graphed.encode(wide)
+    for w, codes in zip(wide, got):
+        np.testing.assert_array_equal(codes, plain.encode([w])[0])
+    assert len(graphs.keys) == 3  # nothing recorded for it

@@ -9,6 +9,9 @@ windowed attention over earlier positions only), so the frames of the real sampl
 frames an unpadded encode gives (the encoder's blocked attention for long inputs may round
 differently; the codes are argmax picks, so a near tie could in principle flip).
 
+With `max_samples` (`codec.encode_batch_seconds`) only the buckets whose B x S fit the bound are
+recorded; a batch whose bucket does not encodes eagerly.
+
 Eager mode (`capture=False`) runs the same padded static inputs without recording (CPU tests).
 Reference encoding happens only on reference-cache misses, between decode dispatches, outside
 any decode capture; these graphs share no memory pool with the decode graphs.
@@ -39,8 +42,12 @@ class EncodeGraphs:
     """Bucketed, padded replays of `CodecModel.encode` (see the module docstring)."""
 
     def __init__(self, model: CodecModel, *, n_vq: int, max_batch: int, lengths_s=DEFAULT_LENGTHS_S,
-                 capture: bool = True) -> None:
+                 capture: bool = True, max_samples: int | None = None) -> None:
+        """`max_samples`: buckets (B, S) with B x S at most this many samples a channel only (the
+        batches `codec.encode_batch_seconds` allows; a batch whose bucket is larger encodes
+        eagerly); None: every batch bucket at every length."""
         self.model, self.n_vq, self.max_batch, self.capture = model, n_vq, max_batch, capture
+        self.max_samples = max_samples
         cfg = model.cfg
         self.channels, self.hop = cfg.channels, cfg.downsample_rate
         # bucket lengths in samples, whole frames
@@ -58,7 +65,12 @@ class EncodeGraphs:
 
     def fits(self, n: int, longest: int) -> bool:
         """Whether n waveforms, the longest of `longest` samples, encode here (else eagerly)."""
-        return 1 <= n <= self.max_batch and 0 < longest <= self.lengths[-1]
+        if not (1 <= n <= self.max_batch and 0 < longest <= self.lengths[-1]):
+            return False
+        return self._within((bucket(n, self.max_batch), self.length_bucket(longest)))
+
+    def _within(self, key: tuple[int, int]) -> bool:
+        return self.max_samples is None or key[0] * key[1] <= self.max_samples
 
     def length_bucket(self, longest: int) -> int:
         return next(s for s in self.lengths if s >= longest)
@@ -86,6 +98,7 @@ class EncodeGraphs:
         """Make the entries of every (bucket(b), S) not made yet, largest first, within `budget_s`;
         returns how many were made (each counted in `progress`)."""
         keys = {(bucket(min(b, self.max_batch), self.max_batch), s) for b in batches for s in self.lengths}
+        keys = {key for key in keys if self._within(key)}
         return make_missing(keys, self._entries, self._make, budget_s, progress)
 
     def _make(self, key: tuple[int, int]) -> _Entry:

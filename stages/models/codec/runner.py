@@ -59,11 +59,14 @@ class CodecRunner:
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  max_chunk_frames: int = 15, cuda_graphs: bool = False, graphs_eager: bool = False,
                  encode_graphs: bool = False, encode_graphs_eager: bool = False, encode_batch: int = 8,
+                 encode_batch_samples: int | None = None,
                  decode_lanes: int = 1, split_chunks: bool = False, decode_alone: bool = False):
         """`decode_alone`: every chunk of a `decode` in a call of its own (one row, padded by its
         own length only), so its PCM does not depend on the chunks it was dispatched with: a
         batched call's matmuls see more rows and may pick kernels that round differently (the
-        codec's side of `talker.batch_invariant`); not with `split_chunks` or `decode_lanes` > 1."""
+        codec's side of `talker.batch_invariant`); not with `split_chunks` or `decode_lanes` > 1.
+        `encode_batch_samples`: with encode graphs, only buckets of batch x length samples within
+        it (`codec.encode_batch_seconds`)."""
         cfg = model.cfg
         if decode_lanes < 1:
             raise ValueError(f"decode_lanes must be >= 1, got {decode_lanes}")
@@ -102,7 +105,8 @@ class CodecRunner:
                              f"workspaces); the stream pool gave fewer")
         if encode_graphs and self.device.type != "cuda":
             raise ValueError(f"encode_graphs needs a CUDA device, the codec is on {self.device}")
-        self.encode_graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=encode_batch, capture=encode_graphs) \
+        self.encode_graphs = EncodeGraphs(model, n_vq=n_vq, max_batch=encode_batch, capture=encode_graphs,
+                                          max_samples=encode_batch_samples) \
             if encode_graphs or encode_graphs_eager else None
         # replay lengths the planner may use: the graphs' longest and the powers of two below it
         # until `capture` names the schedule's lengths; the cost model until `calibrate`

@@ -41,6 +41,12 @@ def chunk_lengths(profile: Profile) -> tuple[int, ...]:
     return tuple(dict.fromkeys((c.initial_chunk_frames, *c.ramp, c.chunk_frames)))
 
 
+def encode_batch_samples(profile: Profile, sample_rate: int) -> int | None:
+    """`codec.encode_batch_seconds` in samples a channel (None when unset)."""
+    seconds = profile.codec.encode_batch_seconds
+    return None if seconds is None else int(seconds * sample_rate)
+
+
 def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int, dtype: Any = None) -> Any:
     """The `CodecRunner` over the first `n_vq` quantizers: slots, ring headroom (the longest chunk of
     the schedule; a longer one, e.g. a per-request first chunk or reference priming codes, decodes
@@ -73,5 +79,7 @@ def make_codec_runner(codec_dir: Path, profile: Profile, device: str, n_vq: int,
                        max_slots=profile.codec.max_slots, max_chunk_frames=max(chunk_lengths(profile)),
                        cuda_graphs=profile.codec.cuda_graphs and str(device).startswith("cuda"),
                        encode_graphs=profile.codec.encode_graphs and str(device).startswith("cuda"),
-                       encode_batch=profile.codec.encode_batch, decode_lanes=profile.codec.decode_lanes,
+                       encode_batch=profile.codec.encode_batch,
+                       encode_batch_samples=encode_batch_samples(profile, model.cfg.sampling_rate),
+                       decode_lanes=profile.codec.decode_lanes,
                        split_chunks=profile.codec.split_chunks, decode_alone=profile.talker.batch_invariant)
