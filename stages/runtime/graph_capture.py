@@ -147,13 +147,16 @@ def run_eager(body, outputs: tuple[torch.Tensor, ...]) -> None:
 
 
 def record(body, outputs: tuple[torch.Tensor, ...], pool, device: torch.device) -> torch.cuda.CUDAGraph:
-    """Warm `body` up on a side stream, record it (results copied into the static `outputs`) and
-    replay it once, so the outputs hold this call's results."""
+    """Warm `body` up on a side stream, release the allocator's cached blocks, record it (results
+    copied into the static `outputs`) and replay it once, so the outputs hold this call's results."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side), torch.inference_mode():
         body()  # warm-up: allocator, cuBLAS workspaces, lazy init
     torch.cuda.current_stream(device).wait_stream(side)
+    # the warm-up's freed blocks stay cached for its side stream; the capture's private pool cannot
+    # use them, nor free cache while recording, so under a memory cap they would leave it short
+    torch.cuda.empty_cache()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
         for out, result in zip(outputs, body()):
