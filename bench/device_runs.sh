@@ -436,9 +436,9 @@ for name in names:
 PY
   ;;
 invariant)  # batch invariance needs the paths it has kernels for: bf16 weights (as shipped), sdpa
-  # local attention; both servers run those, one with it off, one with it on
+  # local attention, codec chunks decoded uncut; both servers run those, one with it off, one on
   checkpoint
-  inv="--set talker.local_attention=sdpa"
+  inv="--set talker.local_attention=sdpa --set codec.split_chunks=false"
   [ -z "${SKIP_TESTS:-}" ] && timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
     tests/stages/test_batch_invariant_gpu.py tests/stages/test_batch_invariant.py \
     tests/stages/test_attention_triton.py 2>&1 | tail -8 | tee "$R/invariant_tests.txt"

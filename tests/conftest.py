@@ -30,6 +30,7 @@ def pytest_configure(config) -> None:
 # batch-invariance modules (one and three tests, 60 and 160 s) for the end, where one worker ran
 # them alone while the other had finished.
 LONG_MODULES = (
+    "tests/api/test_batch_invariant_server.py",
     "tests/stages/test_batch_invariant_runners.py",
     "tests/api/test_variants_server.py",
     "tests/stages/test_codec_ring_attention.py",

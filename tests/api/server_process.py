@@ -22,10 +22,13 @@ START_TIMEOUT_S = 180.0
 
 
 class ServerProcess:
-    """Start with ``start()``; ``url`` is the base URL; ``stop()`` sends SIGTERM and waits."""
+    """Start with ``start()``; ``url`` is the base URL; ``stop()`` sends SIGTERM and waits.
+    `profile`: the profile served (`cpu` unless a GPU test names another)."""
 
     def __init__(self, data_dir: Path, *args: str, sets: tuple[str, ...] = (), cwd: Path = REPO,
-                 start_timeout_s: float = START_TIMEOUT_S, env: dict[str, str] | None = None) -> None:
+                 start_timeout_s: float = START_TIMEOUT_S, env: dict[str, str] | None = None,
+                 profile: str = "cpu") -> None:
+        self.profile = profile
         self.data_dir = Path(data_dir)
         self.cwd = cwd
         self.start_timeout_s = start_timeout_s  # longer when several servers start at once
@@ -38,7 +41,7 @@ class ServerProcess:
 
     def start(self) -> "ServerProcess":
         cmd = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())", "serve",
-               "--profile", "cpu", "--port", "0", *self.args,
+               "--profile", self.profile, "--port", "0", *self.args,
                "--set", f"api.data_dir={self.data_dir}"]
         for item in self.sets:
             cmd += ["--set", item]
