@@ -11,7 +11,7 @@ and step budgets so a prompt's chunks fall differently with other prompts in the
 weights) on the shipped `high-concurrency` profile with the mode on and what the mode needs off;
 eight requests mixed into 64 others; run on a device with
 
-    TESTS=tests/api/test_batch_invariant_server.py bash bench/device_runs.sh gputests
+    BUDGET=590 TESTS=tests/api/test_batch_invariant_server.py bash bench/device_runs.sh gputests
 """
 
 from __future__ import annotations
@@ -38,6 +38,16 @@ OTHERS = [("Another request in the mix, rather longer, to keep the talker's pref
           ("Short and sweet, thirty characters.", 8, 6),
           ("A third companion that arrives with the seeded ones and stays a little longer.", 9, 24),
           ("The last of the others, of middling length here.", 10, 9)]
+
+
+def timeout(seconds: int):
+    """pytest-timeout's limit for one test where the plugin is installed (a GPU image may lack it,
+    and an unknown mark fails the collection under --strict-markers)."""
+    try:
+        import pytest_timeout  # noqa: F401
+    except ImportError:
+        return lambda test: test
+    return pytest.mark.timeout(seconds)
 
 
 def speech(client: httpx.Client, text: str, seed: int, frames: int) -> np.ndarray:
@@ -87,7 +97,7 @@ def check_same_pcm_at_any_load(url: str, seeded: list, others: list) -> None:
 
 
 @pytest.mark.slow  # minutes: the talker's kernels under Triton's interpreter
-@pytest.mark.timeout(900)
+@timeout(900)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU build of the check (the GPU one is below)")
 def test_seeded_requests_same_pcm_alone_cached_together_and_mixed_cpu(tmp_path):
     server = ServerProcess(tmp_path, sets=("talker.batch_invariant=true", "talker.prefill_chunk_tokens=24",
@@ -114,7 +124,7 @@ def gpu_requests(first_seed: int, n: int, frames: tuple[int, int]) -> list[tuple
 
 
 @pytest.mark.gpu
-@pytest.mark.timeout(1200)  # a full-size checkpoint written, a high-concurrency server's start
+@timeout(570)  # a full-size checkpoint written, a high-concurrency server started, 88 requests
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_seeded_requests_same_pcm_alone_cached_together_and_mixed_gpu(tmp_path):
     from stages.tools.make_checkpoint import make_checkpoint
@@ -124,6 +134,6 @@ def test_seeded_requests_same_pcm_alone_cached_together_and_mixed_gpu(tmp_path):
         "talker.batch_invariant=true", "talker.local_attention=sdpa", "codec.split_chunks=false"),
         start_timeout_s=900).start()
     try:
-        check_same_pcm_at_any_load(server.url, gpu_requests(1000, 8, (40, 100)), gpu_requests(5000, 64, (20, 120)))
+        check_same_pcm_at_any_load(server.url, gpu_requests(1000, 8, (30, 80)), gpu_requests(5000, 64, (20, 100)))
     finally:
         server.stop()

@@ -137,7 +137,8 @@ def dispatched(model, decode_alone: bool, graphs_eager: bool, partners: int) -> 
         runner.open(rid)
     out, at = [], 0
     for n in (1, 4, 15):
-        items = [(rid, np.ascontiguousarray(np.roll(codes, 5 * rid, axis=0)[at: at + n])) for rid in range(1 + partners)]
+        items = [(rid, np.ascontiguousarray(np.roll(codes, 5 * rid, axis=0)[at: at + n]))
+                 for rid in range(1 + partners)]
         out.append(np.array(runner.decode(items)[0], copy=True))
         at += n
     return out
