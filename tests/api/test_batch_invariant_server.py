@@ -75,8 +75,9 @@ def differences(alone: list[np.ndarray], got: list[np.ndarray]) -> list[int | st
 
 
 def check_same_pcm_at_any_load(url: str, seeded: list, others: list) -> None:
-    """The seeded requests alone (the first before any of them is in the prefix cache), alone again
-    (their voice's prompt rows from the cache), together, and mixed: identical PCM bytes."""
+    """The seeded requests alone, alone again (their own prompts' full blocks now in the prefix
+    cache too; the voice's template rows are cached from warm-up already), together, and mixed:
+    identical PCM bytes."""
     with httpx.Client(base_url=url, timeout=900) as client:
         before = cached_rows(client)
         alone = [speech(client, *req) for req in seeded]
@@ -92,8 +93,8 @@ def check_same_pcm_at_any_load(url: str, seeded: list, others: list) -> None:
     found = {name: differences(alone, got) for name, got in
              (("again (prefix cache)", again), ("together", together), ("mixed", mixed))}
     assert all(d == 0 for ds in found.values() for d in ds), (
-        f"max |difference| against each request alone, s16 LSB (rows the first request took from "
-        f"the prefix cache: {first_hit:.0f}): {found}")
+        f"max |difference| against each request alone, s16 LSB (rows the solo runs took from the "
+        f"prefix cache: {first_hit:.0f}): {found}")
 
 
 @pytest.mark.slow  # minutes: the talker's kernels under Triton's interpreter
