@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import tests.triton_cpu  # noqa: F401  (before triton: this process collects modules that need its interpreter)
+
 import httpx
 import numpy as np
 import pytest
@@ -97,13 +99,14 @@ def check_same_pcm_at_any_load(url: str, seeded: list, others: list) -> None:
         f"prefix cache: {first_hit:.0f}): {found}")
 
 
-@pytest.mark.slow  # minutes: the talker's kernels under Triton's interpreter
-@timeout(900)
+@pytest.mark.slow  # minutes: the talker's kernels under Triton's interpreter (4.5 on 2 idle cores)
+@timeout(1500)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU build of the check (the GPU one is below)")
 def test_seeded_requests_same_pcm_alone_cached_together_and_mixed_cpu(tmp_path):
     server = ServerProcess(tmp_path, sets=("talker.batch_invariant=true", "talker.prefill_chunk_tokens=24",
-                                           "talker.max_prefill_tokens_per_step=48"),
-                           env={"TRITON_INTERPRET": "1"}, start_timeout_s=600).start()
+                                           "talker.max_prefill_tokens_per_step=48",
+                                           "engine.ready_timeout_s=900"),  # warm-up in the interpreter
+                           env={"TRITON_INTERPRET": "1"}, start_timeout_s=900).start()
     try:
         check_same_pcm_at_any_load(server.url, SEEDED, OTHERS)
     finally:
