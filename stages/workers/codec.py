@@ -45,8 +45,7 @@ from stages.models.codec.serving import chunk_lengths, encode_batch_samples
 from stages.runtime.coalescer import Coalescer
 from stages.workers.common import (CodecRings, WorkerSpec, apply_memory_plan, attach_codec,
                                   beat_interval, drain, kernel_names, memory_report, payload_array,
-                                  prepare_process, release_cached_memory, triton_kernel_counter,
-                                  use_priority_stream)
+                                  prepare_process, triton_kernel_counter, use_priority_stream)
 from stages.workers.encoder_thread import EncoderThread
 from stages.workers.heap import GcPauses, freeze_heap, thaw_heap
 from stages.workers.startup import StartupLog, describe
@@ -544,7 +543,6 @@ def _capture(startup: StartupLog, what: str, capture: Callable[[Any], int]) -> i
     progress = startup.capture_progress(what)
     if not progress.plan(capture):
         return 0
-    release_cached_memory()  # the captures' pools get the room warm-up's cached blocks held
     with startup.phase("capture", f"the capture of {what}"):
         made = capture(progress)
     startup.finish_capture(progress)

@@ -90,17 +90,6 @@ def prepare_process(spec: WorkerSpec, torch_threads: int | None) -> Variant:
     return spec.variant(spec.model_dir, spec.profile)
 
 
-def release_cached_memory() -> None:
-    """Hand the caching allocator's free blocks back to the device (CUDA only). A CUDA graph
-    capture allocates from a private pool, which cannot reuse blocks the default pool cached
-    during warm-up; under the memory plan's cap on the process those cached blocks would leave a
-    capture short although most of them are free."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
 STREAM_PRIORITY = -100  # below any device's range: torch maps it to the highest priority there is
 
 

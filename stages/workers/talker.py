@@ -45,8 +45,7 @@ from stages.workers.timeline import Timeline, open_timeline
 from stages.workers.common import (REWIRE_TIMEOUT_S, WorkerSpec, apply_memory_plan, attach_talker,
                                   beat_interval, compile_size_oblivious, drain, kernel_names,
                                   memory_report, payload_array, prepare_process, receive_spec,
-                                  release_cached_memory, schedule_from, triton_kernel_counter,
-                                  use_priority_stream)
+                                  schedule_from, triton_kernel_counter, use_priority_stream)
 
 log = logging.getLogger(__name__)
 
@@ -544,7 +543,6 @@ def _capture(startup: StartupLog, what: str, capture: Callable[..., int]) -> int
     progress = startup.capture_progress(what)
     if not progress.plan(lambda p: capture(WARM_CAPTURE_BUDGET_S, p)):
         return 0
-    release_cached_memory()  # the captures' pools get the room warm-up's cached blocks held
     with startup.phase("capture", f"the capture of {what}"):
         made = capture(WARM_CAPTURE_BUDGET_S, progress)
     startup.finish_capture(progress)
