@@ -220,14 +220,20 @@ def bench_encode(model: CodecModel, batch: int, seconds: float, n_vq: int, iters
     return times[0], times[1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_codec_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which random-weight codec a codec bench builds, and where: --version, --size, --device,
+    --dtype, --n-vq."""
     parser.add_argument("--version", choices=["v1", "v2"], default="v2")
     parser.add_argument("--size", choices=["tiny", "full"], default="tiny")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    parser.add_argument("--chunk", type=int, default=15)
     parser.add_argument("--n-vq", type=int, default=12)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_codec_arguments(parser)
+    parser.add_argument("--chunk", type=int, default=15)
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--graphs", action="store_true", help="also time CUDA-graph replay of the steady chunk")

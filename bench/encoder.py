@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from bench.codec import CONFIGS, random_codec, sync
+from bench.codec import CONFIGS, add_codec_arguments, random_codec, sync
 from stages.models.codec.config import CodecConfig, TransformerStage
 from stages.models.codec.model import CodecModel
 
@@ -144,11 +144,7 @@ def beside(call, device: str, seconds: float) -> tuple[float, float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--version", choices=["v1", "v2"], default="v2")
-    parser.add_argument("--size", choices=["tiny", "full"], default="tiny")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    parser.add_argument("--n-vq", type=int, default=12)
+    add_codec_arguments(parser)
     parser.add_argument("--batches", default="1,8,16,32")
     parser.add_argument("--seconds", type=float, default=6.0, help="each clip's length")
     parser.add_argument("--modes", default="eager,fused,graphs,fused+graphs",

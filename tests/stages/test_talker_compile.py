@@ -28,13 +28,19 @@ def _codes(model, *, fused_sampling: bool = False, greedy: bool = False) -> dict
     return codes
 
 
-@pytest.mark.slow
-def test_compiled_talker_emits_the_eager_codes():
+def _cpu_pair():
+    """(eager, compiled by dynamo's eager backend) tiny talkers with the same weights on CPU."""
     torch.manual_seed(0)
     eager = build_talker_module(tiny_config()).eval()
     compiled = build_talker_module(tiny_config()).eval()
     compiled.load_state_dict(eager.state_dict())
     compiled.compile_hot_paths(backend="eager")
+    return eager, compiled
+
+
+@pytest.mark.slow
+def test_compiled_talker_emits_the_eager_codes():
+    eager, compiled = _cpu_pair()
     assert_same_codes(_codes(eager), _codes(compiled))
 
 
@@ -137,11 +143,7 @@ def test_size_oblivious_shapes_compile_the_local_loop_once():
     try:
         assert compile_size_oblivious()
         new = _first_warm_up_batches_compiles()
-        torch.manual_seed(0)
-        eager = build_talker_module(tiny_config()).eval()
-        compiled = build_talker_module(tiny_config()).eval()
-        compiled.load_state_dict(eager.state_dict())
-        compiled.compile_hot_paths(backend="eager")
+        eager, compiled = _cpu_pair()
         assert_same_codes(_codes(eager), _codes(compiled))
     finally:
         fx_config.backed_size_oblivious = before
