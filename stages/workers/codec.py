@@ -520,8 +520,8 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
                 runner.close(-1)
         capture = getattr(runner, "capture", None)
         if capture is not None and chunk_lengths:
-            _capture(startup, "decode graphs",
-                     lambda progress: capture(range(1, max_batch + 1), chunk_lengths, capture_budget_s, progress))
+            startup.capture("decode graphs", lambda progress: capture(range(1, max_batch + 1), chunk_lengths,
+                                                                      capture_budget_s, progress))
             with startup.phase("warm-up", "the decode cost's calibration"):
                 cost = runner.calibrate()
             if cost is not None:
@@ -531,22 +531,10 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
             runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
         capture_encode = getattr(runner, "capture_encode", None)
         if capture_encode is not None:
-            _capture(startup, "reference-encode graphs", lambda progress: capture_encode(capture_budget_s, progress))
+            startup.capture("reference-encode graphs", lambda progress: capture_encode(capture_budget_s, progress))
     finally:
         if own:
             startup.close()
-
-
-def _capture(startup: StartupLog, what: str, capture: Callable[[Any], int]) -> int:
-    """`capture(progress)` planned, then made in the capture phase with a progress line every
-    tenth or 10 s; how many graphs it made (no line when it plans none)."""
-    progress = startup.capture_progress(what)
-    if not progress.plan(capture):
-        return 0
-    with startup.phase("capture", f"the capture of {what}"):
-        made = capture(progress)
-    startup.finish_capture(progress)
-    return made
 
 
 def main(spec: WorkerSpec) -> None:

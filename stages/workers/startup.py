@@ -144,6 +144,18 @@ class StartupLog:
         progress.finish()
         self.graphs += progress.made
 
+    def capture(self, what: str, capture: Callable[[CaptureProgress], int]) -> int:
+        """`capture(progress)` (a runner's capture call) planned, then made in the capture phase
+        with a progress line every tenth or 10 s; how many graphs it made (no line when it plans
+        none)."""
+        progress = self.capture_progress(what)
+        if not progress.plan(capture):
+            return 0
+        with self.phase("capture", f"the capture of {what}"):
+            made = capture(progress)
+        self.finish_capture(progress)
+        return made
+
     def _progress_line(self, line: str) -> None:
         self.compiles.flush()
         self.report(line)

@@ -526,27 +526,14 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False, startup:
         if warmed:
             log.info("talker: %d attention kernel variants launched in %.1f s", warmed, span.seconds)
         if capture_ahead:
-            _capture(startup, "graphs ahead", runner.capture_ahead)
+            startup.capture("graphs ahead", lambda p: runner.capture_ahead(WARM_CAPTURE_BUDGET_S, p))
             return
-        _capture(startup, "decode graphs", runner.capture_decode_graphs)
+        startup.capture("decode graphs", lambda p: runner.capture_decode_graphs(WARM_CAPTURE_BUDGET_S, p))
         if getattr(runner, "prefill_graphs", None) is not None:  # one per token bucket: seconds, not minutes
-            _capture(startup, "prefill graphs", runner.capture_prefill_graphs)
+            startup.capture("prefill graphs", lambda p: runner.capture_prefill_graphs(WARM_CAPTURE_BUDGET_S, p))
     finally:
         if own:
             startup.close()
-
-
-def _capture(startup: StartupLog, what: str, capture: Callable[..., int]) -> int:
-    """`capture(budget_s, progress)` (a runner's capture method) planned, then made within
-    `WARM_CAPTURE_BUDGET_S`, in the capture phase with a progress line every tenth or 10 s; how
-    many graphs it made (no line when it plans none)."""
-    progress = startup.capture_progress(what)
-    if not progress.plan(lambda p: capture(WARM_CAPTURE_BUDGET_S, p)):
-        return 0
-    with startup.phase("capture", f"the capture of {what}"):
-        made = capture(WARM_CAPTURE_BUDGET_S, progress)
-    startup.finish_capture(progress)
-    return made
 
 
 def main(spec: WorkerSpec) -> None:
