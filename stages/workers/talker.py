@@ -474,7 +474,8 @@ def wide_batch(runner: Any, serving: list[Any]) -> list[tuple[int, Any]]:
     return [(-100 - j, serving[j % len(serving)]) for j in range(wide)]
 
 
-def warm_up_batches(runner: Any, variant: Variant) -> list[tuple[str, list[tuple[int, Any]], int]]:
+def warm_up_batches(runner: Any, variant: Variant,
+                    shaped: bool = True) -> list[tuple[str, list[tuple[int, Any]], int]]:
     """The warm-up's batches of requests, in order: (name, [(rid, request)], most steps): one
     alone, then two together (torch.compile specialises a batch of one, so a batch of two is
     what compiles the shape-generic code), then a serving-size batch (`serving_size_request`:
@@ -482,22 +483,25 @@ def warm_up_batches(runner: Any, variant: Variant) -> list[tuple[str, list[tuple
     those shapes are compiled before the first request rather than during it), then a wide batch
     (`wide_batch`: those prompts again, many at once, as a burst of requests for known voices
     comes; run with the scheduler's chunk cap lifted). The jobs are the variant's
-    (`warm_up_job`); a runner of one or two slots gets the first ones only."""
+    (`warm_up_job`); a runner of one or two slots, or one that compiles nothing a shape (not
+    `shaped`: a talker on the CPU), gets the first ones only."""
     request = variant.build_request(variant.warm_up_job())
     batches = [("alone", [(-1, request)], 8)]
     if runner.max_running >= 2:
         batches.append(("two", [(-2, request), (-3, request)], 8))
     n = min(WARM_SERVING_REQUESTS, runner.max_running)
-    if n > 2:
+    if n > 2 and shaped:
         serving = [serving_size_request(variant, i) for i in range(n)]
         batches.append(("serving", [(-10 - i, r) for i, r in enumerate(serving)], 64))
         batches.append(("wide", wide_batch(runner, serving), 64))
     return batches
 
 
-def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False, startup: StartupLog | None = None) -> None:
+def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False, startup: StartupLog | None = None,
+            shaped: bool = True) -> None:
     """Run short requests through the runner so first requests do not pay for lazy set-up
-    (`warm_up_batches`), then launch every attention kernel variant a step can launch
+    (`warm_up_batches`; `shaped`: the serving-size batches too, whose shapes a CUDA talker
+    compiles and tunes kernels for), then launch every attention kernel variant a step can launch
     (`warm_attention`: the eager path's split counts follow its batch). Then, with
     `capture_ahead` (`talker.capture_ahead`), the runner records every graph it can ahead;
     without it, the decode graphs of every batch bucket when one block-table width serves them
@@ -510,7 +514,7 @@ def warm_up(runner: Any, variant: Variant, capture_ahead: bool = False, startup:
     own = startup is None
     startup = startup or StartupLog("talker", log.info)
     try:
-        batches = warm_up_batches(runner, variant)
+        batches = warm_up_batches(runner, variant, shaped)
         for i, (name, requests, max_steps) in enumerate(batches, 1):
             rows = sum(len(r.prompt) for _, r in requests)
             doing = (f"warm-up batch {i} of {len(batches)} ({name}: {len(requests)} "
@@ -553,7 +557,8 @@ def main(spec: WorkerSpec) -> None:
         with startup.phase("load", "the model's load") as span:
             runner = variant.make_talker_runner(spec.device)
         log.info("talker: loaded in %.1f s", span.seconds)
-        warm_up(runner, variant, spec.profile.talker.capture_ahead, startup)
+        warm_up(runner, variant, spec.profile.talker.capture_ahead, startup,
+                shaped=str(spec.device).startswith("cuda"))
         frozen = freeze_heap()
         times = startup.times()
         log.info("talker: ready in %s (%d objects frozen out of garbage collection)", describe(times), frozen)

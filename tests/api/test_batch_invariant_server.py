@@ -2,7 +2,9 @@
 same PCM bytes sent one at a time, again once the prefix cache holds their voice's prompt rows,
 all together, and mixed into other requests (other texts, lengths and seeds) that share their
 talker steps (decode rows beside prompt chunks cut differently by the step's budget) and their
-codec dispatches.
+codec dispatches. One seeded request clones a voice the server has not heard, so its solo run
+computes the voice's prompt rows and its repeat takes them from the prefix cache: computed and
+cached prefixes give the same audio.
 
 CPU: the tiny demo model (random weights) on the `cpu` profile with the mode on, its Triton
 kernels under Triton's CPU interpreter in the workers (TRITON_INTERPRET=1), small prompt chunks
@@ -25,21 +27,24 @@ import numpy as np
 import pytest
 import torch
 
-from tests.api.helpers import metric
+from tests.api.helpers import data_url, metric, tone_wav
 from tests.api.server_process import ServerProcess
 
 pytest.importorskip("triton")
 
 # (text, seed, forced frames): the requests whose audio must not depend on their company
-SEEDED = [("The quick brown fox jumps over the lazy dog again.", 101, 8),
-          ("Same seed, same audio, at any load at all.", 202, 17),
-          ("A third request, with words of its own to speak here.", 303, 11),
-          ("Four small words, then a longer pause before the end.", 404, 19)]
+SEEDED = [("The quick brown fox jumps over the lazy dog again.", 101, 6),
+          ("Same seed, same audio, at any load at all.", 202, 12),
+          ("A third request, with words of its own to speak here.", 303, 8),
+          ("Four small words, then a longer pause before the end.", 404, 13)]
+# a voice no warm-up has cached (its prompt rows are computed by its solo run, cached after)
+NEW_VOICE = data_url(tone_wav(1.2, hz=290.0))
+CLONED = ("A voice of its own, cloned from a clip never heard before.", 505, 7, NEW_VOICE)
 # the company: longer prompts (more prompt chunks) and other lengths
-OTHERS = [("Another request in the mix, rather longer, to keep the talker's prefill busy for a while.", 7, 20),
-          ("Short and sweet, thirty characters.", 8, 6),
-          ("A third companion that arrives with the seeded ones and stays a little longer.", 9, 24),
-          ("The last of the others, of middling length here.", 10, 9)]
+OTHERS = [("Another request in the mix, rather longer, to keep the talker's prefill busy for a while.", 7, 14),
+          ("Short and sweet, thirty characters.", 8, 4),
+          ("A third companion that arrives with the seeded ones and stays a little longer.", 9, 16),
+          ("The last of the others, of middling length here.", 10, 7)]
 
 
 def timeout(seconds: int):
@@ -52,16 +57,18 @@ def timeout(seconds: int):
     return pytest.mark.timeout(seconds)
 
 
-def speech(client: httpx.Client, text: str, seed: int, frames: int) -> np.ndarray:
-    """The whole PCM (s16, 24 kHz mono) of one seeded request with a forced length."""
-    r = client.post("/v1/audio/speech", json={"model": "mossvox", "voice": "default", "input": text,
+def speech(client: httpx.Client, text: str, seed: int, frames: int, ref_audio: str | None = None) -> np.ndarray:
+    """The whole PCM (s16, 24 kHz mono) of one seeded request with a forced length, in the default
+    voice or cloned from ``ref_audio``."""
+    voice = {"ref_audio": ref_audio} if ref_audio else {"voice": "default"}
+    r = client.post("/v1/audio/speech", json={"model": "mossvox", **voice, "input": text,
                                               "response_format": "pcm", "stream": False, "seed": seed,
                                               "forced_frames": frames})
     assert r.status_code == 200, r.text
     return np.frombuffer(r.content, np.int16)
 
 
-def all_at_once(client: httpx.Client, requests: list[tuple[str, int, int]]) -> list[np.ndarray]:
+def all_at_once(client: httpx.Client, requests: list[tuple]) -> list[np.ndarray]:
     with ThreadPoolExecutor(len(requests)) as pool:
         return list(pool.map(lambda req: speech(client, *req), requests))
 
@@ -76,19 +83,31 @@ def differences(alone: list[np.ndarray], got: list[np.ndarray]) -> list[int | st
             else f"{len(a)} vs {len(g)} samples" for a, g in zip(alone, got)]
 
 
+def one_at_a_time(client: httpx.Client, requests: list[tuple]) -> tuple[list[np.ndarray], list[float]]:
+    """Each request's PCM, sent one after another, and the prompt rows each took from the prefix
+    cache."""
+    pcms, hits = [], []
+    for req in requests:
+        before = cached_rows(client)
+        pcms.append(speech(client, *req))
+        hits.append(cached_rows(client) - before)
+    return pcms, hits
+
+
 def check_same_pcm_at_any_load(url: str, seeded: list, others: list) -> None:
     """The seeded requests alone, alone again (their own prompts' full blocks now in the prefix
-    cache too; the voice's template rows are cached from warm-up already), together, and mixed:
-    identical PCM bytes."""
+    cache too; the default voice's template rows are cached from warm-up already, the cloned
+    voice's only from its solo run on), together, and mixed: identical PCM bytes."""
     with httpx.Client(base_url=url, timeout=900) as client:
-        before = cached_rows(client)
-        alone = [speech(client, *req) for req in seeded]
-        first_hit = cached_rows(client) - before
+        alone, first_hits = one_at_a_time(client, seeded)
         assert all(len(pcm) for pcm in alone)
         assert len({pcm.tobytes() for pcm in alone}) == len(seeded)  # each its own audio
-        before = cached_rows(client)
-        again = [speech(client, *req) for req in seeded]
-        assert cached_rows(client) > before, "the repeats took no prompt rows from the prefix cache"
+        again, hits = one_at_a_time(client, seeded)
+        assert sum(hits) > 0, "the repeats took no prompt rows from the prefix cache"
+        for req, first, hit in zip(seeded, first_hits, hits):
+            if len(req) > 3:  # a new voice: its solo run computed the rows its repeat took from the cache
+                assert hit > first, f"the cloned voice's repeat took {hit:.0f} cached rows, its first run {first:.0f}"
+        first_hit = sum(first_hits)
         together = all_at_once(client, seeded)
         half = len(others) // 2
         mixed = all_at_once(client, others[:half] + seeded + others[half:])[half: half + len(seeded)]
@@ -99,7 +118,7 @@ def check_same_pcm_at_any_load(url: str, seeded: list, others: list) -> None:
         f"prefix cache: {first_hit:.0f}): {found}")
 
 
-@pytest.mark.slow  # minutes: the talker's kernels under Triton's interpreter (4.5 on 2 idle cores)
+@pytest.mark.slow  # minutes: the talker's kernels under Triton's interpreter
 @timeout(1500)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU build of the check (the GPU one is below)")
 def test_seeded_requests_same_pcm_alone_cached_together_and_mixed_cpu(tmp_path):
@@ -108,7 +127,7 @@ def test_seeded_requests_same_pcm_alone_cached_together_and_mixed_cpu(tmp_path):
                                            "engine.ready_timeout_s=900"),  # warm-up in the interpreter
                            env={"TRITON_INTERPRET": "1"}, start_timeout_s=900).start()
     try:
-        check_same_pcm_at_any_load(server.url, SEEDED, OTHERS)
+        check_same_pcm_at_any_load(server.url, SEEDED + [CLONED], OTHERS)
     finally:
         server.stop()
 
@@ -138,6 +157,7 @@ def test_seeded_requests_same_pcm_alone_cached_together_and_mixed_gpu(tmp_path):
         "talker.batch_invariant=true", "talker.local_attention=sdpa", "codec.split_chunks=false"),
         start_timeout_s=900).start()
     try:
-        check_same_pcm_at_any_load(server.url, gpu_requests(1000, 8, (30, 80)), gpu_requests(5000, 64, (20, 100)))
+        check_same_pcm_at_any_load(server.url, gpu_requests(1000, 8, (30, 80)) + [CLONED],
+                                   gpu_requests(5000, 64, (20, 100)))
     finally:
         server.stop()
