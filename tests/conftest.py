@@ -1,8 +1,9 @@
 """Shared test helpers: where the golden fixtures live (tests/golden/, described in its README.md),
-loading a golden case or codec, one intra-op torch thread for modules of tiny tensors, and a speech
-job for request adapters."""
+loading a golden case or codec, one intra-op torch thread for modules of tiny tensors, Triton's CPU
+interpreter only for the modules that ask for it, and a speech job for request adapters."""
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,23 @@ def golden_error(label: str, got: np.ndarray, want: np.ndarray) -> float:
 def speech_job(text: str = "hello world", **fields) -> SpeechJob:
     """A speech job for request adapters, with a default text."""
     return SpeechJob(text=text, **fields)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_interpreter_where_imported(request):
+    """Triton's CPU interpreter (TRITON_INTERPRET=1, set by `tests.triton_cpu`) is on only for the
+    modules that import that helper (`from tests import triton_cpu`). A pytest-xdist worker
+    collects every module, so the variable is set in every worker; a kernel path chosen by it
+    (`triton_runs_on`) would then run the interpreter in tests written for the torch ops and in
+    the servers they start (the float8 precision checks took 123 s in a parallel run, 2.7 s
+    alone). Module-scoped, so it is in force before a module's own fixtures start servers."""
+    helper = sys.modules.get("tests.triton_cpu")
+    if helper is None or getattr(request.module, "triton_cpu", None) is helper:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("TRITON_INTERPRET", raising=False)
+        yield
 
 
 @pytest.fixture(scope="session")

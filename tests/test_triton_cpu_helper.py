@@ -2,7 +2,7 @@
 computes its result, the helper's calls inside the launch do not patch `triton.language` again,
 and after the launch the language is restored as the interpreter left it."""
 
-import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import tests.triton_cpu  # noqa: F401  (before triton: this process collects modules that need its interpreter)
+from tests import triton_cpu  # noqa: F401  (before triton: this process collects modules that need its interpreter)
 
 import httpx
 import numpy as np

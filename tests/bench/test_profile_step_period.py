@@ -1,7 +1,7 @@
 """The step profile's period listing: one backbone layer (or local position) of a profile's
 kernels in launch order, with the idle time between them."""
 
-import tests.triton_cpu  # noqa: F401  (the bench imports the talker, and with it triton: its CPU interpreter first)
+from tests import triton_cpu  # noqa: F401  (the bench imports the talker, and with it triton: its CPU interpreter first)
 
 from bench.local_v15_profile_step import kernel_period  # noqa: E402
 

@@ -9,7 +9,7 @@ Small shapes only: the interpreter executes every program in numpy.
 
 import torch
 
-import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import dataclasses  # noqa: E402
 

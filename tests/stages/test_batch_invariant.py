@@ -8,7 +8,7 @@ thing when there is no CUDA device. Tiny shapes only: the interpreter runs every
 
 import torch
 
-import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

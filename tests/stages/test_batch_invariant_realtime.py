@@ -5,7 +5,7 @@ frames alone, together with others, and arriving among them mid-decode.
 CPU: the kernels run under Triton's interpreter (TRITON_INTERPRET=1 set before triton is
 imported, as in test_batch_invariant.py); tiny model, few frames."""
 
-import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -6,7 +6,7 @@ CPU: the mode's Triton kernels run under Triton's interpreter (TRITON_INTERPRET=
 triton is imported, as in test_batch_invariant.py); tiny model, few frames: the interpreter is slow.
 """
 
-import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import collections  # noqa: E402
 

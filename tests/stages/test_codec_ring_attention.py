@@ -5,7 +5,7 @@ which this module does first thing, as the talker's Triton tests do)."""
 
 import torch
 
-import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import pytest  # noqa: E402
 

@@ -4,7 +4,7 @@ Triton's interpreter: the kernel against the same kernel on scaled projections, 
 serving path (eager and compiled) against the float8 model that scales after each matmul,
 and a runner built from the profile."""
 
-import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -1,7 +1,7 @@
 """The float8-weight matmul for few rows (`w8a16_mm`): the product of the dequantized operands at every row tile and input split, on the CPU through
 Triton's interpreter and on CUDA eagerly, compiled and replayed from a graph."""
 
-import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
 import pytest
 import torch

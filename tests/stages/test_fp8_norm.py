@@ -3,7 +3,7 @@ Triton kernel (`stages.runtime.fp8_norm`), on the CPU through Triton's interpret
 against the torch ops, a model's serving path (eager and compiled) against the float8 model
 without it, and a runner built from the profile."""
 
-import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -3,7 +3,7 @@ Triton kernel (`stages.runtime.fp8_swiglu`), on the CPU through Triton's interpr
 kernel against the torch ops, an MLP through it against the float8 MLP without it, and a runner
 built from the profile serving its requests."""
 
-import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -3,7 +3,7 @@
 steps' outputs at every position of a frame, its refusals, and through a runner built from the
 profile the plain runner's frames."""
 
-import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

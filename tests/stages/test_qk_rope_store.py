@@ -4,7 +4,7 @@ and the cache as the torch ops leave them, in a model's serving path (with the r
 deferred to the next norm too: `talker.deferred_residuals`), and through a runner built from
 the profile."""
 
-import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

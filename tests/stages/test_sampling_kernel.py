@@ -3,7 +3,7 @@ device the compiled kernel runs on it; without one Triton's interpreter runs it 
 
 import torch
 
-import tests.triton_cpu  # noqa: F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: F401  (before triton: its CPU interpreter)
 
 import pytest  # noqa: E402
 

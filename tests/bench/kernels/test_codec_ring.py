@@ -5,7 +5,7 @@ adds each stage's layers up per decode call. On CPU the kernel runs in Triton's 
 
 import torch
 
-import tests.triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: E402, F401  (before triton: its CPU interpreter)
 
 import pytest  # noqa: E402
 

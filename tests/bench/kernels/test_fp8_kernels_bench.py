@@ -2,7 +2,7 @@
 both kernels runs and is reported beside the torch ops with its share of equal float8 codes, so
 a GPU call does not find the bench broken."""
 
-import tests.triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
 import re  # noqa: E402
 

@@ -1,7 +1,7 @@
 """`bench.kernels.fp8_matmul --quick` (one tiny shape through Triton's interpreter on the CPU): the kernel's
 sweep and the comparison line come out, so a GPU call does not find the bench broken."""
 
-import tests.triton_cpu  # noqa: F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: F401  (before triton: its CPU interpreter)
 
 import sys  # noqa: E402
 

@@ -4,7 +4,7 @@ with its bytes read; on the CPU through Triton's interpreter."""
 
 import torch
 
-import tests.triton_cpu  # noqa: F401  (before triton: its CPU interpreter)
+from tests import triton_cpu  # noqa: F401  (before triton: its CPU interpreter)
 
 import pytest  # noqa: E402
 
