@@ -88,3 +88,13 @@ def test_prepare_reference_for_v2_codec_from_a_wav_file():
     np.testing.assert_array_equal(out[0], out[1])
     power_db = 10 * np.log10(np.mean(out.astype(np.float64) ** 2))
     assert power_db == pytest.approx(10 * np.log10(np.mean(mono.astype(np.float64) ** 2)) + 3, abs=0.1)
+
+
+@pytest.mark.parametrize("rate", [16000, 44100])
+def test_mono_for_a_two_channel_codec_is_the_upstream_order_to_the_sample(rate):
+    """Resampled once and then duplicated: the same samples as upstream's order (duplicate,
+    resample both, normalise)."""
+    mono = (0.1 * np.random.default_rng(rate).standard_normal((1, rate))).astype(np.float32)
+    upstream = normalize_loudness(resample(to_channels(mono, 2), rate, 48000))
+    for wav in (mono, mono[0]):
+        np.testing.assert_array_equal(prepare_reference(wav, rate, target_rate=48000, channels=2), upstream)

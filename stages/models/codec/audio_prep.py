@@ -77,5 +77,10 @@ def prepare_reference(wav: np.ndarray, rate: int, *, target_rate: int, channels:
     """Reference clip -> float32 `[channels, M]` at `target_rate`, ready for `CodecRunner.encode`."""
     if rate <= 0:
         raise ValueError(f"sample rate must be positive, got {rate}")
+    wav = np.asarray(wav, dtype=np.float32)
+    if channels == 2 and (wav.ndim == 1 or wav.shape[0] == 1):
+        # mono for a 2-channel codec: resampled once, then duplicated (the same samples as
+        # duplicating first, as the resampler treats channels alike, for half its time)
+        return normalize_loudness(to_channels(resample(to_channels(wav, 1), rate, target_rate), 2))
     fixed = to_channels(wav, channels)  # [channels, N]
     return normalize_loudness(resample(fixed, rate, target_rate))
