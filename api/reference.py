@@ -43,7 +43,7 @@ class PreparedReference:
     """A validated reference clip, ready for ``EngineClient.encode_reference``.
 
     ``digest`` (the content address) and ``duration_s`` are known at once; the codec-ready
-    waveform (channels fixed, resampled, loudness-normalised: tens of ms for a few seconds of
+    waveform (channels fixed, resampled, loudness-normalised: a few ms for a few seconds of
     audio) is computed by ``prepare()`` only when asked, i.e. on a reference-cache miss. A clip
     whose bytes were seen before (``ReferenceLoader``'s memo) is decoded only then too."""
 
