@@ -282,8 +282,9 @@ class CodecConfig(_Section):
     fused_encoder: Annotated[bool, doc(
         "on CUDA: reference encodes run the encoder through the streaming Triton kernels (the "
         "window applied in the attention kernel, RoPE with the key writes, residual adds with the "
-        "norms) instead of masked attention and separate elementwise ops; same arithmetic, less "
-        "GPU time a new voice")] = True
+        "norms) and each quantizer stage's nearest code in one kernel, instead of masked "
+        "attention and separate small ops; same arithmetic, less GPU time and fewer launches a "
+        "new voice")] = True
     priority_stream: Annotated[bool, doc(
         "on CUDA: the codec's decode loop runs on a CUDA stream of the highest priority, its "
         "reference encodes on one of the default priority, so the GPU schedules the playing "

@@ -112,9 +112,9 @@ class CodecModel(nn.Module):
     def use_fused_encoder(self, on: bool = True) -> None:
         """Encode whole references through the streaming kernels (`ProjectedTransformer.forward_fused`:
         the window applied in the attention kernel, RoPE with the key writes, residual adds with
-        the norms) instead of masked SDPA over padded key blocks and unfused elementwise ops. The
-        same arithmetic; on CUDA a few times fewer kernels and bytes (Triton's CPU interpreter
-        runs it too, slowly)."""
+        the norms) instead of masked SDPA over padded key blocks and unfused elementwise ops, and
+        each quantizer stage's nearest code in one kernel (`lfq_nearest`). The same arithmetic;
+        on CUDA a few times fewer kernels and bytes (Triton's CPU interpreter runs it too, slowly)."""
         self.fused_encoder = on
 
     def use_gelu_epilogue(self, on: bool = True) -> None:
@@ -150,7 +150,7 @@ class CodecModel(nn.Module):
             else:
                 x = module.forward_fused(x) if self.fused_encoder else module(x)
         hidden = x.transpose(1, 2).float()  # [B, D, T]
-        codes = self.quantizer.encode(hidden, lengths, num_quantizers)
+        codes = self.quantizer.encode(hidden, lengths, num_quantizers, fused=self.fused_encoder)
         return EncodeResult(codes, lengths, hidden)
 
     @torch.no_grad()

@@ -56,9 +56,16 @@ class LFQStage(nn.Module):
             self._book = (key, 2 * book, book.pow(2).sum(1, keepdim=True).t())
         return self._book[1], self._book[2]
 
-    def quantize(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """residual [B, rvq, T] -> (z_q [B, rvq, T], codes [B, T])."""
+    def quantize(self, residual: torch.Tensor, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """residual [B, rvq, T] -> (z_q [B, rvq, T], codes [B, T]); `fused`: the nearest code and
+        the straight-through rows in one kernel (`lfq_nearest`) instead of about thirteen launches."""
         z_e = self.in_proj(residual)  # [B, cd, T]
+        if fused:
+            from stages.models.codec.lfq_nearest import lfq_nearest
+
+            book2, book_sq = self.normalized_book()
+            z_st, codes = lfq_nearest(z_e.float().contiguous(), book2, book_sq, self.codebook.weight.float())
+            return self.out_proj(z_st), codes
         enc = F.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]))  # [B*T, cd]
         book2, book_sq = self.normalized_book()  # [K, cd], [1, K]
         # upstream's -(|enc|^2 - 2 enc.book + |book|^2) as (2 enc.book - |enc|^2) - |book|^2: the
@@ -87,15 +94,17 @@ class ResidualLFQ(nn.Module):
         )
 
     @torch.no_grad()
-    def encode(self, z: torch.Tensor, lengths: torch.Tensor, num_quantizers: int | None = None) -> torch.Tensor:
-        """z [B, input_dim, T], lengths [B] -> codes [nq, B, T] int64."""
+    def encode(self, z: torch.Tensor, lengths: torch.Tensor, num_quantizers: int | None = None,
+               fused: bool = False) -> torch.Tensor:
+        """z [B, input_dim, T], lengths [B] -> codes [nq, B, T] int64 (`fused`: each stage's
+        nearest code in one kernel, `LFQStage.quantize`)."""
         nq = num_quantizers or self.cfg.num_quantizers
         residual = self.input_proj(z.float()).float()  # [B, rvq, T]
         B, _, T = residual.shape
         valid = (torch.arange(T, device=z.device)[None, :] < lengths[:, None])[:, None]  # [B, 1, T]
         all_codes = []
         for stage in self.quantizers[:nq]:
-            z_q, codes = stage.quantize(residual * valid)
+            z_q, codes = stage.quantize(residual * valid, fused)
             residual = residual - z_q * valid
             all_codes.append(codes)
         return torch.stack(all_codes)

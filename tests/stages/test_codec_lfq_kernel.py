@@ -1,0 +1,95 @@
+"""`lfq_nearest`, one quantizer stage's nearest code in one kernel (Triton's CPU interpreter
+here), against the quantizer's torch ops: the same codes and straight-through rows for every
+stage of an encode with rows of several lengths, in one block of the codebook or several; and
+a reference encoded with `use_fused_encoder` takes it (its codes are checked against the plain
+path in tests/stages/test_codec_ring_attention.py)."""
+
+from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from stages.models.codec import lfq_nearest as kernel_module  # noqa: E402
+from stages.models.codec.lfq_nearest import lfq_nearest  # noqa: E402
+from tests.stages.test_codec_quantizer import quantizer  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("seed", [0, 3])
+def test_every_stage_matches_the_torch_ops(seed):
+    q = quantizer(seed).to(DEVICE)
+    gen = torch.Generator().manual_seed(seed + 1)
+    z = torch.randn(5, 64, 37, generator=gen).to(DEVICE)
+    lengths = torch.tensor([37, 30, 1, 37, 12], device=DEVICE)
+    want = q.encode(z, lengths)
+    got = q.encode(z, lengths, fused=True)
+    assert torch.equal(got, want)
+
+
+@torch.no_grad()
+def test_one_stage_rows_and_codes_in_blocks_of_the_codebook(monkeypatch):
+    """A codebook walked in blocks smaller than itself (as on a GPU) finds the same codes and the
+    same straight-through rows as one block, and as the torch ops."""
+    stage = quantizer(1).quantizers[0].to(DEVICE)
+    gen = torch.Generator().manual_seed(9)
+    z_e = torch.randn(3, 8, 50, generator=gen).to(DEVICE)
+    book2, book_sq = stage.normalized_book()
+    rows, codes = lfq_nearest(z_e, book2, book_sq, stage.codebook.weight)
+    enc = torch.nn.functional.normalize(z_e.transpose(1, 2).reshape(-1, 8))
+    want = (enc @ book2.t() - enc.pow(2).sum(1, keepdim=True) - book_sq).max(1)[1].view(3, 50)
+    assert torch.equal(codes, want)
+    chosen = stage.codebook(codes).transpose(1, 2)
+    assert torch.equal(rows, z_e + (chosen - z_e))
+    if DEVICE == "cpu":  # the GPU's blocks: 16 rows, 64 codes
+        real = kernel_module._lfq_nearest_kernel
+        monkeypatch.setattr(kernel_module, "_lfq_nearest_kernel", _with_blocks(real, 16, 64))
+        assert all(torch.equal(a, b) for a, b in zip(lfq_nearest(z_e, book2, book_sq, stage.codebook.weight),
+                                                   (rows, codes)))
+
+
+def test_it_refuses_what_it_cannot_read():
+    stage = quantizer(1).quantizers[0]
+    book2, book_sq = stage.normalized_book()
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        lfq_nearest(torch.zeros(1, 50, 8).transpose(1, 2), book2, book_sq, stage.codebook.weight)
+    with pytest.raises(ValueError, match="do not match"):
+        lfq_nearest(torch.zeros(1, 4, 5), book2, book_sq, stage.codebook.weight)
+
+
+class _with_blocks:
+    """The kernel launched with other block sizes."""
+
+    def __init__(self, real, block_r: int, block_k: int):
+        self.real, self.block_r, self.block_k = real, block_r, block_k
+
+    def __getitem__(self, grid):
+        def launch(*args, BLOCK_R, BLOCK_K, BLOCK_CD):
+            R = args[6]
+            return self.real[(-(-R // self.block_r),)](*args, BLOCK_R=self.block_r, BLOCK_K=self.block_k,
+                                                       BLOCK_CD=BLOCK_CD)
+        return launch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@torch.no_grad()
+def test_on_cuda_a_full_size_quantizer_agrees_with_the_torch_ops():
+    """The v2 quantizer's shape (32 stages, 1024 codes of 8) on CUDA, eight references of 6 s: the
+    compiled kernel (16 rows, 64 codes a block) and cuBLAS round sums of 8 products in their own
+    orders, so a near tie may go either way; a frame's later stages follow its first differing
+    code. Nearly every code agrees, and every frame's first stage."""
+    from stages.models.codec.config import QuantizerConfig
+    from stages.models.codec.quantizer import ResidualLFQ
+
+    torch.manual_seed(0)
+    q = ResidualLFQ(QuantizerConfig(input_dim=768, rvq_dim=512, output_dim=768, num_quantizers=32,
+                                    codebook_size=1024, codebook_dim=8)).cuda()
+    for p in q.parameters():
+        p.normal_(0, p.shape[-1] ** -0.5 if p.dim() > 1 else 0.1)
+    z = torch.randn(8, 768, 75, device="cuda")
+    lengths = torch.tensor([75, 70, 60, 75, 50, 75, 75, 40], device="cuda")
+    want, got = q.encode(z, lengths), q.encode(z, lengths, fused=True)
+    assert (got == want).float().mean().item() > 0.99
+    assert (got[0] == want[0]).float().mean().item() > 0.999
