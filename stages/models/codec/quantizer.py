@@ -101,11 +101,15 @@ class ResidualLFQ(nn.Module):
         nq = num_quantizers or self.cfg.num_quantizers
         residual = self.input_proj(z.float()).float()  # [B, rvq, T]
         B, _, T = residual.shape
-        valid = (torch.arange(T, device=z.device)[None, :] < lengths[:, None])[:, None]  # [B, 1, T]
+        valid = (torch.arange(T, device=z.device)[None, :] < lengths[:, None])[:, None].float()  # [B, 1, T]
+        # upstream masks each stage's input and update; a frame past its length stays zero from
+        # the first mask on (minus z_q * 0), so one mask first and `residual - z_q * valid` as one
+        # addcmul give the same bits with two launches fewer a stage
+        residual = residual * valid
         all_codes = []
         for stage in self.quantizers[:nq]:
-            z_q, codes = stage.quantize(residual * valid, fused)
-            residual = residual - z_q * valid
+            z_q, codes = stage.quantize(residual, fused)
+            residual = torch.addcmul(residual, z_q, valid, value=-1)
             all_codes.append(codes)
         return torch.stack(all_codes)
 
