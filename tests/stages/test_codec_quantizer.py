@@ -56,3 +56,11 @@ def test_the_kept_codebook_follows_new_weights():
     q.load_state_dict(other.state_dict())  # copied in place: the same storage, a new version
     after = q.encode(z, lengths)
     assert torch.equal(after, upstream_codes(other, z, lengths)) and not torch.equal(after, before)
+
+
+def test_weights_made_in_inference_mode_are_served_too():
+    """Inference tensors keep no version counter: the kept codebook is made all the same."""
+    with torch.inference_mode():
+        q = quantizer(0)
+        z, lengths = torch.randn(2, 64, 9), torch.tensor([9, 4])
+        assert torch.equal(q.encode(z, lengths), upstream_codes(q, z, lengths))

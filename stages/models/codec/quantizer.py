@@ -50,7 +50,8 @@ class LFQStage(nn.Module):
         encode: five of a stage's ~25 small launches, 160 of the encoder's ~1400 a batch. Doubling
         is exact, so `enc @ (2 book)^T` is upstream's `(2 enc) @ book^T` to the bit."""
         weight = self.codebook.weight
-        key = (weight.data_ptr(), weight._version, weight.device, weight.dtype)
+        version = None if weight.is_inference() else weight._version  # (an inference tensor keeps none)
+        key = (weight.data_ptr(), version, weight.device, weight.dtype)
         if self._book is None or self._book[0] != key:
             book = F.normalize(weight.float())  # [K, cd]
             self._book = (key, 2 * book, book.pow(2).sum(1, keepdim=True).t())
