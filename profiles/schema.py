@@ -280,11 +280,10 @@ class CodecConfig(_Section):
         "(docs/model_facts.md; python -m bench.kernels.codec_gelu measures it); the encoder keeps "
         "erf")] = False
     fused_encoder: Annotated[bool, doc(
-        "on CUDA: reference encodes run the encoder through the streaming Triton kernels (the "
-        "window applied in the attention kernel, RoPE with the key writes, residual adds with the "
-        "norms) and each quantizer stage's nearest code in one kernel, instead of masked "
-        "attention and separate small ops; same arithmetic, less GPU time and fewer launches a "
-        "new voice")] = True
+        "on CUDA: reference encodes run the encoder through the streaming Triton kernels (window "
+        "in the attention kernel, RoPE with the key writes, residual adds with the norms, one "
+        "kernel a quantizer stage) instead of masked attention and small separate ops; same "
+        "arithmetic, less GPU time a new voice")] = True
     priority_stream: Annotated[bool, doc(
         "on CUDA: the codec's decode loop runs on a CUDA stream of the highest priority, its "
         "reference encodes on one of the default priority, so the GPU schedules the playing "
