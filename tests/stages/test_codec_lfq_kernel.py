@@ -1,8 +1,8 @@
 """`lfq_nearest`, one quantizer stage's nearest code in one kernel (Triton's CPU interpreter
 here), against the quantizer's torch ops: the same codes and straight-through rows for every
 stage of an encode with rows of several lengths, in one block of the codebook or several; and
-a reference encoded with `use_fused_encoder` takes it (its codes are checked against the plain
-path in tests/stages/test_codec_ring_attention.py)."""
+a reference encoded with `use_fused_encoder` takes it once a stage, with the plain path's codes.
+On CUDA (a GPU test) a full-size quantizer against the torch ops."""
 
 from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
@@ -93,3 +93,24 @@ def test_on_cuda_a_full_size_quantizer_agrees_with_the_torch_ops():
     want, got = q.encode(z, lengths), q.encode(z, lengths, fused=True)
     assert (got == want).float().mean().item() > 0.99
     assert (got[0] == want[0]).float().mean().item() > 0.999
+
+
+@torch.no_grad()
+def test_a_fused_encode_takes_the_kernel_once_a_stage(monkeypatch):
+    """`use_fused_encoder`: every quantizer stage of the encode goes through `lfq_nearest`, and
+    the codes are the plain path's."""
+    from bench.codec import random_codec
+    from stages.models.codec.config import CodecConfig, tiny_v2_config
+
+    model = random_codec(CodecConfig.from_json(tiny_v2_config()), DEVICE, torch.float32, seed=5)
+    wav = (0.3 * torch.randn(2, model.cfg.channels, 12 * model.cfg.downsample_rate,
+                             generator=torch.Generator().manual_seed(4))).to(DEVICE)
+    lengths = torch.tensor([7, 12], device=DEVICE) * model.cfg.downsample_rate
+    want = model.encode(wav, lengths, 6).codes
+    calls = []
+    monkeypatch.setattr(kernel_module, "lfq_nearest", lambda *a: calls.append(1) or lfq_nearest(*a))
+    model.use_fused_encoder()
+    got = model.encode(wav, lengths, 6).codes
+    assert len(calls) == 6
+    for row, frames in enumerate((7, 12)):
+        assert torch.equal(got[:, row, :frames], want[:, row, :frames])
