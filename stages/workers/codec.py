@@ -498,6 +498,11 @@ class CodecLoop:
 
 WARM_BATCHES = (1, 2, 4, 8)  # buckets captured ahead when no coalescing max_batch is given
 WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long (largest first)
+# reference encodes at start-up, each a batch of clips of these many frames: a fused encoder's
+# Triton kernels compile a variant per sequence length that is 1, a multiple of 16 or neither
+# (at each stage's rate: 48 frames divide at every stage, 37 at none past the second) and per
+# batch, so the first new voices do not wait for those compiles
+WARM_ENCODE_FRAMES = ((48,), (37,), (37, 20))
 
 
 def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = max(WARM_BATCHES),
@@ -527,8 +532,10 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
             if cost is not None:
                 log.info("codec: decode call cost %.2f ms + %.3f ms per row + %.4f ms per row and frame",
                          cost.fixed_ms, cost.row_ms, cost.row_frame_ms)
-        with startup.phase("warm-up", "the first reference encode"):
-            runner.encode([np.zeros((runner.channels, runner.samples_per_frame), dtype=np.float32)])
+        with startup.phase("warm-up", "the first reference encodes"):
+            for frames in WARM_ENCODE_FRAMES:
+                runner.encode([np.zeros((runner.channels, n * runner.samples_per_frame), dtype=np.float32)
+                               for n in frames])
         capture_encode = getattr(runner, "capture_encode", None)
         if capture_encode is not None:
             startup.capture("reference-encode graphs", lambda progress: capture_encode(capture_budget_s, progress))

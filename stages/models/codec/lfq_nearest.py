@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "T"])  # one kernel for every batch and clip length
 def _lfq_nearest_kernel(
     z_ptr, book2_ptr, book_sq_ptr, codebook_ptr, codes_ptr, out_ptr, R, T, K, CD, eps,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_CD: tl.constexpr,
