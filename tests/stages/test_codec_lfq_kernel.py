@@ -43,8 +43,8 @@ def test_one_stage_rows_and_codes_in_blocks_of_the_codebook(monkeypatch):
     chosen = stage.codebook(codes).transpose(1, 2)
     assert torch.equal(rows, z_e + (chosen - z_e))
     if DEVICE == "cpu":  # the GPU's blocks: 16 rows, 64 codes
-        real = kernel_module._lfq_nearest_kernel
-        monkeypatch.setattr(kernel_module, "_lfq_nearest_kernel", _with_blocks(real, 16, 64))
+        gpu_blocks = kernel_module.blocks("cuda", 1024)
+        monkeypatch.setattr(kernel_module, "blocks", lambda device_type, codes: gpu_blocks)
         assert all(torch.equal(a, b) for a, b in zip(lfq_nearest(z_e, book2, book_sq, stage.codebook.weight),
                                                    (rows, codes)))
 
@@ -56,20 +56,6 @@ def test_it_refuses_what_it_cannot_read():
         lfq_nearest(torch.zeros(1, 50, 8).transpose(1, 2), book2, book_sq, stage.codebook.weight)
     with pytest.raises(ValueError, match="do not match"):
         lfq_nearest(torch.zeros(1, 4, 5), book2, book_sq, stage.codebook.weight)
-
-
-class _with_blocks:
-    """The kernel launched with other block sizes."""
-
-    def __init__(self, real, block_r: int, block_k: int):
-        self.real, self.block_r, self.block_k = real, block_r, block_k
-
-    def __getitem__(self, grid):
-        def launch(*args, BLOCK_R, BLOCK_K, BLOCK_CD):
-            R = args[6]
-            return self.real[(-(-R // self.block_r),)](*args, BLOCK_R=self.block_r, BLOCK_K=self.block_k,
-                                                       BLOCK_CD=BLOCK_CD)
-        return launch
 
 
 @pytest.mark.gpu

@@ -57,6 +57,12 @@ def _lfq_nearest_kernel(
     tl.store(out_ptr + at, z + (chosen.to(tl.float32) - z), mask=ok)
 
 
+def blocks(device_type: str, codes: int) -> tuple[int, int]:
+    """(rows, codes) a program takes: on a GPU a few thousand products in flight; the interpreter
+    runs each program in numpy, so few large ones there."""
+    return (128, triton.next_power_of_2(codes)) if device_type == "cpu" else (16, 64)
+
+
 def lfq_nearest(z_e: torch.Tensor, book2: torch.Tensor, book_sq: torch.Tensor,
                 codebook: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """z_e [B, cd, T] fp32 (a stage's in-projection), book2 [K, cd] (2 x the normalised codebook),
@@ -76,9 +82,7 @@ def lfq_nearest(z_e: torch.Tensor, book2: torch.Tensor, book_sq: torch.Tensor,
     if R == 0:
         return out, codes
     block_cd = max(2, triton.next_power_of_2(CD))
-    # GPU: a few thousand products in flight a program; the interpreter runs each program in
-    # numpy: few, large
-    block_r, block_k = (128, triton.next_power_of_2(K)) if z_e.device.type == "cpu" else (16, 64)
+    block_r, block_k = blocks(z_e.device.type, K)
     _lfq_nearest_kernel[(triton.cdiv(R, block_r),)](
         z_e, book2, book_sq, codebook, codes, out, R, T, K, CD, 1e-12,
         BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_CD=block_cd)
