@@ -4,8 +4,8 @@ A quantizer stage of the reference encoder is a chain of launches on tiny tensor
 codes, 1024 of them): the projected residual copied to rows, L2-normalised (norm, clamp,
 divide), its distances to the codebook (square, sum, matmul, two subtractions), the largest
 closeness taken, the chosen row gathered, transposed back, and upstream's straight-through sum
-`z_e + (chosen - z_e)`: about thirteen launches a stage, 32 stages an encode, each far below
-a microsecond of GPU work, so a batch of references waits on the host's launches. Here a
+`z_e + (chosen - z_e)`: twelve launches a stage, 32 stages an encode, each on a few thousand
+values, so a batch of references waits on the host's launches. Here a
 program takes a tile of rows (frames), reads them in the in-projection's layout [B, cd, T],
 normalises them, walks the codebook in blocks keeping each row's best code (the first of equals,
 as `max` does), and writes the code and the straight-through rows in that same layout.

@@ -59,7 +59,7 @@ class LFQStage(nn.Module):
 
     def quantize(self, residual: torch.Tensor, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """residual [B, rvq, T] -> (z_q [B, rvq, T], codes [B, T]); `fused`: the nearest code and
-        the straight-through rows in one kernel (`lfq_nearest`) instead of about thirteen launches."""
+        the straight-through rows in one kernel (`lfq_nearest`) instead of twelve small operations."""
         z_e = self.in_proj(residual)  # [B, cd, T]
         if fused:
             from stages.models.codec.lfq_nearest import lfq_nearest
