@@ -201,7 +201,10 @@ e = d.get("encode")
 if e:
     print("   ", sys.argv[2], "encode |", e["batches"], "batches of", round(e["clips_per_batch"], 1), "clips,",
           ms(e["batch_ms"]), "ms a batch (p90", ms(e["batch_ms"], "p90"), "max", ms(e["batch_ms"], "max"), "),",
-          round(e["ms_per_clip"], 1), "ms a clip, in flight", round(e["busy"], 2), "of the pass")
+          round(e["ms_per_clip"], 1), "ms a clip, in flight", round(e["busy"], 2), "of the pass | queued",
+          round(e.get("queued_ms_per_clip", 0), 1), "ms a clip (max", round(e.get("queued_max_ms", 0), 1), "),",
+          round(e.get("left_waiting", 0), 1), "left waiting, handed", ms(e.get("handed_ms", {})),
+          "ms | round trip", ms(e.get("round_trip_ms", {})), "p90", ms(e.get("round_trip_ms", {}), "p90"))
 for part in ("requests", "requests_first_wave", "requests_later"):
     r = d.get(part, {})
     parts = (f"(parsed {ms(r.get('received_to_parsed_ms', {}))}, voice {ms(r.get('parsed_to_voice_ms', {}))},"

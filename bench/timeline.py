@@ -14,8 +14,10 @@ and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) an
   taken from the prefix cache;
 - the codec: dispatches, busy share, chunks per dispatch, distinct chunk lengths per dispatch,
   decode time per dispatch and per decoded frame, time between dispatch starts;
-- the codec's reference encodes: batches, clips per batch, time per batch and per clip, and the
-  share of the pass with a batch in flight;
+- the codec's reference encodes: batches, clips per batch, time per batch and per clip, the
+  share of the pass with a batch in flight, a clip's wait in the codec loop's queue and how many
+  stay queued when a batch is handed over; with the engine clients' timelines, an encode job's
+  round trip from the API process (its send to its codes back);
 - the two together: share of the pass with both busy, with only one, with neither;
 - a request's life: admission → first frame (prefill), first frame → last frame (decode), last
   frame → its final chunk decoded (codec tail), first frame → first chunk decoded (first audio's
@@ -198,6 +200,17 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             "ms_per_clip": sum(e["dur"] for e in encodes) / clips * 1e3,
             "busy": _length(_busy([(e["t"], e["t"] + e["dur"]) for e in encodes])) / window,
         }
+        if all("waited" in e for e in encodes):  # the codec loop's notes on each batch
+            out["encode"].update({
+                # a clip's wait in the codec loop's queue, from its arrival to its batch's hand-over
+                "queued_ms_per_clip": sum(e["waited"] * e.get("n", 1) for e in encodes) / clips * 1e3,
+                "queued_max_ms": max(e["waited_max"] for e in encodes) * 1e3,
+                "left_waiting": statistics.fmean(e["left"] for e in encodes),  # jobs still queued after a hand-over
+                "handed_ms": _scale(_stats([e["handed"] for e in encodes]), 1e3),  # hand-over to the thread's start
+            })
+    trips = [e for e in events if e["k"] == "client_encode"]
+    if trips:  # an API process's encode jobs: sent to the codec worker, codes back
+        out.setdefault("encode", {})["round_trip_ms"] = _scale(_stats([e["dur"] for e in trips]), 1e3)
     out["requests"] = _request_life(events)
     if first_wave:
         wave = set(_arrival_order(events)[:first_wave])

@@ -296,11 +296,14 @@ class EngineClient:
                              f"got {list(wav.shape)}")
         self._check_alive()
         job, box = self._open_mailbox()
+        sent = time.monotonic()
         try:
             self._send(EncodeRequest(job=job, client=self.index), wav)
             item = await box.get()
         finally:
             self._boxes.pop(job, None)
+        if self._timeline is not None:  # sent to the codec worker, and its codes (or error) back
+            self._timeline.add("client_encode", sent, dur=time.monotonic() - sent, samples=wav.shape[1])
         if isinstance(item, BaseException):
             raise item
         return item

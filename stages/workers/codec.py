@@ -116,7 +116,7 @@ class CodecLoop:
         self.encode_batch_samples = encode_batch_samples
         self.clock = clock
         self.streams: dict[int, _Stream] = {}
-        self.encodes: deque[tuple[EncodeRequest, np.ndarray]] = deque()  # waiting for a batch
+        self.encodes: deque[tuple[EncodeRequest, np.ndarray, float]] = deque()  # waiting: job, [C, S], arrival
         self.encoder = encoder or EncoderThread(runner.encode, str(getattr(runner, "device", "cpu")),
                                                 on_failure=_log_encode_failure)
         self.shutdown: Shutdown | None = None
@@ -202,7 +202,7 @@ class CodecLoop:
                         self._close(rid, stream, final.seq, "abort")
             case EncodeRequest():
                 wav = rec.array(np.float32).reshape(self.runner.channels, -1).copy()  # [C, S]
-                self.encodes.append((msg, wav))
+                self.encodes.append((msg, wav, time.monotonic()))
             case Shutdown():
                 self.shutdown = msg
             case PeerLost(stage="talker"):
@@ -456,13 +456,20 @@ class CodecLoop:
                 break
             batch.append(self.encodes.popleft())
             longest = wider
-        self.encoder.submit([job for job, _ in batch], [wav for _, wav in batch])
+        note = None
+        if self.timeline is not None:  # how long its jobs waited here, and how many wait on
+            now = time.monotonic()
+            waits = [now - arrived for _, _, arrived in batch]
+            note = {"waited": sum(waits) / len(waits), "waited_max": max(waits), "left": len(self.encodes),
+                    "samples": longest}
+        self.encoder.submit([job for job, _, _ in batch], [wav for _, wav, _ in batch], note)
 
     def _finish_encodes(self) -> None:
         """Send the codes (or the error) of every batch the encoder thread finished."""
         for batch in self.encoder.done():
             if self.timeline is not None:
-                self.timeline.add("codec_encode", batch.started, dur=batch.seconds, n=len(batch.jobs))
+                self.timeline.add("codec_encode", batch.started, dur=batch.seconds, n=len(batch.jobs),
+                                  handed=batch.started - batch.submitted, **batch.note)
             for job, codes, error in zip(batch.jobs, batch.codes, batch.errors):
                 self._to_client(job.client, EncodeResult(job=job.job, error=error), codes)
                 self.to_coord.send(EncodeDone(job=job.job))

@@ -35,8 +35,10 @@ class EncodeBatch:
     wavs: list[np.ndarray]               # [channels, samples] float32 each
     codes: list[np.ndarray | None] = field(default_factory=list)  # [T, n_vq] int64 each
     errors: list[str | None] = field(default_factory=list)
-    started: float = 0.0                 # monotonic seconds
-    seconds: float = 0.0
+    note: dict[str, Any] = field(default_factory=dict)  # the loop's own fields, handed back untouched
+    submitted: float = 0.0               # monotonic seconds: handed to the thread
+    started: float = 0.0                 # ... taken up by it
+    seconds: float = 0.0                 # ... and encoding
 
 
 class EncoderThread:
@@ -56,9 +58,10 @@ class EncoderThread:
         self._thread = threading.Thread(target=self._run, name="codec-encoder", daemon=True)
         self._thread.start()
 
-    def submit(self, jobs: list[Any], wavs: list[np.ndarray]) -> None:
+    def submit(self, jobs: list[Any], wavs: list[np.ndarray], note: dict[str, Any] | None = None) -> None:
+        """Encode `wavs` as one batch; `note` comes back with it (the loop's timeline fields)."""
         self.in_flight += 1
-        self._todo.put(EncodeBatch(jobs, wavs))
+        self._todo.put(EncodeBatch(jobs, wavs, note=note or {}, submitted=time.monotonic()))
 
     def done(self) -> list[EncodeBatch]:
         """The batches finished since the last call (the loop's thread only)."""

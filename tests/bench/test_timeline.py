@@ -150,6 +150,12 @@ def test_over_http_the_api_process_marks_the_body_and_the_voice_before_submit(tm
     encode = summary["encode"]
     assert (encode["batches"], encode["clips"]) == (1, 1)
     assert encode["ms_per_clip"] == pytest.approx(encode["batch_ms"]["mean"]) and 0 < encode["busy"] <= 1
+    # its way: queued in the codec loop, handed to the encoder thread, encoded, all inside the
+    # API process's round trip; nothing else was waiting
+    assert encode["left_waiting"] == 0 and encode["queued_ms_per_clip"] >= 0
+    assert encode["round_trip_ms"]["n"] == 1
+    assert (encode["queued_ms_per_clip"] + encode["handed_ms"]["mean"] + encode["batch_ms"]["mean"]
+            <= encode["round_trip_ms"]["mean"])
     for name in ("received_to_parsed_ms", "parsed_to_voice_ms", "voice_to_submit_ms", "received_to_submit_ms"):
         assert life[name]["n"] == 2 and life[name]["p50"] >= 0, (name, life[name])
     parts = sum(life[name]["mean"] for name in ("received_to_parsed_ms", "parsed_to_voice_ms", "voice_to_submit_ms"))

@@ -277,9 +277,9 @@ def test_encode_batches_shrink_while_streams_are_decoding(demo_model_dir) -> Non
     submitted = []
     submit = rig.loop.encoder.submit
 
-    def spy(jobs, wavs):
+    def spy(jobs, wavs, note=None):
         submitted.append((len(jobs), bool(rig.loop.streams)))
-        submit(jobs, wavs)
+        submit(jobs, wavs, note)
 
     rig.loop.encoder.submit = spy
     try:
@@ -409,9 +409,9 @@ def test_an_encode_batch_holds_at_most_its_seconds_of_padded_clips(demo_model_di
         sizes = []
         submit = rig.loop.encoder.submit
 
-        def spy(jobs, wavs):
+        def spy(jobs, wavs, note=None):
             sizes.append([w.shape[1] // hop for w in wavs])
-            submit(jobs, wavs)
+            submit(jobs, wavs, note)
 
         rig.loop.encoder.submit = spy
         for job, frames in enumerate((2, 2, 2, 5, 2)):
