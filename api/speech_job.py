@@ -9,6 +9,7 @@ codes (and transcript); ``default`` or an OpenAI built-in name means the model's
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,12 +109,16 @@ class ResolvedVoice:
     extra_codes: tuple[np.ndarray, ...] = ()  # the 2nd, 3rd, ... ref_audio clip (TTSD speakers)
 
 
-async def resolve_voice(req: SpeechRequest, state) -> ResolvedVoice:
-    """Reference codes for the request, from ``ref_audio`` or a registered voice."""
+async def resolve_voice(req: SpeechRequest, state, tracker=None) -> ResolvedVoice:
+    """Reference codes for the request, from ``ref_audio`` or a registered voice; ``tracker``
+    (the request's, when timed) gets ``loaded_at`` once its clips are fetched and decoded."""
     ref_text = req.ref_text if req.ref_text and req.ref_text.strip() else None
     if req.ref_audio is not None:
         clips = [req.ref_audio] if isinstance(req.ref_audio, str) else req.ref_audio
-        found = [await reference_codes(state, await state.references.load(clip)) for clip in clips]
+        loaded = [await state.references.load(clip) for clip in clips]
+        if tracker is not None:
+            tracker.loaded_at = time.monotonic()
+        found = [await reference_codes(state, clip) for clip in loaded]
         return ResolvedVoice(codes=found[0][0], ref_text=ref_text, source="ref_audio",
                              cache_hit=all(hit for _, hit in found),
                              extra_codes=tuple(codes for codes, _ in found[1:]))

@@ -207,7 +207,8 @@ if e:
           "ms | round trip", ms(e.get("round_trip_ms", {})), "p90", ms(e.get("round_trip_ms", {}), "p90"))
 for part in ("requests", "requests_first_wave", "requests_later"):
     r = d.get(part, {})
-    parts = (f"(parsed {ms(r.get('received_to_parsed_ms', {}))}, voice {ms(r.get('parsed_to_voice_ms', {}))},"
+    parts = (f"(parsed {ms(r.get('received_to_parsed_ms', {}))}, voice {ms(r.get('parsed_to_voice_ms', {}))}"
+             f" = loaded {ms(r.get('parsed_to_loaded_ms', {}))} + codes {ms(r.get('loaded_to_voice_ms', {}))},"
              f" submit {ms(r.get('voice_to_submit_ms', {}))})")
     print("   ", sys.argv[2], part, "ms | received to submit", ms(r.get("received_to_submit_ms", {})), parts,
           "| submit to admit", ms(r.get("submit_to_admit_ms", {})),

@@ -27,7 +27,9 @@ and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) an
   chunks decoded → their PCM taken off the client's ring (the codec's ring writes for its whole
   dispatch, then the client's reader); when the API gave its arrival, the request received by
   the API process → submitted, and its parts where the API gave them: received → parsed (the
-  body read and validated), parsed → voice (the reference codes resolved), voice → submit (the
+  body read and validated), parsed → voice (the reference codes resolved; with a reference clip
+  in parts: parsed → loaded, its bytes fetched and decoded, and loaded → voice, the samples
+  prepared and encoded or found cached), voice → submit (the
   prompt built and sent); the first chunk on the client's ring → taken
   by its request (the process's loop) → handled (encoded and handed to the HTTP server).
 """
@@ -243,11 +245,11 @@ def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] | No
             done[e["rid"]] = e["t"]
     submit, client_first, client_final = {}, {}, {}  # the API processes' side (engine clients)
     received, first_taken, first_out = {}, {}, {}
-    parsed, voiced = {}, {}  # the API process's marks between received and submit
+    parsed, loaded, voiced = {}, {}, {}  # the API process's marks between received and submit
     for e in events:
         if e["k"] == "client_submit":
             submit[e["rid"]] = e["t"]
-            for mark, into in (("received", received), ("parsed", parsed), ("voiced", voiced)):
+            for mark, into in (("received", received), ("parsed", parsed), ("loaded", loaded), ("voiced", voiced)):
                 if mark in e:
                     into[e["rid"]] = e[mark]
         elif e["k"] == "client_first_taken":
@@ -286,6 +288,8 @@ def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] | No
         "received_to_submit_ms": (received, submit),
         "received_to_parsed_ms": (received, parsed),
         "parsed_to_voice_ms": (parsed, voiced),
+        "parsed_to_loaded_ms": (parsed, loaded),  # reference clips fetched and decoded
+        "loaded_to_voice_ms": (loaded, voiced),  # ... then prepared and encoded (or found cached)
         "voice_to_submit_ms": (voiced, submit),
         "submit_to_admit_ms": (submit, admit),
         "first_chunk_to_client_ms": (first_decoded, client_first),

@@ -242,7 +242,8 @@ class EngineClient:
                           open_input=open_input), request.payload())
         if self._timeline is not None:  # the API process's marks, where it gave them
             marks = {name: t for name, t in (("received", job.received_at), ("parsed", job.parsed_at),
-                                              ("voiced", job.voice_at)) if t is not None}
+                                              ("loaded", job.loaded_at), ("voiced", job.voice_at))
+                     if t is not None}
             self._timeline.add("client_submit", time.monotonic(), rid=rid, **marks)
         return rid, box
 

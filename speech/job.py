@@ -44,6 +44,7 @@ class SpeechJob:
     received_at: float | None = None       # time.monotonic() when the API process began handling
     #   the request (engine timelines only: received to submit)
     parsed_at: float | None = None         # ... when its body was read and validated
+    loaded_at: float | None = None         # ... when its reference clips were fetched and decoded
     voice_at: float | None = None          # ... when its voice's reference codes were resolved
 
     def given_fields(self) -> tuple[OptionalField, ...]:

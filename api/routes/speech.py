@@ -59,6 +59,7 @@ class RequestTracker:
         self.request_id = f"speech-{uuid.uuid4().hex[:16]}"
         self.received_at = time.monotonic()  # the engine timelines' clock (`SpeechJob.received_at`)
         self.parsed_at: float | None = None  # the same clock: the body read and validated
+        self.loaded_at: float | None = None  # ... its reference clips fetched and decoded
         self.voice_at: float | None = None  # ... and the voice's reference codes resolved
 
     def chunk(self, chunk) -> None:
@@ -192,7 +193,7 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
     if not client.ready():
         raise ApiError(503, "The engine is not ready yet", code="not_ready",
                        headers={"Retry-After": "1"})
-    resolving = resolve_voice(req, state)
+    resolving = resolve_voice(req, state, tracker)
     # a reference's fetch, decode or encode is not waited for once the client has left
     voice = await (_until_disconnect(resolving, receive) if req.ref_audio is not None else resolving)
     tracker.voice_at = time.monotonic()
@@ -200,7 +201,8 @@ async def start_speech(req: SpeechRequest, state, tracker: RequestTracker, recei
                     ref_codes=voice.codes, ref_text=voice.ref_text, extra_ref_codes=list(voice.extra_codes),
                     sampling=sampling_overrides(req),
                     initial_chunk_frames=req.initial_codec_chunk_frames, forced_frames=req.forced_frames,
-                    received_at=tracker.received_at, parsed_at=tracker.parsed_at, voice_at=tracker.voice_at)
+                    received_at=tracker.received_at, parsed_at=tracker.parsed_at, loaded_at=tracker.loaded_at,
+                    voice_at=tracker.voice_at)
     try:
         encoder = make_encoder(plan.response_format, client.sample_rate, client.channels,
                                streaming=plan.mode != "file", speed=plan.speed, out_rate=plan.sample_rate,

@@ -160,3 +160,7 @@ def test_over_http_the_api_process_marks_the_body_and_the_voice_before_submit(tm
         assert life[name]["n"] == 2 and life[name]["p50"] >= 0, (name, life[name])
     parts = sum(life[name]["mean"] for name in ("received_to_parsed_ms", "parsed_to_voice_ms", "voice_to_submit_ms"))
     assert parts == pytest.approx(life["received_to_submit_ms"]["mean"], rel=1e-6)
+    # parsed -> voice in two: the clip fetched and decoded, then its codes (the miss's encode)
+    halves = life["parsed_to_loaded_ms"]["mean"] + life["loaded_to_voice_ms"]["mean"]
+    assert life["loaded_to_voice_ms"]["n"] == 2 and halves == pytest.approx(life["parsed_to_voice_ms"]["mean"], rel=1e-6)
+    assert life["loaded_to_voice_ms"]["max"] >= encode["round_trip_ms"]["mean"]
