@@ -1,8 +1,9 @@
 """`lfq_nearest`, one quantizer stage's nearest code in one kernel (Triton's CPU interpreter
 here), against the quantizer's torch ops: the same codes and straight-through rows for every
 stage of an encode with rows of several lengths, in one block of the codebook or several; and
-a reference encoded with `use_fused_encoder` takes it once a stage, with the plain path's codes.
-On CUDA (a GPU test) a full-size quantizer against the torch ops."""
+a reference encoded with `use_fused_encoder` takes it once a stage, with the plain path's codes,
+also padded into encode graphs' buckets. On CUDA (GPU tests) a full-size quantizer against the
+torch ops, and encode graphs recorded over the fused encoder."""
 
 from tests import triton_cpu  # noqa: F401  (first: Triton's interpreter without a GPU)
 
@@ -100,3 +101,54 @@ def test_a_fused_encode_takes_the_kernel_once_a_stage(monkeypatch):
     assert len(calls) == 6
     for row, frames in enumerate((7, 12)):
         assert torch.equal(got[:, row, :frames], want[:, row, :frames])
+
+
+
+def _fused_runners_and_clips(**graphs):
+    """The tiny codec with `use_fused_encoder`: a plain runner, one with encode graphs (`graphs`:
+    `encode_graphs_eager` or `encode_graphs`) of batches of 4 in one 16-frame length bucket (few
+    buckets keep the interpreter's work small), and clips of 3, 11 and 7 frames and a bit."""
+    import numpy as np
+
+    from bench.codec import random_codec
+    from stages.models.codec.config import CodecConfig, tiny_v2_config
+    from stages.models.codec.runner import CodecRunner
+
+    model = random_codec(CodecConfig.from_json(tiny_v2_config()), DEVICE, torch.float32, seed=6)
+    model.use_fused_encoder()
+    plain = CodecRunner(model, n_vq=6, max_slots=2)
+    padded = CodecRunner(model, n_vq=6, max_slots=2, encode_batch=4, **graphs)
+    hop = plain.samples_per_frame
+    padded.encode_graphs.lengths = [16 * hop]
+    rng = np.random.default_rng(8)
+    clips = [(0.3 * rng.standard_normal((model.cfg.channels, n * hop + 5))).astype(np.float32) for n in (3, 11, 7)]
+    return plain, padded, clips
+
+
+@torch.no_grad()
+def test_encode_graphs_over_the_fused_encoder_give_its_codes():
+    """`codec.encode_graphs` with `codec.fused_encoder`: clips padded to a length bucket and a
+    batch bucket give the codes of each clip's fused encode alone."""
+    import numpy as np
+
+    plain, padded, clips = _fused_runners_and_clips(encode_graphs_eager=True)
+    got = padded.encode(clips)
+    assert padded.encode_graphs.keys == [(4, 16 * plain.samples_per_frame)]
+    for w, codes in zip(clips, got):
+        np.testing.assert_array_equal(codes, plain.encode([w])[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@torch.no_grad()
+def test_captured_encode_graphs_over_the_fused_encoder_replay_its_codes():
+    """On CUDA the fused encoder's kernels record into encode graphs, and the replays give what
+    the same padded buckets give uncaptured (the same shapes: the same kernels and roundings)."""
+    import numpy as np
+
+    _, eager, clips = _fused_runners_and_clips(encode_graphs_eager=True)
+    _, graphed, _ = _fused_runners_and_clips(encode_graphs=True)
+    assert graphed.capture_encode(budget_s=120) > 0
+    for a, b in zip(eager.encode(clips), graphed.encode(clips)):
+        np.testing.assert_array_equal(b, a)
+    assert all(e.call.graph is not None for e in graphed.encode_graphs._entries.values())
