@@ -300,7 +300,8 @@ class CodecConfig(_Section):
         "voices wait longer; null = encode_batch")] = None
     encode_graphs: Annotated[bool, doc(
         "reference encoding replays CUDA graphs per (batch bucket, length bucket of 4-32 s), "
-        "captured at start-up (CUDA only; seconds more start-up)")] = False
+        "captured at start-up (CUDA only; seconds more start-up); a batch is cut where one more "
+        "clip would leave every graph")] = False
     torch_threads: Annotated[PositiveInt | None, doc(
         "torch intra-op threads in the codec process; null = torch's default")] = None
     sm_percent: Annotated[Percent | None, doc(SM_PERCENT_DOC)] = None

@@ -444,15 +444,20 @@ class CodecLoop:
 
     def _start_encodes(self) -> None:
         """Hand the waiting reference-encode jobs to the encoder thread as one batch, unless one
-        is still in flight (then they wait and the next batch is larger)."""
+        is still in flight (then they wait and the next batch is larger). With encode graphs, a
+        batch that one replays takes no job that would send it down the eager path; the job
+        leads the next batch instead."""
         if not self.encodes or self.encoder.in_flight:
             return
         most = self.encode_batch_streaming if self.streams else self.encode_batch
+        graphs = getattr(self.runner, "encode_graphs", None)
         batch = [self.encodes.popleft()]
         longest = batch[0][1].shape[1]  # samples a channel
         while self.encodes and len(batch) < most:
             wider = max(longest, self.encodes[0][1].shape[1])  # the batch is padded to its longest
             if self.encode_batch_samples is not None and (len(batch) + 1) * wider > self.encode_batch_samples:
+                break
+            if graphs is not None and graphs.fits(len(batch), longest) and not graphs.fits(len(batch) + 1, wider):
                 break
             batch.append(self.encodes.popleft())
             longest = wider
