@@ -515,6 +515,45 @@ WARM_CAPTURE_BUDGET_S = 180.0  # graph captures at start-up stop after this long
 # (at each stage's rate: 48 frames divide at every stage, 37 at none past the second) and per
 # batch, so the first new voices do not wait for those compiles
 WARM_ENCODE_FRAMES = ((48,), (37,), (37, 20))
+FUSED_CHECK_FRAMES = 48  # a seeded noise clip encoded through both paths at start-up
+FUSED_CHECK_AGREEMENT = 0.9  # share of its first-stage codes that must agree (a correct kernel
+#                              differs from the plain path only at near ties; a broken one at random)
+
+
+def check_fused_encoder(runner: Any) -> bool:
+    """With the fused encoder on (`codec.fused_encoder`, CUDA), encode a seeded noise clip through
+    its kernels and through the plain path, outside any graph: a launch that fails, or first-stage
+    codes that agree on fewer than `FUSED_CHECK_AGREEMENT` of the frames, turns it off with a
+    warning naming the setting (its kernels are compiled on the machine that serves, not where they
+    were tested), so new voices are encoded, more slowly, rather than refused. Returns whether it
+    stays on. Run before any reference encode, so no encode graph records the fused path first."""
+    import torch
+
+    model = getattr(runner, "model", None)
+    if model is None or not model.fused_encoder:
+        return False
+    rng = np.random.default_rng(0)
+    clip = 0.1 * rng.standard_normal((1, runner.channels, FUSED_CHECK_FRAMES * runner.samples_per_frame))
+    wav = torch.from_numpy(clip.astype(np.float32)).to(runner.device)  # [1, C, S]
+    try:
+        fused = model.encode(wav, None, runner.n_vq).codes[0, 0]  # [T] first-stage codes
+    except Exception as exc:  # noqa: BLE001 - any failure of the kernels' compile or launch
+        reason = f"it failed ({type(exc).__name__}: {exc})"
+    else:
+        model.use_fused_encoder(False)
+        plain = model.encode(wav, None, runner.n_vq).codes[0, 0]
+        agree = (fused == plain).float().mean().item()
+        if agree >= FUSED_CHECK_AGREEMENT:
+            model.use_fused_encoder(True)
+            log.info("codec: the fused reference encoder agrees with the plain path on %.1f%% of a test "
+                     "clip's first-stage codes", 100 * agree)
+            return True
+        reason = (f"its first-stage codes agree with the plain path's on {agree:.0%} of a test clip's "
+                  f"frames, under {FUSED_CHECK_AGREEMENT:.0%}")
+    model.use_fused_encoder(False)
+    log.warning("codec: the fused reference encoder is off on this device: %s; new voices are encoded "
+                "through the plain path (set codec.fused_encoder=false to skip this check)", reason)
+    return False
 
 
 def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = max(WARM_BATCHES),
@@ -524,7 +563,8 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
     lengths (initial, ramp, steady) too, within the budget: a capture while serving stalls every
     stream for a device sync, a collection and three decodes (seen as multi-second coalescing
     waits on the H200 at C=128-256); then time a few replays to fit the dispatch planner's cost
-    model. With encode graphs, their buckets are captured too. Each capture is a line every
+    model. The fused encoder is checked against the plain path before the first reference
+    encodes (`check_fused_encoder`). With encode graphs, their buckets are captured too. Each capture is a line every
     tenth or 10 s; the times go into `startup`'s phases (a log of its own when none is given)."""
     own = startup is None
     startup = startup or StartupLog("codec", log.info)
@@ -545,6 +585,7 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
                 log.info("codec: decode call cost %.2f ms + %.3f ms per row + %.4f ms per row and frame",
                          cost.fixed_ms, cost.row_ms, cost.row_frame_ms)
         with startup.phase("warm-up", "the first reference encodes"):
+            check_fused_encoder(runner)
             for frames in WARM_ENCODE_FRAMES:
                 runner.encode([np.zeros((runner.channels, n * runner.samples_per_frame), dtype=np.float32)
                                for n in frames])

@@ -152,3 +152,37 @@ def test_captured_encode_graphs_over_the_fused_encoder_replay_its_codes():
     for a, b in zip(eager.encode(clips), graphed.encode(clips)):
         np.testing.assert_array_equal(b, a)
     assert all(e.call.graph is not None for e in graphed.encode_graphs._entries.values())
+
+
+@torch.no_grad()
+def test_start_up_keeps_a_fused_encoder_that_agrees_and_turns_off_one_that_fails(monkeypatch, caplog):
+    """`check_fused_encoder` (the codec's warm-up): a fused encoder whose codes agree with the plain
+    path stays on; one whose kernel launch fails, or whose kernel finds wrong codes, is turned off
+    with a warning naming `codec.fused_encoder`, and encodes go the plain way."""
+    import logging
+
+    from stages.workers.codec import check_fused_encoder
+
+    _, runner, _ = _fused_runners_and_clips(encode_graphs_eager=True)
+    model = runner.model
+    assert check_fused_encoder(runner) and model.fused_encoder
+
+    def broken(z_e, book2, book_sq, book):  # every frame the same code: wrong nearly everywhere
+        rows, codes = lfq_nearest(z_e, book2, book_sq, book)
+        return rows, torch.full_like(codes, 7)
+
+    def failing(*args):
+        raise RuntimeError("no kernel image for this device")
+
+    for kernel, why in ((broken, "agree with the plain path's on"), (failing, "failed (RuntimeError")):
+        model.use_fused_encoder()
+        monkeypatch.setattr(kernel_module, "lfq_nearest", kernel)
+        with caplog.at_level(logging.WARNING, logger="stages.workers.codec"):
+            caplog.clear()
+            assert not check_fused_encoder(runner)
+        assert not model.fused_encoder
+        assert why in caplog.text and "codec.fused_encoder" in caplog.text
+    calls = []
+    monkeypatch.setattr(kernel_module, "lfq_nearest", lambda *a: calls.append(1) or lfq_nearest(*a))
+    runner.encode([torch.zeros(model.cfg.channels, 4 * model.cfg.downsample_rate).numpy()])
+    assert calls == []  # the plain path from then on
