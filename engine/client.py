@@ -304,7 +304,7 @@ class EngineClient:
         finally:
             self._boxes.pop(job, None)
         if self._timeline is not None:  # sent to the codec worker, and its codes (or error) back
-            self._timeline.add("client_encode", sent, dur=time.monotonic() - sent, samples=wav.shape[1])
+            self._timeline.add("client_encode", sent, dur=time.monotonic() - sent)
         if isinstance(item, BaseException):
             raise item
         return item

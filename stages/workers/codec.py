@@ -465,8 +465,7 @@ class CodecLoop:
         if self.timeline is not None:  # how long its jobs waited here, and how many wait on
             now = time.monotonic()
             waits = [now - arrived for _, _, arrived in batch]
-            note = {"waited": sum(waits) / len(waits), "waited_max": max(waits), "left": len(self.encodes),
-                    "samples": longest}
+            note = {"waited": sum(waits) / len(waits), "waited_max": max(waits), "left": len(self.encodes)}
         self.encoder.submit([job for job, _, _ in batch], [wav for _, wav, _ in batch], note)
 
     def _finish_encodes(self) -> None:

@@ -397,6 +397,25 @@ def test_a_slow_dispatch_is_logged_with_the_triton_kernels_it_specialised(demo_m
         r.close()
 
 
+def _encode_batches(rig: Rig, frames: tuple[int, ...]) -> list[list[int]]:
+    """Encode jobs of clips of these many frames, sent at once: the frames of each batch the loop
+    handed to its encoder thread, once every job's codes came back in order."""
+    hop = rig.runner.samples_per_frame
+    sizes = []
+    submit = rig.loop.encoder.submit
+
+    def spy(jobs, wavs, note=None):
+        sizes.append([w.shape[1] // hop for w in wavs])
+        submit(jobs, wavs, note)
+
+    rig.loop.encoder.submit = spy
+    for job, n in enumerate(frames):
+        rig.coord.send(EncodeRequest(job=job, client=0), np.zeros((rig.runner.channels, n * hop), np.float32))
+    seen = _step_until(rig, lambda got: sum(isinstance(m, EncodeResult) for m in got) == len(frames))
+    assert [m.job for m in seen if isinstance(m, EncodeResult)] == list(range(len(frames)))
+    return sizes
+
+
 def test_with_encode_graphs_a_batch_stays_within_a_replayed_bucket(demo_model_dir) -> None:
     """Encode graphs of batches up to 4 in buckets of 4 and 8 frames, 16 frames' samples at most
     a bucket: clips of 2, 2, 2, 5 and 2 frames go as 2+2+2 (a replayed batch of 4 x 4 frames;
@@ -410,19 +429,7 @@ def test_with_encode_graphs_a_batch_stays_within_a_replayed_bucket(demo_model_di
         graphs = EncodeGraphs(rig.runner.model, n_vq=rig.n_vq, max_batch=4, capture=False, max_samples=16 * hop)
         graphs.lengths = [4 * hop, 8 * hop]
         rig.runner.encode_graphs = graphs
-        sizes = []
-        submit = rig.loop.encoder.submit
-
-        def spy(jobs, wavs, note=None):
-            sizes.append([w.shape[1] // hop for w in wavs])
-            submit(jobs, wavs, note)
-
-        rig.loop.encoder.submit = spy
-        for job, frames in enumerate((2, 2, 2, 5, 2)):
-            rig.coord.send(EncodeRequest(job=job, client=0), np.zeros((rig.runner.channels, frames * hop), np.float32))
-        seen = _step_until(rig, lambda got: sum(isinstance(m, EncodeResult) for m in got) == 5)
-        assert [m.job for m in seen if isinstance(m, EncodeResult)] == [0, 1, 2, 3, 4]
-        assert sizes == [[2, 2, 2], [5, 2]]
+        assert _encode_batches(rig, (2, 2, 2, 5, 2)) == [[2, 2, 2], [5, 2]]
         assert sorted(graphs.keys) == [(2, 8 * hop), (4, 4 * hop)]  # both batches replayed
     finally:
         rig.close()
@@ -437,19 +444,6 @@ def test_an_encode_batch_holds_at_most_its_seconds_of_padded_clips(demo_model_di
     try:
         hop = rig.runner.samples_per_frame
         rig.loop.encode_batch_samples = 6 * hop
-        sizes = []
-        submit = rig.loop.encoder.submit
-
-        def spy(jobs, wavs, note=None):
-            sizes.append([w.shape[1] // hop for w in wavs])
-            submit(jobs, wavs, note)
-
-        rig.loop.encoder.submit = spy
-        for job, frames in enumerate((2, 2, 2, 5, 2)):
-            wav = np.zeros((rig.runner.channels, frames * hop), dtype=np.float32)
-            rig.coord.send(EncodeRequest(job=job, client=0), wav)
-        seen = _step_until(rig, lambda got: sum(isinstance(m, EncodeResult) for m in got) == 5)
-        assert [m.job for m in seen if isinstance(m, EncodeResult)] == [0, 1, 2, 3, 4]
-        assert sizes == [[2, 2, 2], [5], [2]]
+        assert _encode_batches(rig, (2, 2, 2, 5, 2)) == [[2, 2, 2], [5], [2]]
     finally:
         rig.close()
