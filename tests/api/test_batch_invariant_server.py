@@ -33,18 +33,18 @@ from tests.api.server_process import ServerProcess
 pytest.importorskip("triton")
 
 # (text, seed, forced frames): the requests whose audio must not depend on their company
-SEEDED = [("The quick brown fox jumps over the lazy dog again.", 101, 6),
-          ("Same seed, same audio, at any load at all.", 202, 12),
-          ("A third request, with words of its own to speak here.", 303, 8),
-          ("Four small words, then a longer pause before the end.", 404, 13)]
+SEEDED = [("The quick brown fox jumps over the lazy dog again.", 101, 3),
+          ("Same seed, same audio, at any load at all.", 202, 6),
+          ("A third request, with words of its own to speak here.", 303, 4),
+          ("Four small words, then a longer pause before the end.", 404, 7)]
 # a voice no warm-up has cached (its prompt rows are computed by its solo run, cached after)
 NEW_VOICE = data_url(tone_wav(1.2, hz=290.0))
-CLONED = ("A voice of its own, cloned from a clip never heard before.", 505, 7, NEW_VOICE)
+CLONED = ("A voice of its own, cloned from a clip never heard before.", 505, 4, NEW_VOICE)
 # the company: longer prompts (more prompt chunks) and other lengths
-OTHERS = [("Another request in the mix, rather longer, to keep the talker's prefill busy for a while.", 7, 14),
-          ("Short and sweet, thirty characters.", 8, 4),
-          ("A third companion that arrives with the seeded ones and stays a little longer.", 9, 16),
-          ("The last of the others, of middling length here.", 10, 7)]
+OTHERS = [("Another request in the mix, rather longer, to keep the talker's prefill busy for a while.", 7, 7),
+          ("Short and sweet, thirty characters.", 8, 2),
+          ("A third companion that arrives with the seeded ones and stays a little longer.", 9, 8),
+          ("The last of the others, of middling length here.", 10, 4)]
 
 
 def timeout(seconds: int):
