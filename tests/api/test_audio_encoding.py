@@ -74,6 +74,27 @@ def test_first_chunk_of_mp3_and_opus_yields_bytes_at_once(rate, channels):
             assert len(first) > 0, fmt
 
 
+def mp3_frames(data: bytes) -> int:
+    """How many whole MPEG-1 Layer III frames `data` holds after its ID3v2 tag."""
+    at = 10 + int.from_bytes(bytes(b & 0x7F for b in data[6:10]), "big") if data[:3] == b"ID3" else 0
+    kbps = [0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320]
+    count = 0
+    while at + 4 <= len(data) and data[at] == 0xFF and data[at + 1] & 0xFE == 0xFA:
+        rate = (44100, 48000, 32000)[data[at + 2] >> 2 & 3]
+        length = 144_000 * kbps[data[at + 2] >> 4] // rate + (data[at + 2] >> 1 & 1)
+        if at + length > len(data):
+            break
+        at, count = at + length, count + 1
+    return count
+
+
+def test_streamed_mp3_gives_each_frame_as_soon_as_it_is_encoded():
+    """The first 80 ms chunk (3,840 samples a channel) has LAME encode two frames of 1,152; both
+    leave at once (no bit reservoir holding one back until the next frame settles its bytes)."""
+    encoder = make_encoder("mp3", 48000, 2, streaming=True)
+    assert mp3_frames(encoder.encode(sine_chunks(48000, 2, 1.0)[0])) >= 2
+
+
 def test_pcm_clips_out_of_range_samples():
     out = make_encoder("pcm", 24000, 1, streaming=True).encode(np.array([[2.0], [-3.0], [0.5]], np.float32))
     assert np.frombuffer(out, "<i2").tolist() == [32767, -32767, 16384]
