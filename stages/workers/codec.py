@@ -563,8 +563,9 @@ def warm_up(runner: Any, chunk_lengths: tuple[int, ...] = (), max_batch: int = m
     stream for a device sync, a collection and three decodes (seen as multi-second coalescing
     waits on the H200 at C=128-256); then time a few replays to fit the dispatch planner's cost
     model. The fused encoder is checked against the plain path before the first reference
-    encodes (`check_fused_encoder`). With encode graphs, their buckets are captured too. Each capture is a line every
-    tenth or 10 s; the times go into `startup`'s phases (a log of its own when none is given)."""
+    encodes (`check_fused_encoder`). With encode graphs, their buckets are captured too. Each
+    capture is a line every tenth or 10 s; the times go into `startup`'s phases (a log of its own
+    when none is given)."""
     own = startup is None
     startup = startup or StartupLog("codec", log.info)
     try:

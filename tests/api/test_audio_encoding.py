@@ -61,7 +61,7 @@ def test_streaming_wav_header_has_unknown_sizes_and_whole_wav_exact_sizes():
 
 
 @pytest.mark.parametrize("rate,channels", [(48000, 2), (24000, 1), (16000, 1)])
-def test_first_chunk_of_mp3_and_opus_yields_bytes_at_once(rate, channels):
+def test_first_chunk_of_a_compressed_stream_yields_bytes_at_once(rate, channels):
     """Time to first audio: one 80 ms chunk already produces container bytes (aac's encoder holds
     2,048 samples, so at 24 kHz and below its audio starts with the second chunk)."""
     chunks = sine_chunks(rate, channels, 1.0)
