@@ -450,7 +450,7 @@ class CodecLoop:
         if not self.encodes or self.encoder.in_flight:
             return
         most = self.encode_batch_streaming if self.streams else self.encode_batch
-        graphs = getattr(self.runner, "encode_graphs", None)
+        graphs = self.runner.encode_graphs  # None without encode graphs
         batch = [self.encodes.popleft()]
         longest = batch[0][1].shape[1]  # samples a channel
         while self.encodes and len(batch) < most:

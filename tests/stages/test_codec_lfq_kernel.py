@@ -103,7 +103,6 @@ def test_a_fused_encode_takes_the_kernel_once_a_stage(monkeypatch):
         assert torch.equal(got[:, row, :frames], want[:, row, :frames])
 
 
-
 def _fused_runners_and_clips(**graphs):
     """The tiny codec with `use_fused_encoder`: a plain runner, one with encode graphs (`graphs`:
     `encode_graphs_eager` or `encode_graphs`) of batches of 4 in one 16-frame length bucket (few

@@ -22,7 +22,6 @@ class Node:
 def test_freeze_heap_takes_what_lives_out_of_collection_and_garbage_made_later_is_still_freed(unfrozen):
     kept = [Node() for _ in range(1000)]
     frozen = freeze_heap()
-    assert frozen >= 1000
     # Frozen objects still die by reference count (other threads of this process drop some),
     # so the count can only have fallen since the freeze.
     assert 1000 <= gc.get_freeze_count() <= frozen
