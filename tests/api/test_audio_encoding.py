@@ -80,8 +80,10 @@ def mp3_frames(data: bytes) -> int:
     kbps = [0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320]
     count = 0
     while at + 4 <= len(data) and data[at] == 0xFF and data[at + 1] & 0xFE == 0xFA:
-        rate = (44100, 48000, 32000)[data[at + 2] >> 2 & 3]
-        length = 144_000 * kbps[data[at + 2] >> 4] // rate + (data[at + 2] >> 1 & 1)
+        bitrate, rate = data[at + 2] >> 4, data[at + 2] >> 2 & 3
+        if not 0 < bitrate < 15 or rate == 3:  # free format or a reserved value: not LAME's CBR
+            break
+        length = 144_000 * kbps[bitrate] // (44100, 48000, 32000)[rate] + (data[at + 2] >> 1 & 1)
         if at + length > len(data):
             break
         at, count = at + length, count + 1
