@@ -5,8 +5,8 @@ peer's pidfd); handlers are plain functions that never await, and every send goe
 never-blocking `Outbox`. The only timers are per-request deadlines (`loop.call_later`), while
 the ring gauge reads non-zero its 50 ms re-read, and the liveness check: every quarter of
 `engine.liveness_timeout_s` it reads each serving worker's beat word (`Ring.beats`); a worker
-whose beat stood still for the whole timeout is hung (stopped, or stuck) and is SIGKILLed, which
-its pidfd then reports like any death.
+whose beat stood still for the whole timeout is hung (stopped, or stuck): it is SIGKILLed and
+counted lost at once, like a death its pidfd reports.
 
 A request's life: `Submit` → run now (forwarded with its prompt to the talker of the live replica
 with the most headroom, `engine.replicas`) or queue (one queue for all replicas; also while a
@@ -565,7 +565,7 @@ class Coordinator:
 
     def _check_liveness(self) -> None:
         """Every quarter of `engine.liveness_timeout_s`: a serving worker whose beat word did not
-        move for the whole timeout is hung; it is killed, and its pidfd reports the death."""
+        move for the whole timeout is hung; it is killed and replaced like a dead one."""
         timeout = self.profile.engine.liveness_timeout_s
         now = self.clock()
         for replica in self.replicas:
@@ -579,19 +579,21 @@ class Coordinator:
                     replica.beats[stage] = (beats, now)
                 elif now - seen[1] > timeout:
                     self._kill_hung(replica, stage, now - seen[1])
-                    replica.beats[stage] = (beats, now)
         self._liveness = asyncio.get_running_loop().call_later(timeout / 4, self._check_liveness)
 
     def _kill_hung(self, replica: Replica, stage: str, still_s: float) -> None:
-        pid = replica.pids.get(stage)
+        """Kill a hung worker and count it lost at once: the replica stops serving (and `/ready`
+        says so) now, not when its pidfd's report of the death is read."""
+        pid, name = replica.pids.get(stage), worker_name(stage, replica.index)
         log.error("the %s worker (pid %s) has not beaten for %.1f s (engine.liveness_timeout_s): "
-                  "it hangs; killing it to replace it", worker_name(stage, replica.index), pid, still_s)
+                  "it hangs; killing it to replace it", name, pid, still_s)
         self.counters.add("hung_workers")
         if pid is not None:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self._worker_lost(replica, stage, f"the {name} worker hung ({still_s:.1f} s without a beat)")
 
     def _engine_failed(self, reason: str) -> None:
         """No replica is left: every request and encode job fails now; the engine is unhealthy."""

@@ -148,7 +148,7 @@ class ReplicaRestarter:
         peer = worker_name("codec" if stage == "talker" else "talker", replica)
         old = handle.procs.pop(name, None)
         if old is not None:
-            await join_or_kill({name: old}, grace_s=0.0)  # dead, or hung: killed
+            await join_or_kill({name: old}, grace_s=2.0)  # dead, or hung and SIGKILLed a moment ago
         handle.close_pipe(name)
         for channel in coordinator.detach_worker(replica, stage):
             channel.close()

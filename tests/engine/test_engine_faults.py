@@ -184,12 +184,21 @@ def test_restart_policy_backs_off_and_stops_at_its_limit() -> None:
 async def test_a_stopped_worker_is_noticed_by_its_beat_and_replaced(demo_model_dir, stage) -> None:
     """SIGSTOP leaves the process alive (no pidfd wakes anyone): its beat stands still, so after
     `engine.liveness_timeout_s` it is killed and replaced like a dead one; its requests fail as
-    "worker_lost" instead of waiting for their deadline, and the engine serves again."""
+    "worker_lost" instead of waiting for their deadline, and the engine serves again. The
+    engine stops saying ready the moment it kills the worker, not once the death is reported."""
     profile = load_profile("cpu", ["engine.restart_backoff_s=0.1", "engine.liveness_timeout_s=1.5",
                                    "admission.request_timeout_s=120"])
     handle = await launch(profile, demo_model_dir)
     old = dict(handle.pids)
     client = handle.client(0)
+    coordinator = handle.coordinator
+    kill_hung, ready_after_kill = coordinator._kill_hung, []
+
+    def watched_kill_hung(*args) -> None:  # the handlers never await: nothing runs in between
+        kill_hung(*args)
+        ready_after_kill.append(coordinator.counters["ready"])
+
+    coordinator._kill_hung = watched_kill_hung
     try:
         idle_beats = handle.coordinator.replicas[0].channels.of(stage)[1].beats
         await asyncio.sleep(1.0)  # an idle worker beats too: liveness is not mistaken for work
@@ -209,6 +218,7 @@ async def test_a_stopped_worker_is_noticed_by_its_beat_and_replaced(demo_model_d
         assert chunks[-1].finish_reason == "stop"
         snap = await settle(client)
         assert snap["hung_workers"] == 1 and snap[f"{stage}_restarts"] == 1
+        assert ready_after_kill == [0]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(old[stage], signal.SIGCONT)
