@@ -168,10 +168,10 @@ def check_log(server: ServerProcess) -> None:
     assert "Exception in ASGI application" not in text
 
 
-def serves(url: str) -> bool:
+def assert_serves(url: str) -> None:
     r = httpx.post(f"{url}/v1/audio/speech", json={"input": "After the fault.", "response_format": "pcm",
                                                     "forced_frames": 4}, timeout=60)
-    return r.status_code == 200 and len(r.content) > 0
+    assert r.status_code == 200 and len(r.content) > 0, (r.status_code, r.text[:300])
 
 
 @pytest.mark.parametrize("stage", ["codec", "talker"])
@@ -190,7 +190,7 @@ def test_a_killed_worker_is_replaced_alone_under_load(server, stage):
     assert worker_pid(server, stage) != victim and worker_pid(server, peer) == survivor
     check_outcomes(load.outcomes, connections_may_drop=False)
     assert any(o.result in ("sse_error", "cut", "refused") for o in load.outcomes), "the fault hit no request"
-    assert serves(server.url)
+    assert_serves(server.url)
     scrape = httpx.get(f"{server.url}/metrics").text
     assert metric(scrape, f"mossvox_engine_{stage}_restarts_total") == before + 1
     assert metric(scrape, "mossvox_engine_ready") == 1
@@ -215,7 +215,7 @@ def test_a_killed_api_process_is_replaced_while_the_other_serves(server):
     assert {s: worker_pid(server, s) for s in workers} == workers  # the engine noticed nothing
     assert any("API process slot" in line and "replaced by pid" in line for line in server.log)
     for _ in range(6):  # the kernel spreads connections over both processes: each one serves
-        assert serves(server.url)
+        assert_serves(server.url)
     assert metric(httpx.get(f"{server.url}/metrics").text, "mossvox_engine_api_restarts_total") == 1
     check_log(server)
 
@@ -235,7 +235,7 @@ def test_a_stopped_worker_is_killed_and_replaced(server):
     check_outcomes(load.outcomes, connections_may_drop=False)
     assert max(o.ended - o.started for o in load.outcomes) < 40, "a request waited on the hung worker"
     assert metric(httpx.get(f"{server.url}/metrics").text, "mossvox_engine_hung_workers_total") == 1
-    assert serves(server.url)
+    assert_serves(server.url)
     check_log(server)
 
 
