@@ -194,6 +194,9 @@ print(sys.argv[2], "| talker step", ms(t["step_ms"]), "max", ms(t["step_ms"], "m
       "| talker on the GPU: step", ms(t.get("gpu_step_ms", {})), "p90", ms(t.get("gpu_step_ms", {}), "p90"),
       "idle before it", ms(t.get("gpu_idle_ms_per_step", {})), "p90", ms(t.get("gpu_idle_ms_per_step", {}), "p90"),
       "busy", round(t.get("gpu_busy", 0.0), 2), "idle", round(t.get("gpu_idle_share", 0.0), 2),
+      "| on the GPU: prefill steps", ms(t.get("gpu_prefill_step_ms", {})), "decode-only", ms(t.get("gpu_decode_only_step_ms", {})),
+      "a step =", *(f"{f['fixed_ms']:.2f} ms + {f['ms_per_decode_row']:.3f} ms a decode row + {f['us_per_prompt_token']:.1f} us a prompt token"
+                    for f in [t["gpu_step_fit"]] if "gpu_step_fit" in t),
       "| steps over 100 ms", t.get("steps_over_100ms"), "graphs recorded", t.get("graphs_recorded"),
       "compiles", t.get("compiles"), "triton kernels", t.get("triton_kernels"), "gc ms", round(t.get("gc_ms", 0.0), 1),
       "allocating steps", t.get("allocating_steps"), "longest", round(t.get("allocating_step_max_ms", 0.0), 1))

@@ -8,7 +8,9 @@ and no codec dispatch, e.g. a benchmark's warm-up pass and its measured pass) an
 `time.monotonic()` readings, as one pass):
 - the talker: steps, busy share of the pass, rows per step, step time with and without prefill,
   and where the runner timed its steps on the GPU, their spans there and the GPU's idle time
-  between them (the talker's stream waiting for the host),
+  between them (the talker's stream waiting for the host), the spans of steps with and without
+  prompt tokens and a fit of a step's span to its decode rows and prompt tokens (one step ahead,
+  a call's host time holds the wait for the step before: only the GPU spans split the two),
   the host time around each step (inbox drain, admission, emitting chunks: its median is the
   busy figure, its mean also counts the idle waits of the drain), prompt tokens prefilled and
   taken from the prefix cache;
@@ -42,6 +44,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from stages.workers.timeline import read_events
 
@@ -164,6 +168,7 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
                 "gpu_busy": sum(e["gpu_span"] for e in timed) / window,
                 "gpu_idle_share": sum(e["gpu_idle"] for e in timed[1:]) / window,
             }
+            out["talker"] |= _gpu_split([part for e in timed for part in e.get("gpu_parts", ())])
     if disp:
         lengths = defaultdict(int)
         for e in disp:
@@ -302,6 +307,26 @@ def _request_life(events: list[dict[str, Any]], keep: Callable[[int], bool] | No
     life["chunk_wait_ms_by_index"] = {str(k): _scale(_stats(v), 1e3) for k, v in sorted(waits.items(), key=str)}
     life["chunks_per_request"] = statistics.fmean(chunks_per_request.values()) if chunks_per_request else 0
     return life
+
+
+def _gpu_split(parts: list[list[float]]) -> dict[str, Any]:
+    """The GPU spans of steps with and without prompt tokens, and a least-squares fit of a step's
+    span to `fixed + per_row * decode rows + per_token * prompt tokens` (what a prompt token costs
+    as served, beside the codec's work on the same GPU), from [span s, decode rows, prompt tokens]
+    per step; empty without parts, the fit left out unless the steps vary in both."""
+    if not parts:
+        return {}
+    prefill = [span for span, _, tokens in parts if tokens]
+    decode_only = [span for span, _, tokens in parts if not tokens]
+    out: dict[str, Any] = {"gpu_prefill_step_ms": _scale(_stats(prefill), 1e3),
+                           "gpu_decode_only_step_ms": _scale(_stats(decode_only), 1e3)}
+    x = np.array([[1.0, rows, tokens] for _, rows, tokens in parts])  # [steps, 3]
+    y = np.array([span for span, _, _ in parts]) * 1e3  # [steps] ms
+    if len(parts) > 3 and np.linalg.matrix_rank(x) == 3:
+        (fixed, per_row, per_token), *_ = np.linalg.lstsq(x, y, rcond=None)
+        out["gpu_step_fit"] = {"fixed_ms": float(fixed), "ms_per_decode_row": float(per_row),
+                               "us_per_prompt_token": float(per_token) * 1e3}
+    return out
 
 
 def _scale(stats: dict[str, float], factor: float) -> dict[str, float]:

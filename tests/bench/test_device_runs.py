@@ -2,9 +2,11 @@
 phase its usage names has a branch, and the modules, tests and profile settings it names exist."""
 
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -60,3 +62,23 @@ def test_the_settings_of_each_phase_make_a_valid_profile(text) -> None:
             elif key.endswith("_dir"):  # a directory named after the server
                 overrides.append(f"{key}=/tmp/x")
         load_profile("high-concurrency", overrides)
+
+
+def test_the_pass_summary_line_prints_from_a_timeline_with_gpu_spans(text, tmp_path) -> None:
+    """The one-line summary `summaries` prints per measured pass runs on what `bench.timeline`
+    writes, GPU spans and their fit included: a typo there would lose a GPU run's figures."""
+    from bench.timeline import summarize
+
+    snippet = re.search(r"^summaries\(\) \{.*?<<'PY'\n(.*?)\nPY\n", text, re.S | re.M).group(1)
+    events = []
+    for i, (rows, tokens) in enumerate([(64, 0), (64, 700), (80, 0), (48, 300), (96, 1500), (70, 0)]):
+        span = (2.0 + 0.05 * rows + 0.01 * tokens) / 1e3
+        events.append({"k": "talker_step", "t": 0.02 * i, "dur": 0.015, "emit": 0.0, "drain": 0.0, "admit": 0.0,
+                       "batch": rows, "frames": rows, "prefill": tokens, "gpu_idle": 0.0, "gpu_span": span,
+                       "gpu_steps": 1, "gpu_parts": [[span, rows, tokens]]})
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps([summarize(events)]))
+    out = subprocess.run([sys.executable, "-", str(path), "nv C=128"],
+                         input=snippet, capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert out.startswith("nv C=128 | talker step")
+    assert "2.00 ms + 0.050 ms a decode row + 10.0 us a prompt token" in out

@@ -129,6 +129,37 @@ def test_steps_timed_on_the_gpu_give_their_spans_and_the_idle_time_between_them(
     assert talker["gpu_busy"] == pytest.approx(0.030 / window)
 
 
+def test_the_gpu_spans_split_prefill_from_decoding_by_the_step_they_belong_to():
+    """Steps timed on the GPU at 2 ms + 0.05 ms a decode row + 10 us a prompt token, read back
+    one iteration late as one step ahead does (an iteration's own counts name the step it
+    launched, not the one it read): the split and the fit come from each span's own counts."""
+    def cost(rows: int, tokens: int) -> float:
+        return (2.0 + 0.05 * rows + 0.010 * tokens) / 1e3
+
+    steps = [(64, 0), (64, 700), (80, 0), (80, 0), (48, 300), (96, 1500), (96, 0), (70, 0)]
+    events, t = [], 0.0
+    for i, (rows, tokens) in enumerate(steps):
+        done = steps[i - 1] if i else None  # the step read back in this iteration
+        gpu = {} if done is None else {"gpu_idle": 0.0, "gpu_span": cost(*done), "gpu_steps": 1,
+                                       "gpu_parts": [[cost(*done), *done]]}
+        events.append({"k": "talker_step", "t": t, "dur": 0.02, "emit": 0.0, "drain": 0.0, "admit": 0.0,
+                       "batch": rows, "frames": rows, "prefill": tokens, **gpu})
+        t += 0.021
+    talker = summarize(events)["talker"]
+    read = steps[:-1]
+    prefill = [cost(*s) * 1e3 for s in read if s[1]]
+    decode_only = [cost(*s) * 1e3 for s in read if not s[1]]
+    assert talker["gpu_prefill_step_ms"]["n"] == 3
+    assert talker["gpu_prefill_step_ms"]["mean"] == pytest.approx(sum(prefill) / 3)
+    assert talker["gpu_decode_only_step_ms"]["mean"] == pytest.approx(sum(decode_only) / len(decode_only))
+    fit = talker["gpu_step_fit"]
+    assert fit["fixed_ms"] == pytest.approx(2.0) and fit["ms_per_decode_row"] == pytest.approx(0.05)
+    assert fit["us_per_prompt_token"] == pytest.approx(10.0)
+    # steps that never prefill leave the prompt token's cost unknown: no fit
+    flat = [e | {"gpu_parts": [[p[0], p[1], 0] for p in e["gpu_parts"]]} for e in events if "gpu_parts" in e]
+    assert "gpu_step_fit" not in summarize(flat)["talker"]
+
+
 def test_over_http_the_api_process_marks_the_body_and_the_voice_before_submit(tmp_path):
     """A request with an inline reference clip, twice (a miss, then a hit), through the real server:
     each request's received -> parsed -> voice -> submit parts are all there, in order, and add

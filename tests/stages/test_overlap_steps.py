@@ -123,8 +123,10 @@ def test_one_step_ahead_from_captured_graphs_on_the_gpu():
         assert run(timed, arrivals) == plain
         times = timed.take_step_times()
         assert len(times) >= max(len(evs) for evs in plain.values()) and timed.take_step_times() == []
-        assert times[0][0] is None and all(idle >= 0 for idle, _ in times[1:])
-        assert all(span > 0 for _, span in times)
+        assert times[0].idle_ms is None and all(t.idle_ms >= 0 for t in times[1:])
+        assert all(t.span_ms > 0 for t in times)
+        # each span carries its own step's work: every prompt token prefilled once
+        assert sum(t.prefill_tokens for t in times) == sum(20 + 9 * i for i in range(6))
 
 
 def test_the_talker_loop_one_step_ahead_sends_the_same_chunks(local_v15_model, local_v15_dir):

@@ -63,7 +63,7 @@ from stages.runtime.row_scheduler import RowRequest
 from stages.runtime.runner_options import resolve_dtype, talker_runner_options
 from stages.runtime.sampling import K_CAP, SamplingSlots, noise_key, sample_tokens
 from stages.runtime.scheduled_runner import ScheduledRunner, in_kernel_mode
-from stages.runtime.step_clock import StepClock
+from stages.runtime.step_clock import StepClock, StepTime
 from stages.runtime.talker_runner import FrameEvent
 
 log = logging.getLogger(__name__)
@@ -291,9 +291,9 @@ class LocalV15Runner(ScheduledRunner):
         for a timeline."""
         self._clock = StepClock() if on and self.device.type == "cuda" else None
 
-    def take_step_times(self) -> list[tuple[float | None, float]]:
-        """(GPU idle before, GPU span) in ms of each step read back since the last call: the
-        idle time None for the first step timed; empty unless `time_steps`."""
+    def take_step_times(self) -> list[StepTime]:
+        """Each step read back since the last call as the GPU timed it, with its decode rows and
+        prompt tokens; empty unless `time_steps`."""
         return self._clock.take() if self._clock is not None else []
 
     @in_kernel_mode
@@ -313,7 +313,7 @@ class LocalV15Runner(ScheduledRunner):
         end = self._clock.mark() if start is not None else None
         out = out.cpu().numpy()  # the step's one host copy
         if start is not None:
-            self._clock.finished(start, end)
+            self._clock.finished(start, end, self.scheduler.last_batch)
         return self._finish_host(ready, out, order)
 
     def _launch(self):
@@ -376,7 +376,7 @@ class LocalV15Runner(ScheduledRunner):
             if step is not None:
                 launched = self._enqueue_results(*step)
                 if start is not None:
-                    launched.marks = (start, self._clock.mark())
+                    launched.marks = (start, self._clock.mark(), self.scheduler.last_batch)
         if pending is not None:
             events += self._complete(pending)
         self._pending = launched
@@ -651,7 +651,8 @@ class _PendingStep:
     rows: list[int]  # each ready request's placeholder row index
     order: list[int]  # events in schedule order
     ended: dict[int, str]  # rid -> finish reason known at launch (forced length, frame cap)
-    marks: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # its start and end (`time_steps`)
+    # its start and end, and its (decode rows, prefill tokens) (`time_steps`)
+    marks: tuple[torch.cuda.Event, torch.cuda.Event, tuple[int, int]] | None = None
 
 
 def _host_finish(r: _Request) -> str | None:
