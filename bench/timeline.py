@@ -158,17 +158,20 @@ def summarize(events: list[dict[str, Any]], first_wave: int = 0) -> dict[str, An
             "allocating_step_max_ms": max((e["dur"] for e in steps if e.get("allocs", 0) > 0),
                                           default=0.0) * 1e3,
         }
+        # the steps as the GPU timed them (CUDA events, `stages.runtime.step_clock`), read back
+        # in an iteration: [span s, decode rows, prompt tokens] each
         timed = [e for e in steps if e.get("gpu_steps")]
-        if timed:  # the steps as the GPU timed them (CUDA events, `stages.runtime.step_clock`)
+        if timed:
+            span = [sum(s[0] for s in e["gpu_steps"]) for e in timed]
             out["talker"] |= {
-                "gpu_step_ms": _scale(_stats([e["gpu_span"] / e["gpu_steps"] for e in timed]), 1e3),
+                "gpu_step_ms": _scale(_stats([d / len(e["gpu_steps"]) for d, e in zip(span, timed)]), 1e3),
                 # the talker's stream idle between a step's end and the next one's start, the
                 # pass's first step (its wait for the first requests) left out
-                "gpu_idle_ms_per_step": _scale(_stats([e["gpu_idle"] / e["gpu_steps"] for e in timed[1:]]), 1e3),
-                "gpu_busy": sum(e["gpu_span"] for e in timed) / window,
+                "gpu_idle_ms_per_step": _scale(_stats([e["gpu_idle"] / len(e["gpu_steps"]) for e in timed[1:]]), 1e3),
+                "gpu_busy": sum(span) / window,
                 "gpu_idle_share": sum(e["gpu_idle"] for e in timed[1:]) / window,
             }
-            out["talker"] |= _gpu_split([part for e in timed for part in e.get("gpu_parts", ())])
+            out["talker"] |= _gpu_split([s for e in timed for s in e["gpu_steps"]])
     if disp:
         lengths = defaultdict(int)
         for e in disp:

@@ -186,14 +186,13 @@ class TalkerLoop:
 
     def _gpu_times(self) -> dict[str, Any]:
         """For the timeline, the steps read back in this iteration as the GPU timed them (runners
-        with `time_steps`, on CUDA): their spans and the idle time before them, in seconds, and
-        each one's [span, decode rows, prompt tokens]."""
+        with `time_steps`, on CUDA): the idle time before them in seconds, and each one's
+        [span in seconds, decode rows, prompt tokens]."""
         gpu = getattr(self.runner, "take_step_times", list)()  # [StepTime]
         if not gpu:
             return {}
         return {"gpu_idle": sum(t.idle_ms for t in gpu if t.idle_ms is not None) / 1e3,
-                "gpu_span": sum(t.span_ms for t in gpu) / 1e3, "gpu_steps": len(gpu),
-                "gpu_parts": [[t.span_ms / 1e3, t.decode_rows, t.prefill_tokens] for t in gpu]}
+                "gpu_steps": [[t.span_ms / 1e3, t.decode_rows, t.prefill_tokens] for t in gpu]}
 
     def _step_allocs(self) -> int:
         """The caching allocator's device allocations so far, read only while a timeline records

@@ -74,8 +74,8 @@ def test_the_pass_summary_line_prints_from_a_timeline_with_gpu_spans(text, tmp_p
     for i, (rows, tokens) in enumerate([(64, 0), (64, 700), (80, 0), (48, 300), (96, 1500), (70, 0)]):
         span = (2.0 + 0.05 * rows + 0.01 * tokens) / 1e3
         events.append({"k": "talker_step", "t": 0.02 * i, "dur": 0.015, "emit": 0.0, "drain": 0.0, "admit": 0.0,
-                       "batch": rows, "frames": rows, "prefill": tokens, "gpu_idle": 0.0, "gpu_span": span,
-                       "gpu_steps": 1, "gpu_parts": [[span, rows, tokens]]})
+                       "batch": rows, "frames": rows, "prefill": tokens, "gpu_idle": 0.0,
+                       "gpu_steps": [[span, rows, tokens]]})
     path = tmp_path / "timeline.json"
     path.write_text(json.dumps([summarize(events)]))
     out = subprocess.run([sys.executable, "-", str(path), "nv C=128"],

@@ -118,8 +118,9 @@ def test_steps_timed_on_the_gpu_give_their_spans_and_the_idle_time_between_them(
         return {"k": "talker_step", "t": t, "dur": 0.009, "emit": 0.0, "drain": 0.0, "admit": 0.0,
                 "batch": 4, "frames": 4, "prefill": 0, **gpu}
 
-    events = [step(0.0, gpu_idle=0.5, gpu_span=0.010, gpu_steps=1), step(0.012, gpu_idle=0.002, gpu_span=0.010, gpu_steps=1),
-              step(0.024), step(0.026, gpu_idle=0.004, gpu_span=0.010, gpu_steps=1)]
+    one = [[0.010, 4, 0]]  # a step of 10 ms on the GPU, 4 decode rows
+    events = [step(0.0, gpu_idle=0.5, gpu_steps=one), step(0.012, gpu_idle=0.002, gpu_steps=one),
+              step(0.024), step(0.026, gpu_idle=0.004, gpu_steps=one)]
     talker = summarize(events)["talker"]
     assert talker["gpu_step_ms"]["n"] == 3 and talker["gpu_step_ms"]["mean"] == pytest.approx(10.0)
     assert talker["gpu_idle_ms_per_step"]["n"] == 2
@@ -140,8 +141,7 @@ def test_the_gpu_spans_split_prefill_from_decoding_by_the_step_they_belong_to():
     events, t = [], 0.0
     for i, (rows, tokens) in enumerate(steps):
         done = steps[i - 1] if i else None  # the step read back in this iteration
-        gpu = {} if done is None else {"gpu_idle": 0.0, "gpu_span": cost(*done), "gpu_steps": 1,
-                                       "gpu_parts": [[cost(*done), *done]]}
+        gpu = {} if done is None else {"gpu_idle": 0.0, "gpu_steps": [[cost(*done), *done]]}
         events.append({"k": "talker_step", "t": t, "dur": 0.02, "emit": 0.0, "drain": 0.0, "admit": 0.0,
                        "batch": rows, "frames": rows, "prefill": tokens, **gpu})
         t += 0.021
@@ -156,7 +156,7 @@ def test_the_gpu_spans_split_prefill_from_decoding_by_the_step_they_belong_to():
     assert fit["fixed_ms"] == pytest.approx(2.0) and fit["ms_per_decode_row"] == pytest.approx(0.05)
     assert fit["us_per_prompt_token"] == pytest.approx(10.0)
     # steps that never prefill leave the prompt token's cost unknown: no fit
-    flat = [e | {"gpu_parts": [[p[0], p[1], 0] for p in e["gpu_parts"]]} for e in events if "gpu_parts" in e]
+    flat = [e | {"gpu_steps": [[s[0], s[1], 0] for s in e["gpu_steps"]]} for e in events if "gpu_steps" in e]
     assert "gpu_step_fit" not in summarize(flat)["talker"]
 
 
